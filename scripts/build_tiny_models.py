@@ -1,0 +1,309 @@
+"""Build tiny random-weight Hugging Face checkpoints for tests and benchmarks.
+
+Usage: build_tiny_models.py OUT_DIR. Deterministic (same bytes on every run), no
+network, a few seconds; a model is rebuilt only when BUILD_VERSION changes.
+"""
+
+import json
+import random
+import shutil
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers.trainers import BpeTrainer
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+)
+from transformers.utils import logging as hf_logging
+
+# Bump whenever anything below changes what gets written.
+BUILD_VERSION = "1"
+STAMP_FILE = ".build_version"
+SEED = 1234
+
+# Exactly a multiple of 64 so that the embedding has no rows the tokenizer cannot
+# decode (a randomly initialised model would otherwise sample them).
+VOCAB_SIZE = 1024
+HIDDEN_SIZE = 256
+INTERMEDIATE_SIZE = 512
+NUM_LAYERS = 2
+# head_dim 64 is supported by every attention backend; heads, kv heads and the
+# vocabulary all divide by 2 so that tensor-parallel tests can shard them.
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+HEAD_DIM = HIDDEN_SIZE // NUM_HEADS
+MAX_POSITIONS = 2048
+
+# The default 0.02 gives near-uniform logits and one token repeated forever; this
+# gives logits with a spread of a few units and varied greedy continuations.
+WEIGHT_STD = 0.1
+NORM_STD = 0.1
+BIAS_STD = 0.02
+
+PAD, BOS, EOS, IM_START, IM_END = (
+    "<|pad|>",
+    "<|bos|>",
+    "<|eos|>",
+    "<|im_start|>",
+    "<|im_end|>",
+)
+SPECIAL_TOKENS = [PAD, BOS, EOS, IM_START, IM_END]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+GQA_SHAPE = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": HIDDEN_SIZE,
+    "intermediate_size": INTERMEDIATE_SIZE,
+    "num_hidden_layers": NUM_LAYERS,
+    "num_attention_heads": NUM_HEADS,
+    "num_key_value_heads": NUM_KV_HEADS,
+    "head_dim": HEAD_DIM,
+    "max_position_embeddings": MAX_POSITIONS,
+    "initializer_range": WEIGHT_STD,
+}
+# model name -> (model_type, config arguments beyond the special token ids)
+MODEL_SPECS = {
+    "tiny-llama": ("llama", GQA_SHAPE),
+    # Tied embeddings, as in the small Qwen2.5 checkpoints.
+    "tiny-qwen2": ("qwen2", {**GQA_SHAPE, "tie_word_embeddings": True}),
+    "tiny-qwen3": ("qwen3", GQA_SHAPE),
+    "tiny-mistral": ("mistral", {**GQA_SHAPE, "sliding_window": None}),
+    "tiny-opt": (
+        "opt",
+        {
+            "vocab_size": VOCAB_SIZE,
+            "hidden_size": HIDDEN_SIZE,
+            "word_embed_proj_dim": HIDDEN_SIZE,
+            "ffn_dim": INTERMEDIATE_SIZE,
+            "num_hidden_layers": NUM_LAYERS,
+            "num_attention_heads": NUM_HEADS,
+            "max_position_embeddings": MAX_POSITIONS,
+            "init_std": WEIGHT_STD,
+        },
+    ),
+    "tiny-gpt2": (
+        "gpt2",
+        {
+            "vocab_size": VOCAB_SIZE,
+            "n_embd": HIDDEN_SIZE,
+            "n_inner": INTERMEDIATE_SIZE,
+            "n_layer": NUM_LAYERS,
+            "n_head": NUM_HEADS,
+            "n_positions": MAX_POSITIONS,
+            "initializer_range": WEIGHT_STD,
+        },
+    ),
+}
+
+PASSAGES = [
+    "The capital of France is Paris. The capital of Italy is Rome. "
+    "The capital of Japan is Tokyo, and the capital of Spain is Madrid.",
+    "Once upon a time, a small robot lived in a quiet village by the sea. "
+    "Every morning it walked to the harbour to count the boats.",
+    "Water boils at one hundred degrees Celsius at sea level. "
+    "Ice melts when the temperature rises above zero degrees.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
+    "Question: What is two plus three? Answer: Two plus three is five.",
+    "The quick brown fox jumps over the lazy dog; the dog does not mind.",
+    "Hello! How are you today? I am fine, thank you. What would you like to do?",
+    "Large language models predict the next token from the tokens before it. "
+    "A cache keeps the keys and values of earlier tokens for later steps.",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 100 256 1024 2048 3.14 42.",
+]
+SUBJECTS = [
+    "the teacher", "a farmer", "my brother", "the old man", "a young girl",
+    "the computer", "our team", "the cat", "a scientist", "the city",
+    "the river", "this program", "every student", "the doctor", "a bird",
+]  # fmt: skip
+VERBS = [
+    "reads", "writes", "builds", "finds", "carries", "watches", "opens",
+    "paints", "follows", "remembers", "explains", "changes", "measures",
+    "collects", "describes", "answers", "travels to", "looks at",
+]  # fmt: skip
+OBJECTS = [
+    "a long letter", "the green garden", "an interesting story", "the market",
+    "a heavy stone", "the northern mountains", "a simple question", "the window",
+    "three yellow flowers", "the morning train", "a wooden table", "the library",
+    "seven silver coins", "the winter forest", "a beautiful song", "the bridge",
+    "the number of planets", "a difficult problem", "the evening news",
+]  # fmt: skip
+ENDINGS = [
+    "", " before breakfast", " after the rain", " with great care",
+    " every Sunday", " in the afternoon", " because it is important",
+    " while everyone is sleeping", " during the summer holidays",
+]  # fmt: skip
+ADJECTIVES = [
+    "small", "bright", "ancient", "careful", "famous", "gentle", "hungry",
+    "modern", "narrow", "patient", "quiet", "rapid", "strange", "thirsty",
+    "useful", "wonderful", "cheerful", "dangerous", "friendly", "golden",
+    "honest", "important", "magnificent", "nervous", "ordinary", "powerful",
+    "mysterious", "delicious", "electric", "frozen", "invisible", "musical",
+]  # fmt: skip
+PLACES = [
+    "London", "Berlin", "Cairo", "Sydney", "Toronto", "Chicago", "Lisbon",
+    "Vienna", "Mexico", "Brazil", "Canada", "Germany", "Egypt", "India",
+    "Norway", "Kenya", "Peru", "Greece", "Sweden", "Portugal", "Australia",
+]  # fmt: skip
+NOUNS = [
+    "kitchen", "journey", "keyboard", "machine", "pencil", "umbrella", "village",
+    "harbour", "engine", "planet", "orchestra", "language", "message", "network",
+    "picture", "question", "science", "weather", "history", "festival",
+    "elephant", "butterfly", "mountain", "telephone", "hospital", "airport",
+    "chocolate", "breakfast", "calendar", "dictionary", "experiment", "function",
+    "variable", "memory", "result", "country", "animal", "holiday", "painting",
+]  # fmt: skip
+NUM_SENTENCES = 4000
+
+
+def build_corpus() -> list[str]:
+    """Hand-written passages plus seeded template sentences: no file or install
+    dependence, and random.Random's choices are stable across Python versions."""
+    rng = random.Random(SEED)
+    sentences = []
+    for _ in range(NUM_SENTENCES):
+        parts = (rng.choice(SUBJECTS), rng.choice(VERBS), rng.choice(OBJECTS))
+        sentence = " ".join(parts) + rng.choice(ENDINGS)
+        if rng.random() < 0.5:
+            place, noun = rng.choice(PLACES), rng.choice(NOUNS)
+            sentence += f" near the {rng.choice(ADJECTIVES)} {noun} in {place}"
+        sentences.append(sentence[0].upper() + sentence[1:] + rng.choice(".!?"))
+    lines = [" ".join(sentences[i : i + 8]) for i in range(0, len(sentences), 8)]
+    return PASSAGES * 20 + lines
+
+
+def train_tokenizer() -> Tokenizer:
+    """Byte-level BPE (any text round-trips) with a BOS prepended like Llama."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(build_corpus(), trainer=trainer)
+    if tokenizer.get_vocab_size() != VOCAB_SIZE:
+        raise RuntimeError(f"tokenizer has {tokenizer.get_vocab_size()} tokens")
+    bos_id = tokenizer.token_to_id(BOS)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
+    return tokenizer
+
+
+def wrap_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=MAX_POSITIONS,
+    )
+
+
+def special_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
+    return {
+        "pad_token_id": tokenizer.token_to_id(PAD),
+        "bos_token_id": tokenizer.token_to_id(BOS),
+        "eos_token_id": tokenizer.token_to_id(EOS),
+    }
+
+
+def init_weights(model: torch.nn.Module, seed: int) -> None:
+    """Draw every parameter from one seeded generator in module order; norm
+    weights stay near 1 so activations keep their scale."""
+    generator = torch.Generator().manual_seed(seed)
+    done: set[int] = set()
+    for module in model.modules():
+        is_norm = "Norm" in type(module).__name__
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in done:
+                continue
+            done.add(id(param))
+            if is_norm and name == "weight":
+                mean, std = 1.0, NORM_STD
+            elif param.dim() == 1:
+                mean, std = 0.0, BIAS_STD
+            else:
+                mean, std = 0.0, WEIGHT_STD
+            noise = torch.randn(param.shape, generator=generator) * std + mean
+            param.data.copy_(noise)
+
+
+def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
+    """Write one checkpoint into out_dir (config, weights, generation config)."""
+    model_type, shape = MODEL_SPECS[name]
+    token_ids = special_token_ids(tokenizer)
+    config = AutoConfig.for_model(model_type, **shape, **token_ids, dtype="float32")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    init_weights(model, SEED + zlib.crc32(name.encode()))
+    im_end_id = tokenizer.token_to_id(IM_END)
+    model.generation_config = GenerationConfig(
+        **{**token_ids, "eos_token_id": [token_ids["eos_token_id"], im_end_id]}
+    )
+    model.save_pretrained(out_dir)
+
+
+def is_built(model_dir: Path) -> bool:
+    stamp = model_dir / STAMP_FILE
+    return stamp.is_file() and stamp.read_text().strip() == BUILD_VERSION
+
+
+def build_one(name: str, tokenizer: Tokenizer, out_root: Path) -> None:
+    """Build into a scratch folder, then swap it in, so that an interrupted
+    build never looks complete."""
+    scratch = out_root / f".{name}.partial"
+    shutil.rmtree(scratch, ignore_errors=True)
+    build_model(name, tokenizer, scratch)
+    wrap_tokenizer(tokenizer).save_pretrained(scratch)
+    (scratch / STAMP_FILE).write_text(BUILD_VERSION + "\n")
+    final = out_root / name
+    shutil.rmtree(final, ignore_errors=True)
+    scratch.rename(final)
+
+
+def build_all(out_root: Path) -> list[str]:
+    """Build the missing or outdated models; return the names built."""
+    out_root.mkdir(parents=True, exist_ok=True)
+    todo = [name for name in MODEL_SPECS if not is_built(out_root / name)]
+    if todo:
+        tokenizer = train_tokenizer()
+        for name in todo:
+            build_one(name, tokenizer, out_root)
+    return todo
+
+
+def describe(name: str) -> str:
+    shape = MODEL_SPECS[name][1]
+    return f"{name}: {json.dumps(shape, sort_keys=True)}"
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: build_tiny_models.py OUT_DIR")
+    start = time.perf_counter()
+    hf_logging.disable_progress_bar()
+    built = build_all(Path(sys.argv[1]))
+    for name in MODEL_SPECS:
+        state = "built" if name in built else "up to date"
+        print(f"[tiny models] {state:>10}  {describe(name)}")
+    print(f"[tiny models] done in {time.perf_counter() - start:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

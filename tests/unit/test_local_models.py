@@ -1,0 +1,93 @@
+"""The local models: the tiny ones build byte for byte the same and generate
+varied text; the converted SmolLM2 still knows its capitals and chats."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from models import SMOLLM2, TINY_MODELS, model_path
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_tiny_models.py"
+PROMPT = "The capital of France is"
+NUM_NEW_TOKENS = 16
+
+
+def start_build(out_dir: Path, hash_seed: str) -> subprocess.Popen:
+    # Different hash seeds catch any output that depends on set or dict order.
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    command = [sys.executable, str(BUILD_SCRIPT), str(out_dir)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return {str(p.relative_to(root)): p.read_bytes() for p in files}
+
+
+def test_tiny_models_build_deterministically(tmp_path: Path) -> None:
+    builds = [start_build(tmp_path / seed, seed) for seed in ("1", "2")]
+    assert [build.wait() for build in builds] == [0, 0]
+    first, second = read_tree(tmp_path / "1"), read_tree(tmp_path / "2")
+    assert {name.split("/")[0] for name in first} == set(TINY_MODELS)
+    assert first.keys() == second.keys()
+    differing = [name for name in first if first[name] != second[name]]
+    assert differing == []
+
+
+def greedy_generate(path: str, dtype: torch.dtype, num_new_tokens: int):
+    """Greedy continuation of PROMPT: (new token ids, per-step scores, tokenizer)."""
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    input_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    output = model.generate(
+        input_ids,
+        max_new_tokens=num_new_tokens,
+        min_new_tokens=num_new_tokens,
+        do_sample=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return output.sequences[0, input_ids.shape[1] :].tolist(), output.scores, tokenizer
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_tiny_model_generates_varied_tokens(name: str) -> None:
+    path = model_path(name)
+    new_ids, scores, _ = greedy_generate(path, torch.float32, NUM_NEW_TOKENS)
+    assert len(set(new_ids)) >= NUM_NEW_TOKENS // 2, new_ids
+    # A clear winner at each step, so that other implementations agree on it.
+    for step_scores in scores:
+        top2 = step_scores[0].topk(2).values
+        assert top2[0] > top2[1]
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_tiny_model_chat_template_renders(name: str) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(model_path(name))
+    messages = [{"role": "user", "content": "Hello!"}]
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    assert text == "<|bos|><|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_smollm2_continues_with_paris() -> None:
+    # float32 on CPU is several times faster than bf16; the greedy pick is the same.
+    new_ids, _, tokenizer = greedy_generate(model_path(SMOLLM2), torch.float32, 3)
+    continuation = tokenizer.decode(new_ids)
+    assert continuation.startswith(" Paris"), continuation
+
+
+def test_smollm2_has_chat_template() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(model_path(SMOLLM2))
+    messages = [{"role": "user", "content": "Hi"}]
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    assert "<|im_start|>user\nHi<|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\n")

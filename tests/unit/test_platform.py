@@ -1,0 +1,94 @@
+"""Discovery and config fix-ups of HpuPlatform, in emulation and without it."""
+
+import importlib.metadata
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+from models import model_path
+
+import vllm_hpu
+from vllm_hpu import envs
+
+
+def _entry_point(group: str, name: str) -> importlib.metadata.EntryPoint:
+    (entry,) = [e for e in importlib.metadata.entry_points(group=group) if e.name == name]
+    return entry
+
+
+def test_platform_entry_points_resolve():
+    assert _entry_point("vllm.platform_plugins", "hpu").load() is vllm_hpu.register
+    assert _entry_point("vllm.general_plugins", "hpu_ops").load() is vllm_hpu.register_ops
+
+
+def _current_platform(env: dict[str, str]) -> str:
+    code = "from vllm.platforms import current_platform; print(type(current_platform).__name__)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_platform_active_only_when_emulation_is_asked_for():
+    base = {k: v for k, v in os.environ.items() if k != "VLLM_HPU_EMULATION"}
+    assert _current_platform({**base, "VLLM_HPU_EMULATION": "1"}) == "HpuPlatform"
+    assert _current_platform(base) != "HpuPlatform"
+    assert _current_platform({**base, "VLLM_HPU_EMULATION": "0"}) != "HpuPlatform"
+
+
+@pytest.fixture
+def fresh_envs():
+    envs.get_envs.cache_clear()
+    yield
+    envs.get_envs.cache_clear()
+
+
+def test_platform_register_returns_none_without_switch(monkeypatch, fresh_envs):
+    monkeypatch.delenv("VLLM_HPU_EMULATION")
+    assert vllm_hpu.register() is None
+    envs.get_envs.cache_clear()
+    monkeypatch.setenv("VLLM_HPU_EMULATION", "1")
+    assert vllm_hpu.register() == vllm_hpu.PLATFORM_CLS
+
+
+def _engine_config(**kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=model_path("tiny-llama"), **kwargs).create_engine_config()
+
+
+def test_platform_config_fixups_defaults():
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    config = _engine_config(dtype="float32")
+    assert config.parallel_config.worker_cls == "vllm_hpu.worker.hpu_worker.HpuWorker"
+    assert config.cache_config.block_size == 128
+    assert config.compilation_config.mode == CompilationMode.NONE
+    assert config.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    assert config.compilation_config.custom_ops == ["all"]
+    assert config.scheduler_config.async_scheduling is False
+    assert config.model_config.dtype.__repr__() == "torch.float32"
+
+
+def test_platform_respects_user_block_size():
+    assert _engine_config(block_size=16).cache_config.block_size == 16
+
+
+def test_platform_rejects_unsupported_features_at_startup():
+    with pytest.raises(ValueError, match="does not support LoRA"):
+        _engine_config(enable_lora=True)
+
+
+def test_platform_owned_variables_are_not_reported_unknown(monkeypatch, caplog):
+    from vllm.platforms import current_platform
+
+    monkeypatch.setenv("VLLM_SKIP_WARMUP", "true")
+    monkeypatch.setenv("VLLM_NOT_A_REAL_VARIABLE", "1")
+    with caplog.at_level(logging.WARNING):
+        current_platform.validate_environ(hard_fail=False)
+    with pytest.raises(ValueError, match="VLLM_NOT_A_REAL_VARIABLE"):
+        current_platform.validate_environ(hard_fail=True)
+    monkeypatch.delenv("VLLM_NOT_A_REAL_VARIABLE")
+    current_platform.validate_environ(hard_fail=True)

@@ -1,0 +1,29 @@
+"""vllm-hpu: the Intel Gaudi (HPU) platform plugin for vLLM.
+
+vLLM calls :func:`register` in every process to learn whether this platform is
+active, and :func:`register_ops` to load our custom ops and attention backend.
+Both are cheap and idempotent; nothing here imports vLLM at module level.
+"""
+
+PLATFORM_CLS = "vllm_hpu.platform.HpuPlatform"
+
+
+def register() -> str | None:
+    """The platform's dotted class path when Gaudi or emulation is there, else None."""
+    from vllm_hpu import device
+
+    if device.hpu_available() or device.is_emulation():
+        return PLATFORM_CLS
+    return None
+
+
+def register_ops() -> None:
+    """Register custom-op overrides and the attention backend (idempotent)."""
+    if register() is None:
+        return
+    from vllm_hpu import device, patches
+
+    if device.is_emulation():
+        patches.apply_emulation_patches()
+    import vllm_hpu.attention.backend  # noqa: F401  registers the backend
+    import vllm_hpu.ops.custom_ops  # noqa: F401  registers the op overrides

@@ -1,0 +1,180 @@
+"""The single seam between the plugin and Gaudi hardware.
+
+Only this module imports ``habana_frameworks`` or touches ``torch.hpu``. Every
+function has a CPU-emulation counterpart, so the rest of the plugin runs the same
+code paths on Gaudi and on a ``cpu`` torch device.
+"""
+
+import functools
+import importlib
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from vllm_hpu.envs import get_envs
+
+GiB = 1 << 30
+
+
+@functools.cache
+def hpu_available() -> bool:
+    """True when the Habana bridge imports and reports at least one device."""
+    if importlib.util.find_spec("habana_frameworks") is None:
+        return False
+    try:
+        importlib.import_module("habana_frameworks.torch")
+        return bool(torch.hpu.is_available()) and torch.hpu.device_count() > 0
+    except Exception:  # a broken bridge install means: no Gaudi here
+        return False
+
+
+def is_emulation() -> bool:
+    """True when the plugin runs on the CPU because emulation was asked for."""
+    return not hpu_available() and get_envs().emulation
+
+
+def device_type() -> str:
+    return "hpu" if hpu_available() else "cpu"
+
+
+def dist_backend() -> str:
+    return "hccl" if hpu_available() else "gloo"
+
+
+def compile_backend() -> str:
+    """torch.compile backend: Gaudi's own graph compiler, or inductor on the CPU."""
+    return "hpu_backend" if hpu_available() else "inductor"
+
+
+def is_lazy() -> bool:
+    return hpu_available() and get_envs().pt_hpu_lazy_mode == "1"
+
+
+def _htcore() -> Any:
+    return importlib.import_module("habana_frameworks.torch.core")
+
+
+def mark_step() -> None:
+    """Close the current lazy-mode graph (Gaudi lazy mode only)."""
+    if is_lazy():
+        _htcore().mark_step()
+
+
+def synchronize() -> None:
+    if hpu_available():
+        torch.hpu.synchronize()
+
+
+def set_device(device: torch.device) -> None:
+    if hpu_available():
+        torch.hpu.set_device(device)
+
+
+def manual_seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    if hpu_available():
+        torch.hpu.manual_seed_all(seed)
+
+
+def device_name() -> str:
+    return torch.hpu.get_device_name() if hpu_available() else "HPU (CPU emulation)"
+
+
+class _EmulatedMemory:
+    """A device memory of a fixed size, used by what this process allocates.
+
+    Usage is the growth of the process's resident memory since the device was
+    initialised, so weights, activations and KV caches all count, as on Gaudi.
+    """
+
+    def __init__(self) -> None:
+        self.baseline = self._rss()
+
+    @staticmethod
+    def _rss() -> int:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+    def total(self) -> int:
+        return int(get_envs().emulation_memory_gb * GiB)
+
+    def used(self) -> int:
+        return max(0, self._rss() - self.baseline)
+
+    def free(self) -> int:
+        import psutil
+
+        host_free = psutil.virtual_memory().available
+        return max(0, min(self.total() - self.used(), host_free))
+
+
+@functools.cache
+def _emulated_memory() -> _EmulatedMemory:
+    return _EmulatedMemory()
+
+
+def init_memory_tracking() -> None:
+    """Start counting emulated device memory from this point (worker start)."""
+    _emulated_memory()
+
+
+def mem_get_info() -> tuple[int, int]:
+    """(free, total) device memory in bytes."""
+    if hpu_available():
+        free, total = torch.hpu.mem_get_info()
+        return int(free), int(total)
+    memory = _emulated_memory()
+    return memory.free(), memory.total()
+
+
+def memory_used() -> int:
+    free, total = mem_get_info()
+    return total - free
+
+
+def total_memory() -> int:
+    return mem_get_info()[1]
+
+
+def wrap_in_graph(module: torch.nn.Module) -> Callable[..., Any]:
+    """Replay recorded HPU graphs on Gaudi; a plain call in emulation."""
+    if hpu_available():
+        hpu_graphs = importlib.import_module("habana_frameworks.torch.hpu.graphs")
+        return hpu_graphs.wrap_in_hpu_graph(module, disable_tensor_cache=True)
+    return module
+
+
+def _kernel(module: str, name: str) -> Callable[..., Any] | None:
+    if not hpu_available():
+        return None
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def fused_rms_norm() -> Callable[..., Any] | None:
+    """Gaudi's fused RMSNorm kernel, or None where it does not exist."""
+    return _kernel("habana_frameworks.torch.hpex.normalization", "FusedRMSNorm")
+
+
+def fused_rotary_embedding() -> Callable[..., Any] | None:
+    return _kernel("habana_frameworks.torch.hpex.kernels", "RotaryPosEmbeddingHelperV1")
+
+
+def fused_sdpa() -> Callable[..., Any] | None:
+    if not get_envs().prompt_use_fusedsdpa:
+        return None
+    return _kernel("habana_frameworks.torch.hpex.kernels", "FusedSDPA")
+
+
+def fused_rotary_mode(is_neox_style: bool) -> Any | None:
+    """Gaudi's RotaryPosEmbeddingMode for a rotary layout, or None without Gaudi:
+    BLOCKWISE rotates halves (GPT-NeoX), PAIRWISE rotates interleaved pairs (GPT-J)."""
+    modes = _kernel("habana_frameworks.torch.hpex.kernels", "RotaryPosEmbeddingMode")
+    if modes is None:
+        return None
+    return modes.BLOCKWISE if is_neox_style else modes.PAIRWISE  # type: ignore[attr-defined]

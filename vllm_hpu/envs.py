@@ -1,0 +1,219 @@
+"""Every environment variable the plugin reads, in one typed table.
+
+This is the only module that reads ``os.environ``. Values are parsed once into a
+frozen :class:`HpuEnvs`; a malformed value raises a ``ValueError`` that names the
+variable and what it accepts, before any engine is built.
+"""
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Parser = Callable[[str, str], Any]
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _bad(name: str, raw: str, accepted: str) -> ValueError:
+    return ValueError(f"{name}={raw!r} is not valid: {name} accepts {accepted}.")
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise _bad(name, raw, "one of " + "/".join(_TRUE + _FALSE))
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _bad(name, raw, "a positive integer") from None
+    if value <= 0:
+        raise _bad(name, raw, "a positive integer")
+    return value
+
+
+def _non_negative_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _bad(name, raw, "an integer >= 0") from None
+    if value < 0:
+        raise _bad(name, raw, "an integer >= 0")
+    return value
+
+
+def _fraction(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise _bad(name, raw, "a number between 0 and 1") from None
+    if not 0.0 <= value <= 1.0:
+        raise _bad(name, raw, "a number between 0 and 1")
+    return value
+
+
+def _positive_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise _bad(name, raw, "a positive number") from None
+    if value <= 0.0:
+        raise _bad(name, raw, "a positive number")
+    return value
+
+
+def _text(name: str, raw: str) -> str:
+    return raw
+
+
+def _choice(*choices: str) -> Parser:
+    def parse(name: str, raw: str) -> str:
+        if raw not in choices:
+            raise _bad(name, raw, "one of " + ", ".join(choices))
+        return raw
+
+    return parse
+
+
+def _var(name: str, parse: Parser, default: Any, doc: str) -> Any:
+    return dataclasses.field(
+        default=default, metadata={"env": name, "parse": parse, "doc": doc}
+    )
+
+
+def _bucket_var(phase: str, dim: str, part: str) -> Any:
+    name = f"VLLM_{phase}_{dim}_BUCKET_{part}"
+    doc = f"{phase.lower()} bucket {dim.lower()} {part.lower()}; unset: documented default"
+    return _var(name, _non_negative_int if dim == "BLOCK" else _positive_int, None, doc)
+
+
+@dataclasses.dataclass(frozen=True)
+class HpuEnvs:
+    # Switches the plugin on without Gaudi, on a CPU torch device.
+    emulation: bool = _var(
+        "VLLM_HPU_EMULATION", _bool, False, "run the HPU plugin on the CPU (emulation)"
+    )
+    # Memory the emulated device pretends to have; the KV cache is sized from it.
+    emulation_memory_gb: float = _var(
+        "VLLM_HPU_EMULATION_MEMORY_GB", _positive_float, 4.0,
+        "device memory of the emulated HPU, in GiB",
+    )
+    skip_warmup: bool = _var(
+        "VLLM_SKIP_WARMUP", _bool, False, "skip warmup (development only)"
+    )
+    full_warmup: bool = _var(
+        "VLLM_FULL_WARMUP", _bool, False,
+        "fail instead of warning when a shape was not warmed up",
+    )
+    graph_reserved_mem: float = _var(
+        "VLLM_GRAPH_RESERVED_MEM", _fraction, 0.1,
+        "share of usable memory kept for graphs (0 with enforce_eager)",
+    )
+    graph_prompt_ratio: float = _var(
+        "VLLM_GRAPH_PROMPT_RATIO", _fraction, 0.3,
+        "share of the graph memory for prompt graphs; decode gets the rest",
+    )
+    graph_prompt_strategy: str = _var(
+        "VLLM_GRAPH_PROMPT_STRATEGY", _choice("min_tokens", "max_bs"), "min_tokens",
+        "order in which prompt graphs are captured",
+    )
+    graph_decode_strategy: str = _var(
+        "VLLM_GRAPH_DECODE_STRATEGY", _choice("min_tokens", "max_bs"), "max_bs",
+        "order in which decode graphs are captured",
+    )
+    exponential_bucketing: bool = _var(
+        "VLLM_EXPONENTIAL_BUCKETING", _bool, False,
+        "exponentially spaced buckets instead of linear ones",
+    )
+    prompt_bs_bucket_min: int | None = _bucket_var("PROMPT", "BS", "MIN")
+    prompt_bs_bucket_step: int | None = _bucket_var("PROMPT", "BS", "STEP")
+    prompt_bs_bucket_max: int | None = _bucket_var("PROMPT", "BS", "MAX")
+    prompt_seq_bucket_min: int | None = _bucket_var("PROMPT", "SEQ", "MIN")
+    prompt_seq_bucket_step: int | None = _bucket_var("PROMPT", "SEQ", "STEP")
+    prompt_seq_bucket_max: int | None = _bucket_var("PROMPT", "SEQ", "MAX")
+    prompt_block_bucket_min: int | None = _bucket_var("PROMPT", "BLOCK", "MIN")
+    prompt_block_bucket_step: int | None = _bucket_var("PROMPT", "BLOCK", "STEP")
+    prompt_block_bucket_max: int | None = _bucket_var("PROMPT", "BLOCK", "MAX")
+    decode_bs_bucket_min: int | None = _bucket_var("DECODE", "BS", "MIN")
+    decode_bs_bucket_step: int | None = _bucket_var("DECODE", "BS", "STEP")
+    decode_bs_bucket_max: int | None = _bucket_var("DECODE", "BS", "MAX")
+    decode_block_bucket_min: int | None = _bucket_var("DECODE", "BLOCK", "MIN")
+    decode_block_bucket_step: int | None = _bucket_var("DECODE", "BLOCK", "STEP")
+    decode_block_bucket_max: int | None = _bucket_var("DECODE", "BLOCK", "MAX")
+    # Older Gaudi releases sized decode buckets in tokens; accepted, in tokens.
+    decode_seq_bucket_min: int | None = _bucket_var("DECODE", "SEQ", "MIN")
+    decode_seq_bucket_step: int | None = _bucket_var("DECODE", "SEQ", "STEP")
+    decode_seq_bucket_max: int | None = _bucket_var("DECODE", "SEQ", "MAX")
+    # Gaudi's fused scaled-dot-product kernel for prompts (no effect in emulation).
+    prompt_use_fusedsdpa: bool = _var(
+        "VLLM_PROMPT_USE_FUSEDSDPA", _bool, True,
+        "use Gaudi's fused SDPA kernel for prompt attention when present",
+    )
+    log_step_graph_compilation: bool = _var(
+        "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION", _bool, False,
+        "log the number of compilations each step caused, when non-zero",
+    )
+    log_step_graph_compilation_all: bool = _var(
+        "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION_ALL", _bool, False,
+        "log the number of compilations of every step",
+    )
+    profiler_enabled: bool = _var(
+        "VLLM_PROFILER_ENABLED", _bool, False,
+        "write a Chrome-trace JSON of engine steps (opens in Perfetto)",
+    )
+    # The bridge's own switch; we read it to pick the execution mode.
+    pt_hpu_lazy_mode: str = _var(
+        "PT_HPU_LAZY_MODE", _choice("0", "1"), "0",
+        "Habana bridge: 0 eager/torch.compile backend, 1 lazy mode",
+    )
+
+
+def read_envs(environ: Mapping[str, str]) -> HpuEnvs:
+    """Parse the plugin's variables out of ``environ``; empty means unset."""
+    values = {}
+    for field in dataclasses.fields(HpuEnvs):
+        raw = environ.get(field.metadata["env"], "")
+        if raw != "":
+            values[field.name] = field.metadata["parse"](field.metadata["env"], raw)
+    return HpuEnvs(**values)
+
+
+@functools.cache
+def get_envs() -> HpuEnvs:
+    """The process's variables, parsed once."""
+    return read_envs(os.environ)
+
+
+def variable_names() -> list[str]:
+    """Every variable the plugin owns, for vLLM's unknown-variable check."""
+    return [field.metadata["env"] for field in dataclasses.fields(HpuEnvs)]
+
+
+def variable_docs() -> list[tuple[str, Any, str]]:
+    """(name, default, doc) of every variable, for documentation and --help."""
+    return [
+        (f.metadata["env"], f.default, f.metadata["doc"])
+        for f in dataclasses.fields(HpuEnvs)
+    ]
+
+
+def unknown_vllm_variables(environ: Mapping[str, str], known: set[str]) -> list[str]:
+    """``VLLM_*`` names in ``environ`` that neither vLLM nor the plugin owns."""
+    ours = set(variable_names())
+    return sorted(
+        name for name in environ
+        if name.startswith("VLLM_") and name not in known and name not in ours
+    )
+
+
+def process_environ() -> Mapping[str, str]:
+    """The live environment, for callers that must not read os.environ themselves."""
+    return os.environ

@@ -1,0 +1,177 @@
+"""HpuPlatform: how vLLM sees Gaudi, or the CPU when emulation is switched on.
+
+Identity is declared as class attributes, picked once from ``device.py``; the
+config fix-ups in :meth:`HpuPlatform.check_and_update_config` are numbered steps.
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms.interface import Platform, PlatformEnum
+
+from vllm_hpu import device, envs
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+logger = init_logger("vllm.hpu.platform")
+
+DEFAULT_BLOCK_SIZE = 128
+WORKER_CLS = "vllm_hpu.worker.hpu_worker.HpuWorker"
+ATTN_BACKEND_CLS = "vllm_hpu.attention.backend.HpuAttentionBackend"
+
+
+class HpuPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "hpu"
+    device_type: str = device.device_type()
+    dispatch_key: str = "HPU" if device.hpu_available() else "CPU"
+    dist_backend: str = device.dist_backend()
+    ray_device_key: str = "HPU"
+    device_control_env_var: str = "HABANA_VISIBLE_MODULES"
+    simple_compile_backend: str = device.compile_backend()
+    supported_quantization: list[str] = ["fp8", "inc"]
+    additional_env_vars: list[str] = envs.variable_names()
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        if device.hpu_available():
+            return [torch.bfloat16, torch.float32]
+        return [torch.bfloat16, torch.float32, torch.float16]
+
+    @classmethod
+    def get_attn_backend_cls(
+        cls,
+        selected_backend: "AttentionBackendEnum",
+        attn_selector_config: "AttentionSelectorConfig",
+        num_heads: int | None = None,
+    ) -> str:
+        from vllm_hpu.attention.backend import check_supported
+
+        check_supported(attn_selector_config)
+        return ATTN_BACKEND_CLS
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return device.device_name()
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return device.total_memory()
+
+    @classmethod
+    def set_device(cls, torch_device: torch.device) -> None:
+        device.set_device(torch_device)
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        device.manual_seed_all(seed)
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        # Pinned host buffers only pay off with a real device behind them.
+        return device.hpu_available()
+
+    @classmethod
+    def get_current_memory_usage(cls, torch_device: torch.types.Device | None = None) -> float:
+        return float(device.memory_used())
+
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return "vllm_hpu.distributed.HpuCommunicator"
+
+    @classmethod
+    def use_sync_weight_loader(cls) -> bool:
+        return True
+
+    @classmethod
+    def inference_mode(cls):  # type: ignore[no-untyped-def]
+        return torch.no_grad()
+
+    @classmethod
+    def validate_environ(cls, hard_fail: bool) -> None:
+        """vLLM's unknown-variable check, leaving out the variables we own."""
+        from vllm import envs as vllm_envs
+
+        unknown = envs.unknown_vllm_variables(
+            envs.process_environ(), set(vllm_envs.environment_variables)
+        )
+        for name in unknown:
+            if hard_fail:
+                raise ValueError(f"Unknown vLLM environment variable detected: {name}")
+            logger.warning("Unknown vLLM environment variable detected: %s", name)
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
+        envs.get_envs()  # 0. a malformed variable stops start-up here
+        _use_our_worker(vllm_config)  # 1.
+        _set_block_size(vllm_config)  # 2.
+        _disable_vllm_compilation(vllm_config)  # 3.
+        _set_dtype(vllm_config)  # 4.
+        _disable_unsupported_scheduling(vllm_config)  # 5.
+        _reject_unsupported_features(vllm_config)  # 6.
+
+
+def _use_our_worker(vllm_config: "VllmConfig") -> None:
+    parallel_config = vllm_config.parallel_config
+    if parallel_config.worker_cls == "auto":
+        parallel_config.worker_cls = WORKER_CLS
+
+
+def _set_block_size(vllm_config: "VllmConfig") -> None:
+    cache_config = vllm_config.cache_config
+    if not cache_config.user_specified_block_size:
+        cache_config.block_size = DEFAULT_BLOCK_SIZE
+
+
+def _disable_vllm_compilation(vllm_config: "VllmConfig") -> None:
+    """Our runner compiles per bucket itself; vLLM's graph modes do not apply."""
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    compilation_config = vllm_config.compilation_config
+    compilation_config.mode = CompilationMode.NONE
+    compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+    compilation_config.cudagraph_capture_sizes = []
+    compilation_config.custom_ops = ["all"]
+
+
+def _set_dtype(vllm_config: "VllmConfig") -> None:
+    """bf16 on Gaudi; emulation honours what was asked (tests use float32)."""
+    model_config = vllm_config.model_config
+    if model_config is None or not device.hpu_available():
+        return
+    if model_config.dtype == torch.float16:
+        logger.warning("Gaudi runs float16 models in bfloat16.")
+        model_config.dtype = torch.bfloat16
+
+
+def _disable_unsupported_scheduling(vllm_config: "VllmConfig") -> None:
+    scheduler_config = vllm_config.scheduler_config
+    if scheduler_config.async_scheduling:
+        logger.info("Async scheduling is not supported by the HPU runner; disabled.")
+        scheduler_config.async_scheduling = False
+
+
+def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
+    """Fail at start-up, naming the option to drop, rather than mid-generation."""
+    unsupported = {
+        "speculative decoding (--speculative-config)": vllm_config.speculative_config,
+        "LoRA adapters (--enable-lora)": vllm_config.lora_config,
+        "KV transfer (--kv-transfer-config)": vllm_config.kv_transfer_config,
+    }
+    model_config = vllm_config.model_config
+    if model_config is not None and model_config.runner_type != "generate":
+        unsupported[f"the '{model_config.runner_type}' runner (--runner)"] = True
+    for feature, setting in unsupported.items():
+        if setting:
+            raise ValueError(
+                f"The HPU plugin does not support {feature} yet; "
+                "start vLLM without it."
+            )
