@@ -1,0 +1,101 @@
+"""Padding statistics, trace replay, and the bucket-listing command."""
+
+import pytest
+
+from vllm_hpu.bucketing import (
+    Bucket,
+    BucketingConfig,
+    HpuBucketManager,
+    PaddingStats,
+    ServingLimits,
+    TraceStep,
+    measure_padding,
+)
+from vllm_hpu.bucketing.__main__ import main
+from vllm_hpu.envs import read_envs
+
+
+def doc_manager():
+    environ = {"VLLM_PROMPT_BS_BUCKET_MAX": "4", "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024"}
+    limits = ServingLimits(128, 4096, 1024, 128)
+    manager = HpuBucketManager(BucketingConfig.from_limits(limits, read_envs(environ)))
+    manager.set_num_kv_blocks(4096)
+    return manager
+
+
+def test_record_prompt_counts_tokens_and_ratio():
+    stats = PaddingStats()
+    stats.record_prompt(Bucket(4, 512, 0), [412, 400, 300])
+    assert (stats.prompt.steps, stats.prompt.real, stats.prompt.padded) == (
+        1,
+        1112,
+        936,
+    )
+    assert stats.prompt.ratio == pytest.approx(936 / 2048)
+
+
+def test_record_decode_counts_batch_and_block_padding():
+    stats = PaddingStats()
+    stats.record_decode(Bucket(4, 1, 32), num_seqs=3, num_blocks=12)
+    stats.record_decode(Bucket(2, 1, 16), num_seqs=2, num_blocks=8)
+    assert (stats.decode_batch.real, stats.decode_batch.padded) == (5, 1)
+    assert (stats.decode_blocks.real, stats.decode_blocks.padded) == (20, 28)
+    assert stats.decode_blocks.ratio == pytest.approx(28 / 48)
+
+
+def test_summary_reports_every_counter():
+    stats = PaddingStats()
+    assert stats.prompt.ratio == 0.0
+    stats.record_prompt(Bucket(1, 128, 0), [100])
+    stats.record_decode(Bucket(2, 1, 16), num_seqs=1, num_blocks=4)
+    assert stats.summary() == (
+        "Padding: prompt 1 steps, 100 real / 28 padded tokens (21.9%); "
+        "decode 1 steps, batch 1 real / 1 padded tokens (50.0%), "
+        "blocks 4 real / 12 padded blocks (75.0%)"
+    )
+
+
+def test_measure_padding_replays_a_trace():
+    trace = [
+        TraceStep("prompt", (412, 400, 300)),
+        TraceStep("decode", (4, 4, 4)),
+        TraceStep("decode", (4, 4)),
+    ]
+    stats = measure_padding(trace, doc_manager())
+    assert (stats.prompt.real, stats.prompt.padded) == (1112, 936)
+    assert (stats.decode_batch.real, stats.decode_batch.padded) == (5, 1)
+    assert (stats.decode_blocks.real, stats.decode_blocks.padded) == (20, 28)
+
+
+def test_measure_padding_rejects_unknown_phase():
+    with pytest.raises(ValueError, match="unknown phase 'mixed'"):
+        measure_padding([TraceStep("mixed", (1,))], doc_manager())
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            [
+                "--no-prefix-caching",
+                "--no-chunked-prefill",
+                "--max-num-seqs",
+                "4",
+                "--max-model-len",
+                "1024",
+                "--max-num-batched-tokens",
+                "4096",
+            ],
+            "27 buckets (linear): 24 prompt + 3 decode",
+        ),
+        (
+            ["--max-num-seqs", "4", "--max-model-len", "1024", "--exponential"],
+            "buckets (exponential)",
+        ),
+    ],
+)
+def test_command_prints_counts_and_warmup(argv, expected, capsys):
+    main(argv)
+    out = capsys.readouterr().out
+    assert expected in out
+    assert "warmup:" in out

@@ -1,0 +1,199 @@
+"""Bucket ranges from vLLM's limits and VLLM_*_BUCKET_*; bad combinations raise.
+
+Prompt context (prefix caching / chunked prefill only): 0, then 1, 2, 4, ... blocks,
+then every 1024 tokens, up to ceil((max_model_len - 1) / block_size) blocks.
+"""
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+from vllm.logger import init_logger
+
+from vllm_hpu.bucketing.ranges import BucketRange
+from vllm_hpu.envs import HpuEnvs
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger("vllm.hpu.bucketing")
+
+# Past-context buckets step by about this many tokens once the ramp is done:
+# context only costs attention, so coarse steps pad cheaply.
+CONTEXT_STEP_TOKENS = 1024
+# The decode block maximum is never below this, as documented.
+MIN_DECODE_BLOCK_MAX = 128
+# The context dimension when neither prefix caching nor chunked prefill is on.
+NO_CONTEXT = BucketRange(0, 1, 0)
+PARTS = ("min", "step", "max")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingLimits:
+    """The vLLM limits bucketing depends on, as plain numbers."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    # Prefix caching or chunked prefill: prompts may start after cached blocks.
+    use_context_buckets: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketingConfig:
+    """Everything bucket generation needs; ranges are ``(min, step, max)``."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    use_context_buckets: bool
+    exponential: bool
+    prompt_bs: BucketRange
+    prompt_seq: BucketRange
+    # In KV blocks of already-computed context; NO_CONTEXT when not in use.
+    prompt_block: BucketRange
+    decode_bs: BucketRange
+    # In KV blocks: the padded total block count P of a flat decode batch.
+    decode_block: BucketRange
+
+    @classmethod
+    def from_vllm_config(
+        cls, vllm_config: "VllmConfig", envs: HpuEnvs
+    ) -> "BucketingConfig":
+        """Read the limits from vLLM's config, then the variables from ``envs``."""
+        scheduler = vllm_config.scheduler_config
+        cache = vllm_config.cache_config
+        limits = ServingLimits(
+            max_num_seqs=scheduler.max_num_seqs,
+            max_num_batched_tokens=scheduler.max_num_batched_tokens,
+            max_model_len=vllm_config.model_config.max_model_len,
+            block_size=cache.block_size,
+            use_context_buckets=bool(
+                cache.enable_prefix_caching or scheduler.enable_chunked_prefill
+            ),
+        )
+        return cls.from_limits(limits, envs)
+
+    @classmethod
+    def from_limits(cls, limits: ServingLimits, envs: HpuEnvs) -> "BucketingConfig":
+        """Resolve every dimension: the user's value where set, else the default."""
+        defaults = default_ranges(limits)
+        ranges = {
+            name: resolve_range(
+                envs, name, default, _legacy_decode_blocks(envs, limits, name)
+            )
+            for name, default in defaults.items()
+        }
+        if not limits.use_context_buckets:
+            ranges["prompt_block"] = NO_CONTEXT
+        return cls(
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
+            max_model_len=limits.max_model_len,
+            block_size=limits.block_size,
+            use_context_buckets=limits.use_context_buckets,
+            exponential=envs.exponential_bucketing,
+            **ranges,
+        )
+
+
+def default_ranges(limits: ServingLimits) -> dict[str, BucketRange]:
+    """The documented defaults, keyed like the fields of :class:`BucketingConfig`."""
+    seqs, block_size, max_len = (
+        limits.max_num_seqs,
+        limits.block_size,
+        limits.max_model_len,
+    )
+    context_step = max(1, CONTEXT_STEP_TOKENS // block_size)
+    # The most cached blocks a request can have while still computing one token.
+    max_context_blocks = math.ceil((max_len - 1) / block_size)
+    max_decode_blocks = max(
+        MIN_DECODE_BLOCK_MAX, math.ceil(seqs * max_len / block_size)
+    )
+    defaults = {
+        "prompt_bs": BucketRange(1, min(seqs, 32), min(seqs, 64)),
+        "prompt_seq": BucketRange(block_size, block_size, max_len),
+        "prompt_block": BucketRange(0, context_step, max_context_blocks),
+        "decode_bs": BucketRange(1, min(seqs, 32), seqs),
+        "decode_block": BucketRange(block_size, block_size, max_decode_blocks),
+    }
+    # Tiny limits (max_model_len below a block) must not make the defaults invalid.
+    return {name: r._replace(min=min(r.min, r.max)) for name, r in defaults.items()}
+
+
+def env_name(name: str, part: str) -> str:
+    """``prompt_bs``, ``min`` -> ``VLLM_PROMPT_BS_BUCKET_MIN``."""
+    return f"VLLM_{name.upper()}_BUCKET_{part.upper()}"
+
+
+def resolve_range(
+    envs: HpuEnvs,
+    name: str,
+    default: BucketRange,
+    legacy: dict[str, tuple[str, int]],
+) -> BucketRange:
+    """One dimension: each part from its variable, a ``legacy`` alias, or the default.
+
+    ``legacy`` maps a part to (variable, value) for values given under an older
+    name; the variable named in errors is whichever the user actually set.
+    """
+    values: list[int] = []
+    sources: list[str] = []
+    for part, fallback in zip(PARTS, default, strict=True):
+        user = getattr(envs, f"{name}_bucket_{part}")
+        if user is not None:
+            values.append(user)
+            sources.append(f"{env_name(name, part)}={user}")
+        elif part in legacy:
+            values.append(legacy[part][1])
+            sources.append(f"{legacy[part][0]} ({legacy[part][1]} blocks)")
+        else:
+            values.append(fallback)
+            sources.append(f"{env_name(name, part)} (default {fallback})")
+    bucket_range = BucketRange(*values)
+    validate_range(name, bucket_range, sources)
+    return bucket_range
+
+
+def validate_range(name: str, bucket_range: BucketRange, sources: list[str]) -> None:
+    """Raise a ``ValueError`` naming the variables when the range means nothing."""
+    low, step, high = bucket_range
+    smallest = 0 if name == "prompt_block" else 1
+    fix = (
+        f"set the variables, or unset them to get the defaults ({env_name(name, '*')})"
+    )
+    if low < smallest:
+        raise ValueError(f"{sources[0]} is invalid: it must be >= {smallest}; {fix}.")
+    if step <= 0:
+        raise ValueError(f"{sources[1]} is invalid: the step must be >= 1; {fix}.")
+    if low > high:
+        raise ValueError(
+            f"{sources[0]} is greater than {sources[2]}: the minimum must not exceed "
+            f"the maximum; {fix}."
+        )
+
+
+def _legacy_decode_blocks(
+    envs: HpuEnvs, limits: ServingLimits, name: str
+) -> dict[str, tuple[str, int]]:
+    """Older releases' ``VLLM_DECODE_SEQ_BUCKET_*`` (tokens) as block counts."""
+    if name != "decode_block":
+        return {}
+    legacy = {}
+    for part in PARTS:
+        tokens = getattr(envs, f"decode_seq_bucket_{part}")
+        if tokens is not None and getattr(envs, f"decode_block_bucket_{part}") is None:
+            blocks = math.ceil(tokens / limits.block_size)
+            legacy[part] = (f"{env_name('decode_seq', part)}={tokens}", blocks)
+            logger.info(
+                "%s is in tokens (older Gaudi releases); decode buckets count KV "
+                "blocks, so it is read as %s=%d (ceil(%d / block_size %d)).",
+                env_name("decode_seq", part),
+                env_name("decode_block", part),
+                blocks,
+                tokens,
+                limits.block_size,
+            )
+    return legacy

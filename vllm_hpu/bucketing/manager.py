@@ -1,0 +1,164 @@
+"""The bucket sets the model runner pads to, with a per-step lookup.
+
+Lookup bisects sorted per-dimension values (it runs every step); a shape beyond
+every bucket still gets one, rounded up past the range, with a one-time warning.
+"""
+
+import bisect
+
+from vllm.logger import init_logger
+
+from vllm_hpu.bucketing.buckets import (
+    Bucket,
+    decode_dims,
+    generate_decode_buckets,
+    generate_prompt_buckets,
+    prompt_dims,
+)
+from vllm_hpu.bucketing.config import BucketingConfig
+from vllm_hpu.bucketing.padding import PaddingStats
+from vllm_hpu.bucketing.ranges import BucketRange, cover_value, round_beyond
+
+logger = init_logger("vllm.hpu.bucketing")
+
+
+class BucketIndex:
+    """A bucket set as nested sorted values: batch -> query -> blocks."""
+
+    def __init__(self, buckets: list[Bucket]) -> None:
+        self._batch_sizes: list[int] = []
+        self._query_lens: dict[int, list[int]] = {}
+        self._num_blocks: dict[tuple[int, int], list[int]] = {}
+        for bucket in buckets:
+            self.add(bucket)
+
+    def add(self, bucket: Bucket) -> None:
+        batch_size, query_len, num_blocks = bucket
+        if batch_size not in self._query_lens:
+            bisect.insort(self._batch_sizes, batch_size)
+            self._query_lens[batch_size] = []
+        if (batch_size, query_len) not in self._num_blocks:
+            bisect.insort(self._query_lens[batch_size], query_len)
+            self._num_blocks[batch_size, query_len] = []
+        blocks = self._num_blocks[batch_size, query_len]
+        index = bisect.bisect_left(blocks, num_blocks)
+        if index == len(blocks) or blocks[index] != num_blocks:
+            blocks.insert(index, num_blocks)
+
+    def find(self, batch_size: int, query_len: int, num_blocks: int) -> Bucket | None:
+        """The first covering bucket in (batch, query, blocks) order, or None."""
+        for bs in self._batch_sizes[
+            bisect.bisect_left(self._batch_sizes, batch_size) :
+        ]:
+            query_lens = self._query_lens[bs]
+            for query in query_lens[bisect.bisect_left(query_lens, query_len) :]:
+                blocks = self._num_blocks[bs, query]
+                index = bisect.bisect_left(blocks, num_blocks)
+                if index < len(blocks):
+                    return Bucket(bs, query, blocks[index])
+        return None
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        return [
+            Bucket(bs, query, blocks)
+            for bs in self._batch_sizes
+            for query in self._query_lens[bs]
+            for blocks in self._num_blocks[bs, query]
+        ]
+
+
+def padded_value(needed: int, values: list[int], bucket_range: BucketRange) -> int:
+    """A miss's value in one dimension: the covering value, else past the range."""
+    if needed <= values[-1]:
+        return cover_value(values, needed)
+    return max(round_beyond(needed, bucket_range), values[-1])
+
+
+class HpuBucketManager:
+    """Prompt buckets from the config; decode buckets once the KV cache is sized."""
+
+    def __init__(self, config: BucketingConfig) -> None:
+        self.config = config
+        self.stats = PaddingStats()
+        self._prompt_dims = prompt_dims(config)
+        self._decode_dims = decode_dims(config)
+        self._prompt = BucketIndex(generate_prompt_buckets(config))
+        self._decode = BucketIndex([])
+        self._warned: set[tuple[str, Bucket]] = set()
+        ranges = [("bs", config.prompt_bs), ("seq", config.prompt_seq)]
+        if config.use_context_buckets:
+            ranges.append(("block", config.prompt_block))
+        self._log_buckets("prompt", ranges, self.prompt_buckets)
+
+    @property
+    def prompt_buckets(self) -> list[Bucket]:
+        return self._prompt.buckets
+
+    @property
+    def decode_buckets(self) -> list[Bucket]:
+        return self._decode.buckets
+
+    def set_num_kv_blocks(self, num_blocks: int) -> None:
+        """(Re)build the decode buckets, clamped to ``num_blocks`` KV blocks."""
+        self._decode = BucketIndex(generate_decode_buckets(self.config, num_blocks))
+        ranges = [("bs", self.config.decode_bs), ("block", self.config.decode_block)]
+        self._log_buckets("decode", ranges, self.decode_buckets)
+
+    def find_prompt_bucket(
+        self, batch_size: int, query_len: int, num_context_blocks: int
+    ) -> Bucket:
+        """The smallest prompt bucket covering the batch (a warned miss if none)."""
+        bucket = self._prompt.find(batch_size, query_len, num_context_blocks)
+        if bucket is not None:
+            return bucket
+        dims = self._prompt_dims
+        bucket = Bucket(
+            padded_value(batch_size, dims.batch_sizes, self.config.prompt_bs),
+            padded_value(query_len, dims.query_lens, self.config.prompt_seq),
+            padded_value(
+                num_context_blocks, dims.context_blocks, self.config.prompt_block
+            ),
+        )
+        return self._add_miss("prompt", self._prompt, bucket)
+
+    def find_decode_bucket(self, batch_size: int, num_blocks: int) -> Bucket:
+        """The smallest decode bucket for ``batch_size`` sequences holding
+        ``num_blocks`` KV blocks in all (a warned miss if none)."""
+        bucket = self._decode.find(batch_size, 1, num_blocks)
+        if bucket is not None:
+            return bucket
+        dims = self._decode_dims
+        bucket = Bucket(
+            padded_value(batch_size, dims.batch_sizes, self.config.decode_bs),
+            1,
+            padded_value(num_blocks, dims.num_blocks, self.config.decode_block),
+        )
+        return self._add_miss("decode", self._decode, bucket)
+
+    def describe(self, phase: str, bucket: Bucket) -> tuple[int, ...]:
+        """A bucket as the logs print it: (bs, seq), (bs, seq, ctx) or (bs, blocks)."""
+        if phase == "decode":
+            return (bucket.batch_size, bucket.num_blocks)
+        if self.config.use_context_buckets:
+            return tuple(bucket)
+        return (bucket.batch_size, bucket.query_len)
+
+    def _add_miss(self, phase: str, index: BucketIndex, bucket: Bucket) -> Bucket:
+        """Remember a shape that was not warmed up, and say so once."""
+        index.add(bucket)
+        if (phase, bucket) not in self._warned:
+            self._warned.add((phase, bucket))
+            shape = ", ".join(str(value) for value in self.describe(phase, bucket))
+            logger.warning("Configuration: (%s, %s) was not warmed-up!", phase, shape)
+        return bucket
+
+    def _log_buckets(
+        self, phase: str, ranges: list[tuple[str, BucketRange]], buckets: list[Bucket]
+    ) -> None:
+        config = ", ".join(f"{name}:{list(r)}" for name, r in ranges)
+        shapes = ", ".join(str(self.describe(phase, b)) for b in buckets)
+        logger.info(
+            "%s bucket config (min, step, max_warmup) %s", phase.capitalize(), config
+        )
+        logger.info("Generated %d %s buckets: [%s]", len(buckets), phase, shapes)

@@ -1,0 +1,78 @@
+"""The values one bucket dimension takes, from a ``(min, step, max)`` triple.
+
+Pure integer functions: linear with a doubling ramp-up, and exponential spacing.
+"""
+
+import bisect
+import math
+from typing import NamedTuple
+
+# Exponential spacing puts this many points in every doubling of the range, so
+# the worst-case padding between neighbours is about 1 - 2 ** (-1 / 2) = 29 %.
+POINTS_PER_OCTAVE = 2
+
+
+class BucketRange(NamedTuple):
+    """One dimension's resolved ``(min, step, max)``, as the logs print it."""
+
+    min: int
+    step: int
+    max: int
+
+
+def linear_range(bucket_range: BucketRange) -> list[int]:
+    """``min, 2*min, 4*min, ...`` while below ``step``, then multiples of ``step``.
+
+    ``max`` is always the last value, even when it is not a multiple of ``step``.
+    A ``min`` of 0 contributes 0 and the ramp then starts at 1.
+    """
+    low, step, high = bucket_range
+    values = [0] if low == 0 else []
+    value = max(low, 1)
+    while value < high:
+        values.append(value)
+        value = value * 2 if value * 2 < step else (value // step + 1) * step
+    values.append(high)
+    return sorted(set(values))
+
+
+def default_num_points(bucket_range: BucketRange) -> int:
+    """Points an exponential range gets: ``POINTS_PER_OCTAVE`` per doubling."""
+    low, _, high = bucket_range
+    if high <= max(low, 1):
+        return 1
+    return POINTS_PER_OCTAVE * math.ceil(math.log2(high / max(low, 1))) + 1
+
+
+def exponential_range(
+    bucket_range: BucketRange, num_points: int | None = None
+) -> list[int]:
+    """``num_points`` geometric points from ``min`` to ``max``, each rounded up.
+
+    Every point is rounded up to the smallest value of :func:`linear_range` that
+    covers it (a multiple of ``step``, or a ramp value below ``step``), so the
+    result is a subset of the linear values; duplicates go and ``max`` stays last.
+    """
+    linear = linear_range(bucket_range)
+    points = num_points if num_points is not None else default_num_points(bucket_range)
+    low, _, high = bucket_range
+    start = max(low, 1)
+    values = {0} if low == 0 else set()
+    for i in range(points):
+        fraction = i / (points - 1) if points > 1 else 1.0
+        point = start * (high / start) ** fraction
+        values.add(cover_value(linear, math.ceil(point - 1e-9)))
+    values.add(high)
+    return sorted(values)
+
+
+def cover_value(values: list[int], needed: int) -> int:
+    """The smallest of the sorted ``values`` that is >= ``needed`` (last if none)."""
+    index = bisect.bisect_left(values, needed)
+    return values[min(index, len(values) - 1)]
+
+
+def round_beyond(needed: int, bucket_range: BucketRange) -> int:
+    """A value past ``max`` for a shape beyond the range: next ``step`` multiple."""
+    step = bucket_range.step
+    return math.ceil(needed / step) * step
