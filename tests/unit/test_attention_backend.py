@@ -1,0 +1,78 @@
+"""The backend's contract with vLLM: name, registration, block sizes, refusals."""
+
+import pytest
+import torch
+from vllm.v1.attention.backend import AttentionType
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from vllm.v1.attention.selector import AttentionSelectorConfig
+
+from vllm_hpu import platform
+from vllm_hpu.attention import backend
+from vllm_hpu.attention.backend import HpuAttentionBackend, check_supported
+
+
+def _config(**overrides: object) -> AttentionSelectorConfig:
+    base = AttentionSelectorConfig(
+        head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=128
+    )
+    return base._replace(**overrides)
+
+
+def test_attention_backend_registered_as_custom_idempotently() -> None:
+    backend.register()
+    backend.register()
+    assert HpuAttentionBackend.get_name() == "CUSTOM"
+    assert AttentionBackendEnum.CUSTOM.get_path() == platform.ATTN_BACKEND_CLS
+
+
+def test_attention_backend_prefers_platform_block_size() -> None:
+    assert HpuAttentionBackend.get_preferred_block_size(
+        platform.DEFAULT_BLOCK_SIZE
+    ) == (platform.DEFAULT_BLOCK_SIZE)
+    assert (
+        HpuAttentionBackend.get_preferred_block_size(100) == platform.DEFAULT_BLOCK_SIZE
+    )
+    assert HpuAttentionBackend.supports_block_size(16)
+    assert not HpuAttentionBackend.supports_block_size(24)
+
+
+def test_attention_backend_kv_cache_shape_has_dummy_block() -> None:
+    assert HpuAttentionBackend.get_kv_cache_shape(10, 128, 8, 64) == (
+        2,
+        11 * 128,
+        8,
+        64,
+    )
+
+
+def test_attention_backend_accepts_plain_decoder() -> None:
+    check_supported(_config())
+    check_supported(_config(block_size=None, kv_cache_dtype=None, dtype=torch.float32))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"use_mla": True}, "MLA"),
+        ({"use_sparse": True}, "sparse"),
+        ({"has_sink": True}, "sinks"),
+        ({"attn_type": AttentionType.ENCODER_ONLY}, "encoder_only"),
+        ({"use_non_causal": True}, "non-causal"),
+        ({"has_sliding_window": True}, "sliding-window"),
+        ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype=fp8"),
+        ({"head_size": 72}, "head size 72"),
+        ({"block_size": 24}, "block size 24"),
+    ],
+)
+def test_attention_backend_refuses_with_clear_error(
+    overrides: dict[str, object], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        check_supported(_config(**overrides))
+
+
+def test_attention_backend_selected_by_platform() -> None:
+    path = platform.HpuPlatform.get_attn_backend_cls(
+        AttentionBackendEnum.CUSTOM, _config()
+    )
+    assert path == platform.ATTN_BACKEND_CLS

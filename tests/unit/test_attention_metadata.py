@@ -1,0 +1,94 @@
+"""The metadata builders: token layout, dummy-block padding, flat block layout."""
+
+import pytest
+import torch
+
+from vllm_hpu.attention.metadata import (
+    CacheGeometry,
+    SeqLayout,
+    build_decode_metadata,
+    build_prompt_metadata,
+)
+
+BLOCK_SIZE = 4
+DUMMY = 9  # num_blocks
+CACHE = CacheGeometry(BLOCK_SIZE, DUMMY, torch.float32, torch.device("cpu"))
+
+
+def _in_dummy(slots: torch.Tensor) -> bool:
+    return bool(((slots // BLOCK_SIZE) == DUMMY).all())
+
+
+def test_metadata_prompt_slot_mapping_follows_token_layout() -> None:
+    seqs = [SeqLayout([5, 2], 0, 6), SeqLayout([7, 1, 3], 5, 3)]
+    meta = build_prompt_metadata(seqs, 3, 8, 2, CACHE)
+    slots = meta.slot_mapping.view(3, 8)
+    assert slots[0, :6].tolist() == [20, 21, 22, 23, 8, 9]
+    assert slots[1, :3].tolist() == [5, 6, 7]  # positions 5..7 in block 1
+    assert _in_dummy(slots[0, 6:]) and _in_dummy(slots[1, 3:]) and _in_dummy(slots[2])
+    assert meta.slot_mapping.dtype == torch.long
+    assert meta.block_list is not None
+    assert meta.block_list.tolist() == [DUMMY, DUMMY, 7, 1, DUMMY, DUMMY]
+
+
+def test_metadata_prompt_mask_past_current_and_padding() -> None:
+    seqs = [SeqLayout([0, 1], 2, 3)]
+    meta = build_prompt_metadata(seqs, 2, 4, 1, CACHE)
+    assert meta.attn_bias is not None
+    visible = (meta.attn_bias[:, 0] == 0).int().tolist()
+    # keys: 4 past slots (2 cached) then 4 current tokens (3 real).
+    assert visible[0] == [
+        [1, 1, 0, 0, 1, 0, 0, 0],
+        [1, 1, 0, 0, 1, 1, 0, 0],
+        [1, 1, 0, 0, 1, 1, 1, 0],
+        [1, 1, 0, 0, 1, 1, 1, 1],  # padded query: real tokens plus itself
+    ]
+    assert visible[1] == [[0] * 4 + [int(k == t) for k in range(4)] for t in range(4)]
+
+
+def test_metadata_prompt_without_context_has_no_block_list() -> None:
+    meta = build_prompt_metadata([SeqLayout([3], 0, 2)], 1, 4, 0, CACHE)
+    assert meta.block_list is None and meta.is_prompt
+    assert meta.attn_bias is not None and meta.attn_bias.shape == (1, 1, 4, 4)
+
+
+def test_metadata_decode_flat_layout() -> None:
+    seqs = [SeqLayout([4, 0, 8], 8, 1), SeqLayout([6], 1, 1)]  # seq_lens 9 and 2
+    meta = build_decode_metadata(seqs, 3, 6, CACHE)
+    blocks = meta.decode_blocks()
+    assert blocks.block_list.tolist() == [4, 0, 8, 6, DUMMY, DUMMY]
+    assert blocks.block_groups.tolist() == [0, 0, 0, 1, 3, 3]
+    assert blocks.block_mapping.tolist() == [
+        [1, 0, 0],
+        [1, 0, 0],
+        [1, 0, 0],
+        [0, 1, 0],
+        [0, 0, 0],
+        [0, 0, 0],
+    ]
+    usage = (blocks.block_bias == 0).sum(-1).tolist()
+    assert usage == [4, 4, 1, 2, 1, 1]
+    assert meta.slot_mapping[:2].tolist() == [32, 25]
+    assert _in_dummy(meta.slot_mapping[2:])
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: build_decode_metadata([SeqLayout([1, 2], 4, 1)], 1, 1, CACHE),
+            "2 blocks",
+        ),
+        (
+            lambda: build_prompt_metadata([SeqLayout([1, 2], 5, 1)], 1, 2, 1, CACHE),
+            "2 blocks",
+        ),
+        (
+            lambda: build_decode_metadata([SeqLayout([1], 0, 1)] * 2, 1, 4, CACHE),
+            "batch size",
+        ),
+    ],
+)
+def test_metadata_refuses_buckets_too_small(build, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=message):
+        build()

@@ -1,0 +1,109 @@
+"""Flat paged decode attention (with its metadata builder) vs naive attention."""
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+from test_ops_reference import fill_cache, naive_attention, random_layout, tolerance
+
+from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_metadata
+from vllm_hpu.ops.kv_cache import write_to_cache
+from vllm_hpu.ops.paged_attention import paged_attention
+
+NUM_CASES = 48
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    seed: int
+    block_size: int
+    group: int
+    head_size: int
+    dtype: torch.dtype
+    batch_size: int  # real rows; the bucket may add padding rows
+
+    def __str__(self) -> str:
+        return (
+            f"seed{self.seed}-B{self.block_size}-G{self.group}-D{self.head_size}"
+            f"-{str(self.dtype).removeprefix('torch.')}-bs{self.batch_size}"
+        )
+
+
+def _cases() -> list[DecodeCase]:
+    rng = random.Random(1234)
+    return [
+        DecodeCase(
+            seed=seed,
+            block_size=rng.choice([16, 128]),
+            group=[1, 2, 4, 8][seed % 4],
+            head_size=rng.choice([64, 128]),
+            dtype=[torch.float32, torch.bfloat16][(seed // 4) % 2],
+            batch_size=rng.randint(1, 16),
+        )
+        for seed in range(NUM_CASES)
+    ]
+
+
+def _seq_lens(rng: random.Random, count: int, block_size: int) -> list[int]:
+    """Lengths of 1 .. 4 blocks, a third of them exact multiples of the block."""
+    lens = []
+    for _ in range(count):
+        blocks = rng.randint(1, 4)
+        exact = rng.random() < 0.33
+        lens.append(
+            blocks * block_size if exact else rng.randint(1, blocks * block_size)
+        )
+    return lens
+
+
+@pytest.mark.parametrize("case", _cases(), ids=str)
+def test_paged_attention_matches_naive(case: DecodeCase) -> None:
+    rng = random.Random(case.seed)
+    num_kv_heads = rng.choice([1, 2])
+    num_heads = num_kv_heads * case.group
+    seq_lens = _seq_lens(rng, case.batch_size, case.block_size)
+    layout = random_layout(
+        rng, seq_lens, case.block_size, (num_kv_heads, case.head_size), case.dtype
+    )
+    fill_cache(layout, [n - 1 for n in seq_lens], case.block_size)
+    seqs = [
+        SeqLayout(table, n - 1, 1)
+        for table, n in zip(layout.block_tables, seq_lens, strict=True)
+    ]
+    padded_batch = case.batch_size + rng.randint(0, 2)
+    used_blocks = sum(len(t) for t in layout.block_tables)
+    geometry = CacheGeometry(
+        case.block_size, layout.num_blocks, case.dtype, torch.device("cpu")
+    )
+    metadata = build_decode_metadata(
+        seqs, padded_batch, used_blocks + rng.randint(0, 5), geometry
+    )
+    query = torch.randn(padded_batch, num_heads, case.head_size).to(case.dtype)
+    # The step's own token goes in through the metadata's slot_mapping.
+    new_kv = [
+        torch.randn(padded_batch, num_kv_heads, case.head_size).to(case.dtype)
+        for _ in "kv"
+    ]
+    for i in range(case.batch_size):
+        new_kv[0][i], new_kv[1][i] = layout.keys[i][-1], layout.values[i][-1]
+    write_to_cache(layout.key_cache, metadata.slot_mapping, new_kv[0])
+    write_to_cache(layout.value_cache, metadata.slot_mapping, new_kv[1])
+    scale = case.head_size**-0.5
+
+    out = paged_attention(
+        query, layout.key_cache, layout.value_cache, metadata.decode_blocks(), scale
+    )
+
+    assert out.shape == query.shape and out.dtype == case.dtype
+    assert torch.isfinite(out).all(), f"{case}: non-finite output"
+    for i, n in enumerate(seq_lens):
+        expected = naive_attention(
+            query[i : i + 1], layout.keys[i], layout.values[i], scale
+        )
+        torch.testing.assert_close(
+            out[i : i + 1].float(),
+            expected,
+            **tolerance(case.dtype),
+            msg=lambda m, i=i, n=n: f"{case} row {i} (seq_len {n}): {m}",
+        )

@@ -1,0 +1,134 @@
+"""Prompt attention, with and without cached context, vs naive attention.
+
+Each case builds the metadata with build_prompt_metadata and writes the current
+tokens through its slot_mapping first, as the attention impl does.
+"""
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+from test_ops_reference import fill_cache, naive_attention, random_layout, tolerance
+
+from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_prompt_metadata
+from vllm_hpu.ops.kv_cache import write_to_cache
+from vllm_hpu.ops.prompt_attention import gather_context, prompt_attention
+
+NUM_CASES = 40
+
+
+@dataclass(frozen=True)
+class PromptCase:
+    seed: int
+    block_size: int
+    group: int
+    head_size: int
+    dtype: torch.dtype
+    batch_size: int
+    with_context: bool
+
+    def __str__(self) -> str:
+        return (
+            f"seed{self.seed}-B{self.block_size}-G{self.group}-D{self.head_size}"
+            f"-{str(self.dtype).removeprefix('torch.')}-bs{self.batch_size}"
+            f"-{'ctx' if self.with_context else 'noctx'}"
+        )
+
+
+def _cases() -> list[PromptCase]:
+    rng = random.Random(99)
+    return [
+        PromptCase(
+            seed=seed,
+            block_size=rng.choice([16, 16, 128]),
+            group=[1, 2, 4, 8][seed % 4],
+            head_size=rng.choice([64, 128]),
+            dtype=[torch.float32, torch.bfloat16][(seed // 4) % 2],
+            batch_size=rng.randint(1, 16) if seed % 3 else rng.randint(1, 4),
+            with_context=seed % 2 == 1,
+        )
+        for seed in range(NUM_CASES)
+    ]
+
+
+def _request_shapes(
+    rng: random.Random, case: PromptCase
+) -> tuple[list[int], list[int]]:
+    """(context lengths, query lengths): contexts of 0..2 blocks, some exact."""
+    block_size = case.block_size
+    max_query = rng.choice([block_size, 2 * block_size]) if block_size == 16 else 40
+    contexts, queries = [], []
+    for _ in range(case.batch_size):
+        blocks = rng.randint(0, 2) if case.with_context else 0
+        exact = rng.random() < 0.4
+        contexts.append(
+            blocks * block_size if exact else rng.randint(0, blocks * block_size)
+        )
+        queries.append(max_query if rng.random() < 0.3 else rng.randint(1, max_query))
+    return contexts, queries
+
+
+@pytest.mark.parametrize("case", _cases(), ids=str)
+def test_prompt_attention_matches_naive(case: PromptCase) -> None:
+    rng = random.Random(case.seed)
+    num_kv_heads = rng.choice([1, 2])
+    num_heads = num_kv_heads * case.group
+    contexts, queries = _request_shapes(rng, case)
+    seq_lens = [c + q for c, q in zip(contexts, queries, strict=True)]
+    layout = random_layout(
+        rng, seq_lens, case.block_size, (num_kv_heads, case.head_size), case.dtype
+    )
+    fill_cache(layout, contexts, case.block_size)
+    seqs = [
+        SeqLayout(t, c, q)
+        for t, c, q in zip(layout.block_tables, contexts, queries, strict=True)
+    ]
+    batch_size = case.batch_size + rng.randint(0, 2)
+    query_len = max(queries) + rng.randint(0, 7)
+    context_blocks = -(-max(contexts) // case.block_size)
+    context_blocks += (
+        rng.randint(0 if context_blocks else 1, 2) if case.with_context else 0
+    )
+    geometry = CacheGeometry(
+        case.block_size, layout.num_blocks, case.dtype, torch.device("cpu")
+    )
+    metadata = build_prompt_metadata(
+        seqs, batch_size, query_len, context_blocks, geometry
+    )
+
+    shape = (batch_size, query_len)
+    query = torch.randn(*shape, num_heads, case.head_size).to(case.dtype)
+    key = torch.randn(*shape, num_kv_heads, case.head_size).to(case.dtype)
+    value = torch.randn(*shape, num_kv_heads, case.head_size).to(case.dtype)
+    for i, (c, q) in enumerate(zip(contexts, queries, strict=True)):
+        key[i, :q] = layout.keys[i][c:]
+        value[i, :q] = layout.values[i][c:]
+    write_to_cache(layout.key_cache, metadata.slot_mapping, key.flatten(0, 1))
+    write_to_cache(layout.value_cache, metadata.slot_mapping, value.flatten(0, 1))
+    past_kv = None
+    if metadata.block_list is not None:
+        past_kv = gather_context(
+            layout.key_cache,
+            layout.value_cache,
+            metadata.block_list,
+            batch_size,
+            case.block_size,
+        )
+    assert metadata.attn_bias is not None
+    scale = case.head_size**-0.5
+
+    out = prompt_attention(query, key, value, metadata.attn_bias, scale, past_kv)
+
+    assert out.shape == query.shape and out.dtype == case.dtype
+    assert torch.isfinite(out).all(), f"{case}: non-finite output (padding rows?)"
+    for i, (c, q) in enumerate(zip(contexts, queries, strict=True)):
+        expected = naive_attention(
+            query[i, :q], layout.keys[i], layout.values[i], scale
+        )
+        torch.testing.assert_close(
+            out[i, :q].float(),
+            expected,
+            **tolerance(case.dtype),
+            msg=lambda m, i=i, c=c, q=q: f"{case} row {i} (ctx {c}, q {q}): {m}",
+        )

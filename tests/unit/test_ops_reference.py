@@ -1,0 +1,108 @@
+"""Naive per-sequence attention and random cache layouts, shared by the op tests.
+
+The reference loops over sequences in Python and is checked here against torch's
+own scaled_dot_product_attention, so the op tests compare with a trusted oracle.
+"""
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from vllm_hpu.ops.kv_cache import write_to_cache
+
+
+def tolerance(dtype: torch.dtype) -> dict[str, float]:
+    if dtype == torch.float32:
+        return {"atol": 1e-5, "rtol": 1e-5}
+    return {"atol": 2e-2, "rtol": 2e-2}
+
+
+def naive_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One sequence. query: [n, H, D] for the last n positions; key, value: [L, KVH,
+    D] for all L positions. Causal softmax attention in fp32 -> [n, H, D]."""
+    n, num_heads, _ = query.shape
+    length, num_kv_heads, _ = key.shape
+    group = num_heads // num_kv_heads
+    k = key.float().repeat_interleave(group, dim=1)
+    v = value.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", query.float() * scale, k)
+    positions = torch.arange(length - n, length)[:, None]
+    scores = scores.masked_fill(torch.arange(length)[None, :] > positions, -torch.inf)
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+@dataclass
+class CacheLayout:
+    """Random sequences scattered over shuffled physical blocks of a flat cache."""
+
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    keys: list[torch.Tensor]  # per sequence [seq_len, KVH, D]
+    values: list[torch.Tensor]
+    block_tables: list[list[int]]
+    num_blocks: int
+
+
+def random_layout(
+    rng: random.Random,
+    seq_lens: list[int],
+    block_size: int,
+    shape: tuple[int, int],
+    dtype: torch.dtype,
+) -> CacheLayout:
+    """Cache of random garbage (dummy block included) holding sequences of
+    ``seq_lens`` tokens in shuffled blocks; shape is (num_kv_heads, head_size).
+    Nothing is written: see :func:`fill_cache`."""
+    needed = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(needed) + rng.randint(0, 3)
+    ids = list(range(num_blocks))
+    rng.shuffle(ids)
+    tables = []
+    for n in needed:
+        tables.append(ids[:n])
+        ids = ids[n:]
+    gen = torch.Generator().manual_seed(rng.randint(0, 2**31))
+    slots = (num_blocks + 1) * block_size
+    caches = [10 * torch.randn(slots, *shape, generator=gen).to(dtype) for _ in "kv"]
+    keys = [torch.randn(n, *shape, generator=gen).to(dtype) for n in seq_lens]
+    values = [torch.randn(n, *shape, generator=gen).to(dtype) for n in seq_lens]
+    return CacheLayout(caches[0], caches[1], keys, values, tables, num_blocks)
+
+
+def slots_of(table: list[int], start: int, stop: int, block_size: int) -> torch.Tensor:
+    slots = [
+        table[p // block_size] * block_size + p % block_size for p in range(start, stop)
+    ]
+    return torch.tensor(slots, dtype=torch.long)
+
+
+def fill_cache(layout: CacheLayout, lengths: list[int], block_size: int) -> None:
+    """Write the first ``lengths[i]`` tokens of every sequence, the naive way."""
+    for i, n in enumerate(lengths):
+        slots = slots_of(layout.block_tables[i], 0, n, block_size)
+        write_to_cache(layout.key_cache, slots, layout.keys[i][:n])
+        write_to_cache(layout.value_cache, slots, layout.values[i][:n])
+
+
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("n", [1, 5, 17])
+def test_ops_reference_matches_torch_sdpa(group: int, n: int) -> None:
+    gen = torch.Generator().manual_seed(n * 10 + group)
+    length, kv_heads, head_size = 17, 2, 64
+    query = torch.randn(n, kv_heads * group, head_size, generator=gen)
+    key = torch.randn(length, kv_heads, head_size, generator=gen)
+    value = torch.randn(length, kv_heads, head_size, generator=gen)
+    mask = torch.ones(n, length, dtype=torch.bool).tril(diagonal=length - n)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(0, 1),
+        key.repeat_interleave(group, 1).transpose(0, 1),
+        value.repeat_interleave(group, 1).transpose(0, 1),
+        attn_mask=mask,
+        scale=0.3,
+    ).transpose(0, 1)
+    actual = naive_attention(query, key, value, 0.3)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,246 @@
+"""HpuAttentionBackend: vLLM's attention layer running our ops on the flat KV cache.
+
+Registered as AttentionBackendEnum.CUSTOM at import (idempotent: a dict entry).
+"""
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionImpl,
+    AttentionLayer,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+from vllm_hpu.attention.metadata import HpuAttentionMetadata
+from vllm_hpu.ops.kv_cache import kv_cache_shape, write_to_cache
+from vllm_hpu.ops.paged_attention import paged_attention
+from vllm_hpu.ops.prompt_attention import gather_context, prompt_attention
+
+if TYPE_CHECKING:
+    from vllm.config.cache import CacheDType
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+BLOCK_SIZE_MULTIPLE = 16
+PREFERRED_BLOCK_SIZE = 128  # platform.DEFAULT_BLOCK_SIZE: Gaudi's MME tile
+SUPPORTED_HEAD_SIZES = [64, 80, 96, 112, 128, 192, 256]
+
+
+class HpuAttentionBackend(AttentionBackend):
+    supported_dtypes: ClassVar[list[torch.dtype]] = [
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+    ]
+    supported_kv_cache_dtypes: ClassVar[list["CacheDType"]] = ["auto"]
+    forward_includes_kv_cache_update: bool = True
+
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"  # the enum member out-of-tree backends register under
+
+    @staticmethod
+    def get_impl_cls() -> type["HpuAttentionImpl"]:
+        return HpuAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["HpuAttentionMetadataBuilder"]:
+        return HpuAttentionMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(
+        kv_cache_spec: Any = None,
+    ) -> list[int | MultipleOf]:
+        return [MultipleOf(BLOCK_SIZE_MULTIPLE)]
+
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        if cls.supports_block_size(default_block_size):
+            return default_block_size
+        return PREFERRED_BLOCK_SIZE
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return SUPPORTED_HEAD_SIZES
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = "auto",
+    ) -> tuple[int, ...]:
+        """(key, value) stacked; one extra block is the padding dummy."""
+        return kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+
+
+def check_supported(attn_selector_config: "AttentionSelectorConfig") -> None:
+    """Raise a ValueError naming what this backend lacks and how to avoid it."""
+    config = attn_selector_config
+    problems = [
+        (config.use_mla, "MLA attention", "use a model without MLA"),
+        (config.use_sparse, "sparse attention", "use a dense-attention model"),
+        (config.has_sink, "attention sinks", "use a model without sinks"),
+        (
+            config.attn_type != AttentionType.DECODER,
+            f"{AttentionType(config.attn_type).value} attention",
+            "use a decoder-only model",
+        ),
+        (config.use_non_causal, "non-causal attention", "unset use_non_causal"),
+        (
+            config.has_sliding_window,
+            "sliding-window attention",
+            "use a model without a sliding window",
+        ),
+        (
+            config.kv_cache_dtype not in (None, "auto"),
+            f"kv_cache_dtype={config.kv_cache_dtype}",
+            "use --kv-cache-dtype auto",
+        ),
+        (
+            not HpuAttentionBackend.supports_head_size(config.head_size),
+            f"head size {config.head_size}",
+            f"use a model with head size in {SUPPORTED_HEAD_SIZES}",
+        ),
+        (
+            not HpuAttentionBackend.supports_block_size(config.block_size),
+            f"block size {config.block_size}",
+            f"use a --block-size that is a multiple of {BLOCK_SIZE_MULTIPLE}",
+        ),
+    ]
+    for unsupported, what, fix in problems:
+        if unsupported:
+            raise ValueError(
+                f"The HPU attention backend does not support {what}: {fix}."
+            )
+
+
+class HpuAttentionMetadataBuilder(AttentionMetadataBuilder[HpuAttentionMetadata]):
+    """Our model runner builds HpuAttentionMetadata itself (attention.metadata)."""
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> HpuAttentionMetadata:
+        raise NotImplementedError(
+            "HPU attention metadata is built by the HPU model runner "
+            "(vllm_hpu.attention.metadata), not from CommonAttentionMetadata."
+        )
+
+
+class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
+    """Writes the step's keys and values into the cache, then attends: prompts
+    with :func:`prompt_attention`, decodes with flat :func:`paged_attention`."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        **unsupported: Any,
+    ) -> None:
+        for name, value in (
+            ("alibi_slopes", alibi_slopes),
+            ("sliding_window", sliding_window),
+            ("logits_soft_cap", logits_soft_cap),
+            *unsupported.items(),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"The HPU attention backend does not support {name}; "
+                    "use a model without it."
+                )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: Any,
+        attn_metadata: HpuAttentionMetadata,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """query: [num_tokens, num_heads, head_size]; key, value: [num_tokens,
+        num_kv_heads, head_size]; kv_cache: (key_cache, value_cache) bound by the
+        worker. The result goes into ``output`` [num_tokens, num_heads, head_size]."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported")
+        if attn_metadata is None:  # vLLM's dummy/profiling passes without metadata
+            return output.zero_()
+        key_cache, value_cache = kv_cache
+        if self.kv_sharing_target_layer_name is None:
+            write_to_cache(key_cache, attn_metadata.slot_mapping, key)
+            write_to_cache(value_cache, attn_metadata.slot_mapping, value)
+        if attn_metadata.is_prompt:
+            result = self._prompt(query, key, value, kv_cache, attn_metadata)
+        else:
+            result = paged_attention(
+                query, key_cache, value_cache, attn_metadata.decode_blocks(), self.scale
+            )
+        output.copy_(result.reshape(output.shape))
+        return output
+
+    def _prompt(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        attn_metadata: HpuAttentionMetadata,
+    ) -> torch.Tensor:
+        """Unflatten the padded [bs * q] tokens and attend, with context if any."""
+        assert attn_metadata.attn_bias is not None
+        batch_size, _, query_len, num_keys = attn_metadata.attn_bias.shape
+        past_kv = None
+        if attn_metadata.block_list is not None:
+            # Shapes, not values: C = blocks per row, B = past keys per block.
+            num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
+            block_size = (num_keys - query_len) // num_context_blocks
+            key_cache, value_cache = kv_cache
+            past_kv = gather_context(
+                key_cache, value_cache, attn_metadata.block_list, batch_size, block_size
+            )
+        return prompt_attention(
+            query.view(batch_size, query_len, *query.shape[1:]),
+            key.view(batch_size, query_len, *key.shape[1:]),
+            value.view(batch_size, query_len, *value.shape[1:]),
+            attn_metadata.attn_bias,
+            self.scale,
+            past_kv,
+        )
+
+
+def register() -> None:
+    """Make AttentionBackendEnum.CUSTOM resolve to us (a dict entry: idempotent)."""
+    register_backend(AttentionBackendEnum.CUSTOM, f"{__name__}.HpuAttentionBackend")
+
+
+register()

@@ -1,0 +1,92 @@
+"""Out-of-tree overrides of vLLM's RMSNorm, RotaryEmbedding and SiluAndMul.
+
+With an out-of-tree platform and custom_ops=["all"], vLLM constructs these
+subclasses and calls forward_oot: Gaudi's fused kernel, or forward_native without it.
+"""
+
+import torch
+from vllm.model_executor.custom_op import CustomOp, op_registry_oot
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+from vllm_hpu import device
+
+
+def _register_oot(base: type[CustomOp], op_cls: type[CustomOp]) -> None:
+    """register_oot asserts on duplicates; plugins are loaded more than once."""
+    if base.__name__ not in op_registry_oot:
+        base.register_oot(op_cls)
+
+
+class HpuRMSNorm(RMSNorm):
+    def forward_oot(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        kernel = device.fused_rms_norm()
+        if kernel is None or self.variance_size_override is not None:
+            return self.forward_native(x, residual)
+        if residual is not None:
+            x = x + residual
+            residual = x
+        out = kernel.apply(x, self.weight, self.variance_epsilon)  # type: ignore[attr-defined]
+        return out if residual is None else (out, residual)
+
+
+class HpuRotaryEmbedding(RotaryEmbedding):
+    def forward_oot(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        kernel = device.fused_rotary_embedding()
+        mode = device.fused_rotary_mode(self.is_neox_style)
+        if kernel is None or mode is None:
+            return self.forward_native(positions, query, key)
+        cos, sin = self._cos_sin(positions, query)
+        query = self._rotate(kernel, mode, query, cos, sin)
+        if key is not None:
+            key = self._rotate(kernel, mode, key, cos, sin)
+        return query, key
+
+    def _cos_sin(
+        self, positions: torch.Tensor, query: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token cos and sin over the whole rotary dim: [num_tokens, 1, rot]."""
+        cos_sin = self._match_cos_sin_cache_dtype(query).index_select(
+            0, positions.flatten()
+        )
+        cos, sin = cos_sin.chunk(2, dim=-1)
+        if self.is_neox_style:
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        else:
+            cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def _rotate(
+        self,
+        kernel: object,
+        mode: object,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        shape = x.shape
+        x = x.view(cos.shape[0], -1, self.head_size)
+        rotated = kernel.apply(  # type: ignore[attr-defined]
+            x[..., : self.rotary_dim], cos, sin, None, 0, mode
+        )
+        return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1).reshape(shape)
+
+
+class HpuSiluAndMul(SiluAndMul):
+    """Gaudi's graph compiler fuses silu(x1) * x2 itself: no kernel to call."""
+
+    def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_native(x)
+
+
+_register_oot(RMSNorm, HpuRMSNorm)
+_register_oot(RotaryEmbedding, HpuRotaryEmbedding)
+_register_oot(SiluAndMul, HpuSiluAndMul)

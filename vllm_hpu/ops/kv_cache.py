@@ -1,0 +1,66 @@
+"""The flat, slot-major KV cache of one layer, with a dummy block for padding.
+
+Each of key_cache and value_cache is ``[(num_blocks + 1) * block_size,
+num_kv_heads, head_size]``; block ``num_blocks`` takes every padding write, so no
+slot or block index is ever negative (``index_copy_`` with -1 fails on the CPU).
+"""
+
+import torch
+
+
+def kv_cache_shape(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+) -> tuple[int, int, int, int]:
+    """``(2, (num_blocks + 1) * block_size, num_kv_heads, head_size)``: key, value."""
+    return (2, (num_blocks + 1) * block_size, num_kv_heads, head_size)
+
+
+def allocate_kv_cache(
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed ``(key_cache, value_cache)``, two views of one allocation."""
+    shape = kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+    kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+    return kv_cache[0], kv_cache[1]
+
+
+def write_to_cache(
+    cache: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor
+) -> None:
+    """cache[slot_mapping[i]] = x[i]; x: [num_tokens, num_kv_heads, head_size]."""
+    cache.index_copy_(0, slot_mapping, x.to(cache.dtype))
+
+
+def gather_blocks(
+    cache: torch.Tensor, block_ids: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """Blocks ``block_ids`` [N] -> ``[N, block_size, num_kv_heads, head_size]``."""
+    return cache.unflatten(0, (-1, block_size)).index_select(0, block_ids)
+
+
+def gather_blocks_by_head(
+    cache: torch.Tensor, block_ids: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """Blocks ``block_ids`` [N] -> ``[N, num_kv_heads, block_size, head_size]``,
+    contiguous: one copy instead of gather-then-transpose before a matmul."""
+    blocks = cache.unflatten(0, (-1, block_size)).transpose(1, 2)
+    return blocks.index_select(0, block_ids)
+
+
+def copy_blocks(
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    src_block_ids: torch.Tensor,
+    dst_block_ids: torch.Tensor,
+    block_size: int,
+) -> None:
+    """Copy blocks src -> dst in every cache; all sources are read before any
+    destination is written, so overlapping src/dst sets behave as a parallel copy."""
+    for key_cache, value_cache in kv_caches:
+        for cache in (key_cache, value_cache):
+            blocks = gather_blocks(cache, src_block_ids, block_size)
+            cache.unflatten(0, (-1, block_size)).index_copy_(0, dst_block_ids, blocks)

@@ -1,0 +1,96 @@
+"""Decode attention over all blocks of a batch laid on one padded axis ("flat").
+
+A long and a short sequence in one batch do not pad each other: shapes depend
+only on (batch_size, num_blocks P, block_size), which is what Gaudi graphs need.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_hpu.ops.kv_cache import gather_blocks_by_head
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+@dataclass
+class DecodeBlocks:
+    """The flat block layout of a decode batch of ``bs`` rows and ``P`` blocks.
+
+    Padding blocks read the dummy block, belong to the sink row ``bs`` and have
+    one valid token, so every block has a finite maximum score.
+    """
+
+    block_list: torch.Tensor  # [P] long: physical block id
+    block_groups: torch.Tensor  # [P] long: owning batch row; padding -> bs
+    block_mapping: torch.Tensor  # [P, bs] one-hot of block_groups, sink dropped
+    block_bias: torch.Tensor  # [P, block_size]: 0 for valid tokens, -inf after
+
+
+def score_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Softmax statistics stay in fp32 when the model runs in 16 bits."""
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def _per_row(
+    values: torch.Tensor, block_groups: torch.Tensor, num_rows: int, reduce: str
+) -> torch.Tensor:
+    """Reduce ``values`` [P, X] per owning row into ``num_rows`` rows (amax/sum),
+    then broadcast each row's result back to its blocks -> [P, X]."""
+    init = float("-inf") if reduce == "amax" else 0.0
+    rows = values.new_full((num_rows, values.shape[1]), init)
+    index = block_groups[:, None].expand_as(values)
+    rows.scatter_reduce_(0, index, values, reduce, include_self=True)
+    return rows.index_select(0, block_groups)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    blocks: DecodeBlocks,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per row against its sequence's cached blocks.
+
+    query: [bs, num_heads, head_size]; caches: [slots, num_kv_heads, head_size].
+    Returns [bs, num_heads, head_size] in query's dtype. Grouped-query heads share
+    one K/V block through the head-group axis, never by repeating K/V.
+    """
+    bs, num_heads, head_size = query.shape
+    num_blocks, block_size = blocks.block_bias.shape
+    num_kv_heads = key_cache.shape[1]
+    group = num_heads // num_kv_heads
+    acc_dtype = score_dtype(query.dtype)
+
+    # batch2block: each block gets its row's query.
+    q = torch.matmul(blocks.block_mapping, (query * scale).reshape(bs, -1))
+    q = q.view(num_blocks, num_kv_heads, group, head_size)
+    keys = gather_blocks_by_head(key_cache, blocks.block_list, block_size)
+    values = gather_blocks_by_head(value_cache, blocks.block_list, block_size)
+
+    scores = torch.matmul(q, keys.to(q.dtype).transpose(-1, -2)).to(
+        acc_dtype
+    )  # [P, KVH, G, B]
+    scores = scores + blocks.block_bias.to(acc_dtype).view(num_blocks, 1, 1, -1)
+    block_max = scores.amax(dim=-1, keepdim=True)
+    probs = torch.exp(scores - block_max)
+    block_sum = probs.sum(dim=-1, keepdim=True)
+    block_out = torch.matmul(probs.to(query.dtype), values.to(query.dtype))
+
+    # Rescale every block to its row's maximum; the sink row absorbs padding.
+    block_max = block_max.view(num_blocks, num_heads)
+    row_max = _per_row(block_max, blocks.block_groups, bs + 1, "amax")
+    adjust = torch.exp(block_max - row_max)
+    row_sum = _per_row(
+        block_sum.view(num_blocks, num_heads) * adjust,
+        blocks.block_groups,
+        bs + 1,
+        "sum",
+    )
+    weight = (adjust / row_sum).view(num_blocks, num_kv_heads, group, 1)
+    block_out = (block_out.to(acc_dtype) * weight).to(query.dtype)
+
+    # block2batch: sum each row's rescaled blocks; padding blocks have no column.
+    out = torch.matmul(blocks.block_mapping.t(), block_out.view(num_blocks, -1))
+    return out.view(bs, num_heads, head_size)

@@ -1,0 +1,101 @@
+"""Prompt (prefill) attention on a padded ``[bs, q]`` batch, optionally with the
+cached context of each row (prefix-cache hits, later chunks of a chunked prompt).
+
+Keys are ``[context blocks from the cache ; current tokens]``; the additive mask
+``attn_bias`` (built once per step by the metadata builder) does the rest.
+"""
+
+import torch
+
+from vllm_hpu import device
+from vllm_hpu.ops.kv_cache import gather_blocks
+from vllm_hpu.ops.paged_attention import score_dtype
+
+
+def gather_context(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_list: torch.Tensor,
+    batch_size: int,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Context blocks ``block_list`` [bs * C] (row-major, padding -> dummy block)
+    -> past key and value, each [bs, C * block_size, num_kv_heads, head_size]."""
+    past = []
+    for cache in (key_cache, value_cache):
+        blocks = gather_blocks(cache, block_list, block_size)
+        past.append(blocks.reshape(batch_size, -1, *cache.shape[1:]))
+    return past[0], past[1]
+
+
+def prompt_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_bias: torch.Tensor,
+    scale: float,
+    past_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """query: [bs, q, num_heads, head_size]; key, value: [bs, q, num_kv_heads,
+    head_size]; attn_bias: [bs, 1, q, K] with K = past tokens + q; past_kv from
+    :func:`gather_context` or None. Returns [bs, q, num_heads, head_size].
+
+    Every query row, padding included, may see at least itself (the mask allows
+    the diagonal), so padded rows come out finite.
+    """
+    if past_kv is None:
+        fused = device.fused_sdpa()
+        if fused is not None:
+            return _fused_prompt_attention(fused, query, key, value, attn_bias, scale)
+    else:
+        key = torch.cat((past_kv[0], key), dim=1)
+        value = torch.cat((past_kv[1], value), dim=1)
+    return _naive_prompt_attention(query, key, value, attn_bias, scale)
+
+
+def _naive_prompt_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_bias: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Softmax attention with grouped-query heads folded into the query axis,
+    so K/V of a kv head are shared by its group without being repeated."""
+    bs, q_len, num_heads, head_size = query.shape
+    num_keys, num_kv_heads = key.shape[1], key.shape[2]
+    group = num_heads // num_kv_heads
+    # [bs, KVH, G * q, D]: heads of one group are adjacent in vLLM's layout.
+    q = (query * scale).view(bs, q_len, num_kv_heads, group, head_size)
+    q = q.permute(0, 2, 3, 1, 4).reshape(bs, num_kv_heads, group * q_len, head_size)
+    k = key.to(query.dtype).permute(0, 2, 3, 1)  # [bs, KVH, D, K]
+    v = value.to(query.dtype).transpose(1, 2)  # [bs, KVH, K, D]
+
+    scores = torch.matmul(q, k).to(score_dtype(query.dtype))
+    scores = scores.view(bs, num_kv_heads, group, q_len, num_keys)
+    scores = scores + attn_bias.to(scores.dtype).unsqueeze(1)
+    probs = torch.softmax(scores, dim=-1).to(query.dtype)
+    out = torch.matmul(probs.view(bs, num_kv_heads, group * q_len, num_keys), v)
+    out = out.view(bs, num_kv_heads, group, q_len, head_size).permute(0, 3, 1, 2, 4)
+    return out.reshape(bs, q_len, num_heads, head_size)
+
+
+def _fused_prompt_attention(
+    fused_sdpa: object,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_bias: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Gaudi's FusedSDPA kernel (heads-first layout) with the same additive mask."""
+    out = fused_sdpa.apply(  # type: ignore[attr-defined]
+        query.transpose(1, 2),
+        key.transpose(1, 2),
+        value.transpose(1, 2),
+        attn_bias,
+        0.0,
+        False,
+        scale,
+    )
+    return out.transpose(1, 2)
