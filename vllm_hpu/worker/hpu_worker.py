@@ -1,0 +1,124 @@
+"""HpuWorker: the process-level half of the plugin, driven by vLLM's engine core.
+
+It owns the device, the distributed group and the memory split, and hands every
+step to :class:`HpuModelRunner`.
+"""
+
+import torch
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.tasks import SupportedTask
+from vllm.utils.mem_utils import format_gib
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
+from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
+
+from vllm_hpu import device
+from vllm_hpu.envs import get_envs
+from vllm_hpu.worker.memory import MemorySplit, split_memory
+from vllm_hpu.worker.model_runner import HpuModelRunner
+
+logger = init_logger("vllm.hpu.worker")
+
+
+class HpuWorker(WorkerBase):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        is_driver_worker: bool = False,
+    ):
+        super().__init__(
+            vllm_config, local_rank, rank, distributed_init_method, is_driver_worker
+        )
+        self.model_runner: HpuModelRunner | None = None  # type: ignore[assignment]
+        self.memory_split: MemorySplit | None = None
+
+    @property
+    def runner(self) -> HpuModelRunner:
+        assert self.model_runner is not None, "init_device() first"
+        return self.model_runner
+
+    def init_device(self) -> None:
+        self.device = torch.device(device.device_type())
+        device.set_device(self.device)
+        device.init_memory_tracking()
+        init_worker_distributed_environment(
+            self.vllm_config,
+            self.rank,
+            self.distributed_init_method,
+            self.local_rank,
+            device.dist_backend(),
+        )
+        set_random_seed(self.model_config.seed)
+        self.model_runner = HpuModelRunner(self.vllm_config, self.device)
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        if load_dummy_weights:
+            self.load_config.load_format = "dummy"
+        self.runner.load_model()
+
+    def get_model(self) -> torch.nn.Module:
+        return self.runner.get_model()
+
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        return self.runner.get_kv_cache_spec()
+
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache: an explicit size, or the documented split."""
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if explicit is not None:
+            logger.info("Using %s GiB for the KV cache (kv_cache_memory_bytes).",
+                        format_gib(explicit))
+            return explicit
+        self.runner.profile_run()
+        free, _ = device.mem_get_info()
+        self.memory_split = split_memory(
+            free, self.cache_config.gpu_memory_utilization, self._graph_reserved_mem()
+        )
+        logger.info(
+            self.memory_split.describe(
+                self.cache_config.gpu_memory_utilization, self._graph_reserved_mem()
+            )
+        )
+        return self.memory_split.kv_cache
+
+    def _graph_reserved_mem(self) -> float:
+        """Graphs are never captured in eager mode, so they get no memory there."""
+        return 0.0 if self.model_config.enforce_eager else get_envs().graph_reserved_mem
+
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        self.runner.initialize_kv_cache(kv_cache_config)
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        # The seed is reset so that profiling does not shift seeded sampling.
+        set_random_seed(self.model_config.seed)
+        return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    def get_supported_tasks(self) -> tuple[SupportedTask, ...]:
+        return ("generate",)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+        return self.runner.execute_model(scheduler_output)
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        return self.runner.sample_tokens(grammar_output)
+
+    def synchronize_device(self) -> None:
+        device.synchronize()
+
+    def get_cache_block_size_bytes(self) -> int:
+        specs = self.get_kv_cache_spec().values()
+        return sum(spec.page_size_bytes for spec in specs)
+
+    def check_health(self) -> None:
+        return
+
+    def shutdown(self) -> None:
+        if self.model_runner is not None:
+            logger.info(self.model_runner.buckets.stats.summary())

@@ -1,0 +1,309 @@
+"""HpuModelRunner: one engine step in, padded bucketed forward passes, vLLM's sampler.
+
+Lifecycle, in the order the worker drives it: ``load_model``, ``profile_run``,
+``initialize_kv_cache``, then per step ``execute_model`` (forward passes, logits)
+and ``sample_tokens`` (grammar mask, sampling, output).
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+from vllm.config import VllmConfig, get_layers_from_vllm_config, set_current_vllm_config
+from vllm.forward_context import set_forward_context
+from vllm.logger import init_logger
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.model_executor.model_loader import get_model
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, SamplerOutput
+from vllm.v1.sample.logits_processor import build_logitsprocs
+from vllm.v1.sample.sampler import Sampler
+from vllm.v1.structured_output.utils import apply_grammar_bitmask
+from vllm.v1.worker.gpu_input_batch import InputBatch
+
+from vllm_hpu import device
+from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
+from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager
+from vllm_hpu.envs import get_envs
+from vllm_hpu.ops.kv_cache import allocate_kv_cache
+from vllm_hpu.worker.inputs import (
+    ForwardPass,
+    ScheduledSeq,
+    build_decode_pass,
+    build_prompt_pass,
+    split_prefills,
+)
+from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
+from vllm_hpu.worker.request_states import RequestStates
+
+logger = init_logger("vllm.hpu.model_runner")
+
+
+@dataclass
+class _PendingStep:
+    """What execute_model hands to sample_tokens."""
+
+    scheduler_output: SchedulerOutput
+    logits: torch.Tensor  # [num_reqs, vocab_size], rows in InputBatch order
+    discard_rows: list[int]  # rows inside a prompt: their sample is dropped
+
+
+class HpuModelRunner:
+    def __init__(self, vllm_config: VllmConfig, torch_device: torch.device):
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.device = torch_device
+        scheduler_config = vllm_config.scheduler_config
+        self.max_num_tokens = scheduler_config.max_num_batched_tokens
+        self.block_size = vllm_config.cache_config.block_size
+        self.input_batch = self._make_input_batch()
+        self.states = RequestStates(self.input_batch, torch_device)
+        self.prompt_logprobs = PromptLogprobs(self.states)
+        self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
+        self.buckets = HpuBucketManager(
+            BucketingConfig.from_vllm_config(vllm_config, get_envs())
+        )
+        self.model: torch.nn.Module | None = None
+        self.kv_caches: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.cache: CacheGeometry | None = None
+        self._pending: _PendingStep | None = None
+
+    def _make_input_batch(self) -> InputBatch:
+        max_model_len = self.model_config.max_model_len
+        max_num_reqs = self.vllm_config.scheduler_config.max_num_seqs
+        return InputBatch(
+            max_num_reqs=max_num_reqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=self.max_num_tokens,
+            device=self.device,
+            vocab_size=self.model_config.get_vocab_size(),
+            block_sizes=[self.block_size],
+            max_num_blocks_per_req=[-(-max_model_len // self.block_size)],
+            logitsprocs=build_logitsprocs(
+                self.vllm_config, self.device, False, False, ()
+            ),
+        )
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def load_model(self) -> None:
+        started = time.perf_counter()
+        used_before = device.memory_used()
+        with set_current_vllm_config(self.vllm_config):
+            self.model = get_model(vllm_config=self.vllm_config)
+        logger.info(
+            "Loading model weights took %.2f s and %.4f GiB of device memory",
+            time.perf_counter() - started,
+            (device.memory_used() - used_before) / device.GiB,
+        )
+
+    def get_model(self) -> torch.nn.Module:
+        assert self.model is not None, "load_model() first"
+        return self.model
+
+    def _attention_layers(self) -> dict[str, AttentionLayerBase]:
+        return get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase)
+
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        specs = {}
+        for name, layer in self._attention_layers().items():
+            spec = layer.get_kv_cache_spec(self.vllm_config)
+            if spec is None:
+                continue
+            if not isinstance(spec, AttentionSpec):
+                raise ValueError(
+                    f"Layer {name} needs a {type(spec).__name__} cache, which the HPU "
+                    "plugin does not support: only decoder attention models run here."
+                )
+            specs[name] = spec
+        return specs
+
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
+        """Allocate the flat KV caches (plus the dummy block) and bind them."""
+        num_blocks = kv_cache_config.num_blocks
+        layers = self._attention_layers()
+        for group in kv_cache_config.kv_cache_groups:
+            spec = group.kv_cache_spec
+            assert isinstance(spec, AttentionSpec)
+            for name in group.layer_names:
+                self.kv_caches[name] = allocate_kv_cache(
+                    num_blocks,
+                    spec.block_size,
+                    spec.num_kv_heads,
+                    spec.head_size,
+                    spec.dtype,
+                    self.device,
+                )
+                layers[name].bind_kv_cache(self.kv_caches[name])  # type: ignore[arg-type]
+        self.block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        self.cache = self._geometry(num_blocks)
+        self.buckets.set_num_kv_blocks(num_blocks)
+        logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
+
+    def _geometry(self, num_blocks: int) -> CacheGeometry:
+        return CacheGeometry(
+            block_size=self.block_size,
+            num_blocks=num_blocks,
+            dtype=self.model_config.dtype,
+            device=self.device,
+        )
+
+    @torch.no_grad()
+    def profile_run(self) -> None:
+        """Run the largest prompt bucket once, so its peak memory is measured.
+
+        The KV caches do not exist yet: a throw-away cache of one block takes
+        the writes (every slot lands in block 0 or the dummy block).
+        """
+        bucket = max(
+            (b for b in self.buckets.prompt_buckets if b.num_blocks == 0),
+            key=lambda b: (b.batch_size * b.query_len, b.query_len),
+        )
+        layout = SeqLayout(
+            block_table=[0] * -(-bucket.query_len // self.block_size),
+            num_computed_tokens=0,
+            num_scheduled_tokens=bucket.query_len,
+        )
+        seqs = [ScheduledSeq(row=0, layout=layout)] * bucket.batch_size
+        self._bind_scratch_kv_cache()
+        token_ids = torch.zeros((1, bucket.query_len), dtype=torch.int64).numpy()
+        self._forward(build_prompt_pass(seqs, self.buckets, token_ids, self._geometry(1)))
+        device.synchronize()
+        for layer in self._attention_layers().values():
+            layer.bind_kv_cache(torch.tensor([]))
+
+    def _bind_scratch_kv_cache(self) -> None:
+        for name, spec in self.get_kv_cache_spec().items():
+            assert isinstance(spec, AttentionSpec)
+            cache = allocate_kv_cache(
+                1, spec.block_size, spec.num_kv_heads, spec.head_size, spec.dtype,
+                self.device,
+            )
+            self._attention_layers()[name].bind_kv_cache(cache)  # type: ignore[arg-type]
+
+    # ---- one engine step -------------------------------------------------
+
+    @torch.no_grad()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+        self.states.update(scheduler_output)
+        if not scheduler_output.total_num_scheduled_tokens:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        passes = self._plan_passes(scheduler_output)
+        num_reqs = self.input_batch.num_reqs
+        hidden_size = self.model_config.get_hidden_size()
+        last_hidden = torch.empty(
+            (num_reqs, hidden_size), dtype=self.model_config.dtype, device=self.device
+        )
+        for forward_pass in passes:
+            hidden = self._forward(forward_pass)
+            rows = [seq.row for seq in forward_pass.seqs]
+            last_hidden[rows] = hidden[forward_pass.last_token_indices]
+            self.prompt_logprobs.collect(
+                forward_pass, hidden, self.get_model().compute_logits
+            )
+        self._pending = _PendingStep(
+            scheduler_output=scheduler_output,
+            logits=self.get_model().compute_logits(last_hidden),
+            discard_rows=self._rows_inside_prompt(scheduler_output),
+        )
+        return None
+
+    def _scheduled_seqs(self, scheduler_output: SchedulerOutput) -> list[ScheduledSeq]:
+        seqs = []
+        for row, req_id in enumerate(self.input_batch.req_ids):
+            state = self.states.requests[req_id]
+            seqs.append(
+                ScheduledSeq(
+                    row=row,
+                    layout=SeqLayout(
+                        block_table=state.block_ids[0],
+                        num_computed_tokens=state.num_computed_tokens,
+                        num_scheduled_tokens=scheduler_output.num_scheduled_tokens[req_id],
+                    ),
+                )
+            )
+        return seqs
+
+    def _plan_passes(self, scheduler_output: SchedulerOutput) -> list[ForwardPass]:
+        """Prompt chunks in bucketed batches, then one decode batch."""
+        assert self.cache is not None, "initialize_kv_cache() first"
+        seqs = self._scheduled_seqs(scheduler_output)
+        decodes = [s for s in seqs if s.layout.num_scheduled_tokens == 1]
+        prompts = [s for s in seqs if s.layout.num_scheduled_tokens > 1]
+        token_ids = self.input_batch.token_ids_cpu
+        passes = []
+        for batch in split_prefills(prompts, self.max_num_tokens):
+            forward_pass = build_prompt_pass(batch, self.buckets, token_ids, self.cache)
+            self.buckets.stats.record_prompt(
+                forward_pass.bucket, [s.layout.num_scheduled_tokens for s in batch]
+            )
+            passes.append(forward_pass)
+        if decodes:
+            forward_pass = build_decode_pass(decodes, self.buckets, token_ids, self.cache)
+            num_blocks = sum(-(-s.end // self.block_size) for s in decodes)
+            self.buckets.stats.record_decode(forward_pass.bucket, len(decodes), num_blocks)
+            passes.append(forward_pass)
+        return passes
+
+    def _forward(self, forward_pass: ForwardPass) -> torch.Tensor:
+        """Run the model on one padded pass; returns hidden states [num_tokens, H]."""
+        attn_metadata = dict.fromkeys(self._attention_layers(), forward_pass.attn_metadata)
+        with set_forward_context(
+            attn_metadata, self.vllm_config, num_tokens=forward_pass.num_tokens
+        ):
+            hidden = self.get_model()(
+                input_ids=forward_pass.input_ids, positions=forward_pass.positions
+            )
+        device.mark_step()
+        return hidden
+
+    def _rows_inside_prompt(self, scheduler_output: SchedulerOutput) -> list[int]:
+        """Rows whose scheduled tokens stop short of the end of their prompt."""
+        rows = []
+        for row, req_id in enumerate(self.input_batch.req_ids):
+            state = self.states.requests[req_id]
+            scheduled = scheduler_output.num_scheduled_tokens[req_id]
+            if state.num_computed_tokens + scheduled < state.num_tokens:
+                rows.append(row)
+        return rows
+
+    @torch.no_grad()
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        if grammar_output is not None:
+            apply_grammar_bitmask(
+                pending.scheduler_output, grammar_output, self.input_batch, pending.logits
+            )
+        generators = self.input_batch.generators
+        # A discarded sample must not advance its request's seeded generator.
+        saved = {
+            row: generators[row].get_state() for row in pending.discard_rows if row in generators
+        }
+        sampler_output = self.sampler(
+            logits=pending.logits, sampling_metadata=self.input_batch.sampling_metadata
+        )
+        for row, state in saved.items():
+            generators[row].set_state(state)
+        return self._make_output(pending, sampler_output)
+
+    def _make_output(
+        self, pending: _PendingStep, sampler_output: SamplerOutput
+    ) -> ModelRunnerOutput:
+        sampled_token_ids: list[list[int]] = sampler_output.sampled_token_ids.tolist()
+        discard = set(pending.discard_rows)
+        for row, tokens in enumerate(sampled_token_ids):
+            if row in discard:
+                tokens.clear()
+            else:
+                self.states.append_sampled(row, tokens[0])
+        logprobs = sampler_output.logprobs_tensors
+        return ModelRunnerOutput(
+            req_ids=list(self.input_batch.req_ids),
+            req_id_to_index=dict(self.input_batch.req_id_to_index),
+            sampled_token_ids=sampled_token_ids,
+            logprobs=logprobs.tolists() if logprobs is not None else None,
+            prompt_logprobs_dict=self.prompt_logprobs.finish(pending.scheduler_output),
+        )
