@@ -48,8 +48,9 @@ def main() -> None:
         print(f"Prompt: {question!r}\nGeneration: {output.outputs[0].text!r}\n")
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     print(
-        f"Generated {num_tokens} tokens for {len(outputs)} prompts in {elapsed:.2f} s: "
-        f"{num_tokens / elapsed:.1f} output tokens/s, {len(outputs) / elapsed:.2f} requests/s"
+        f"Generated {num_tokens} tokens for {len(outputs)} prompts "
+        f"in {elapsed:.2f} s: {num_tokens / elapsed:.1f} output tokens/s, "
+        f"{len(outputs) / elapsed:.2f} requests/s"
     )
 
 

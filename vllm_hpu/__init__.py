@@ -25,5 +25,5 @@ def register_ops() -> None:
 
     if device.is_emulation():
         patches.apply_emulation_patches()
-    import vllm_hpu.attention.backend  # noqa: F401  registers the backend
+    import vllm_hpu.attention.backend
     import vllm_hpu.ops.custom_ops  # noqa: F401  registers the op overrides

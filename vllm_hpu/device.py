@@ -25,7 +25,7 @@ def hpu_available() -> bool:
         return False
     try:
         importlib.import_module("habana_frameworks.torch")
-        return bool(torch.hpu.is_available()) and torch.hpu.device_count() > 0
+        return bool(torch.hpu.is_available()) and torch.hpu.device_count() > 0  # type: ignore[attr-defined]
     except Exception:  # a broken bridge install means: no Gaudi here
         return False
 
@@ -64,22 +64,22 @@ def mark_step() -> None:
 
 def synchronize() -> None:
     if hpu_available():
-        torch.hpu.synchronize()
+        torch.hpu.synchronize()  # type: ignore[attr-defined]
 
 
 def set_device(device: torch.device) -> None:
     if hpu_available():
-        torch.hpu.set_device(device)
+        torch.hpu.set_device(device)  # type: ignore[attr-defined]
 
 
 def manual_seed_all(seed: int) -> None:
     torch.manual_seed(seed)
     if hpu_available():
-        torch.hpu.manual_seed_all(seed)
+        torch.hpu.manual_seed_all(seed)  # type: ignore[attr-defined]
 
 
 def device_name() -> str:
-    return torch.hpu.get_device_name() if hpu_available() else "HPU (CPU emulation)"
+    return torch.hpu.get_device_name() if hpu_available() else "HPU (CPU emulation)"  # type: ignore[attr-defined]
 
 
 class _EmulatedMemory:
@@ -124,7 +124,7 @@ def init_memory_tracking() -> None:
 def mem_get_info() -> tuple[int, int]:
     """(free, total) device memory in bytes."""
     if hpu_available():
-        free, total = torch.hpu.mem_get_info()
+        free, total = torch.hpu.mem_get_info()  # type: ignore[attr-defined]
         return int(free), int(total)
     memory = _emulated_memory()
     return memory.free(), memory.total()

@@ -91,7 +91,7 @@ def _var(name: str, parse: Parser, default: Any, doc: str) -> Any:
 
 def _bucket_var(phase: str, dim: str, part: str) -> Any:
     name = f"VLLM_{phase}_{dim}_BUCKET_{part}"
-    doc = f"{phase.lower()} bucket {dim.lower()} {part.lower()}; unset: documented default"
+    doc = f"{phase.lower()} {dim.lower()} bucket {part.lower()}; unset: the default"
     return _var(name, _non_negative_int if dim == "BLOCK" else _positive_int, None, doc)
 
 
@@ -103,34 +103,48 @@ class HpuEnvs:
     )
     # Memory the emulated device pretends to have; the KV cache is sized from it.
     emulation_memory_gb: float = _var(
-        "VLLM_HPU_EMULATION_MEMORY_GB", _positive_float, 4.0,
+        "VLLM_HPU_EMULATION_MEMORY_GB",
+        _positive_float,
+        4.0,
         "device memory of the emulated HPU, in GiB",
     )
     skip_warmup: bool = _var(
         "VLLM_SKIP_WARMUP", _bool, False, "skip warmup (development only)"
     )
     full_warmup: bool = _var(
-        "VLLM_FULL_WARMUP", _bool, False,
+        "VLLM_FULL_WARMUP",
+        _bool,
+        False,
         "fail instead of warning when a shape was not warmed up",
     )
     graph_reserved_mem: float = _var(
-        "VLLM_GRAPH_RESERVED_MEM", _fraction, 0.1,
+        "VLLM_GRAPH_RESERVED_MEM",
+        _fraction,
+        0.1,
         "share of usable memory kept for graphs (0 with enforce_eager)",
     )
     graph_prompt_ratio: float = _var(
-        "VLLM_GRAPH_PROMPT_RATIO", _fraction, 0.3,
+        "VLLM_GRAPH_PROMPT_RATIO",
+        _fraction,
+        0.3,
         "share of the graph memory for prompt graphs; decode gets the rest",
     )
     graph_prompt_strategy: str = _var(
-        "VLLM_GRAPH_PROMPT_STRATEGY", _choice("min_tokens", "max_bs"), "min_tokens",
+        "VLLM_GRAPH_PROMPT_STRATEGY",
+        _choice("min_tokens", "max_bs"),
+        "min_tokens",
         "order in which prompt graphs are captured",
     )
     graph_decode_strategy: str = _var(
-        "VLLM_GRAPH_DECODE_STRATEGY", _choice("min_tokens", "max_bs"), "max_bs",
+        "VLLM_GRAPH_DECODE_STRATEGY",
+        _choice("min_tokens", "max_bs"),
+        "max_bs",
         "order in which decode graphs are captured",
     )
     exponential_bucketing: bool = _var(
-        "VLLM_EXPONENTIAL_BUCKETING", _bool, False,
+        "VLLM_EXPONENTIAL_BUCKETING",
+        _bool,
+        False,
         "exponentially spaced buckets instead of linear ones",
     )
     prompt_bs_bucket_min: int | None = _bucket_var("PROMPT", "BS", "MIN")
@@ -154,24 +168,34 @@ class HpuEnvs:
     decode_seq_bucket_max: int | None = _bucket_var("DECODE", "SEQ", "MAX")
     # Gaudi's fused scaled-dot-product kernel for prompts (no effect in emulation).
     prompt_use_fusedsdpa: bool = _var(
-        "VLLM_PROMPT_USE_FUSEDSDPA", _bool, True,
+        "VLLM_PROMPT_USE_FUSEDSDPA",
+        _bool,
+        True,
         "use Gaudi's fused SDPA kernel for prompt attention when present",
     )
     log_step_graph_compilation: bool = _var(
-        "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION", _bool, False,
+        "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION",
+        _bool,
+        False,
         "log the number of compilations each step caused, when non-zero",
     )
     log_step_graph_compilation_all: bool = _var(
-        "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION_ALL", _bool, False,
+        "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION_ALL",
+        _bool,
+        False,
         "log the number of compilations of every step",
     )
     profiler_enabled: bool = _var(
-        "VLLM_PROFILER_ENABLED", _bool, False,
+        "VLLM_PROFILER_ENABLED",
+        _bool,
+        False,
         "write a Chrome-trace JSON of engine steps (opens in Perfetto)",
     )
     # The bridge's own switch; we read it to pick the execution mode.
     pt_hpu_lazy_mode: str = _var(
-        "PT_HPU_LAZY_MODE", _choice("0", "1"), "0",
+        "PT_HPU_LAZY_MODE",
+        _choice("0", "1"),
+        "0",
         "Habana bridge: 0 eager/torch.compile backend, 1 lazy mode",
     )
 
@@ -209,7 +233,8 @@ def unknown_vllm_variables(environ: Mapping[str, str], known: set[str]) -> list[
     """``VLLM_*`` names in ``environ`` that neither vLLM nor the plugin owns."""
     ours = set(variable_names())
     return sorted(
-        name for name in environ
+        name
+        for name in environ
         if name.startswith("VLLM_") and name not in known and name not in ours
     )
 

@@ -76,7 +76,9 @@ class HpuPlatform(Platform):
         return device.hpu_available()
 
     @classmethod
-    def get_current_memory_usage(cls, torch_device: torch.types.Device | None = None) -> float:
+    def get_current_memory_usage(
+        cls, torch_device: torch.types.Device | None = None
+    ) -> float:
         return float(device.memory_used())
 
     @classmethod
@@ -161,17 +163,16 @@ def _disable_unsupported_scheduling(vllm_config: "VllmConfig") -> None:
 
 def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
     """Fail at start-up, naming the option to drop, rather than mid-generation."""
+    model_config = vllm_config.model_config
+    runner_type = model_config.runner_type if model_config is not None else "generate"
     unsupported = {
         "speculative decoding (--speculative-config)": vllm_config.speculative_config,
         "LoRA adapters (--enable-lora)": vllm_config.lora_config,
         "KV transfer (--kv-transfer-config)": vllm_config.kv_transfer_config,
+        f"the '{runner_type}' runner (--runner)": runner_type != "generate",
     }
-    model_config = vllm_config.model_config
-    if model_config is not None and model_config.runner_type != "generate":
-        unsupported[f"the '{model_config.runner_type}' runner (--runner)"] = True
     for feature, setting in unsupported.items():
         if setting:
             raise ValueError(
-                f"The HPU plugin does not support {feature} yet; "
-                "start vLLM without it."
+                f"The HPU plugin does not support {feature} yet; start vLLM without it."
             )

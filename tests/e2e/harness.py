@@ -18,7 +18,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 KV_CACHE_BYTES = 64 << 20  # small, so tests never size a cache from host RAM
 
 
-def random_prompts(lengths: list[int], vocab_size: int, seed: int = 0) -> list[list[int]]:
+def random_prompts(
+    lengths: list[int], vocab_size: int, seed: int = 0
+) -> list[list[int]]:
     """Token-id prompts of the given lengths, avoiding the special tokens."""
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab_size) for _ in range(n)] for n in lengths]

@@ -9,10 +9,10 @@ import json
 
 import pytest
 import torch
-
 from conftest import MODELS_DIR
-from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
 from models import model_path as model_dir
+
+from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,9 @@ def reference(name: str, lengths: tuple[int, ...], seed: int) -> list[list[int]]
     return hf_greedy(model_dir(name), prompts, MAX_TOKENS, torch.float32)
 
 
-def check_against_hf(name: str, prompts_seed: int = 0, lengths=LENGTHS, **engine_kwargs):
+def check_against_hf(
+    name: str, prompts_seed: int = 0, lengths=LENGTHS, **engine_kwargs
+):
     prompts = random_prompts(lengths, vocab_size(name), prompts_seed)
     expected = reference(name, tuple(lengths), prompts_seed)
     with vllm_engine(model_dir(name), **engine_kwargs) as llm:
@@ -72,7 +74,10 @@ def test_generate_matches_hf_with_preemption():
 def test_generate_matches_hf_with_chunked_prompts():
     # A 64-token step budget splits every longer prompt into chunks.
     check_against_hf(
-        "tiny-llama", block_size=16, max_num_batched_tokens=64, enable_chunked_prefill=True
+        "tiny-llama",
+        block_size=16,
+        max_num_batched_tokens=64,
+        enable_chunked_prefill=True,
     )
 
 

@@ -14,19 +14,30 @@ from vllm_hpu import envs
 
 
 def _entry_point(group: str, name: str) -> importlib.metadata.EntryPoint:
-    (entry,) = [e for e in importlib.metadata.entry_points(group=group) if e.name == name]
+    (entry,) = [
+        e for e in importlib.metadata.entry_points(group=group) if e.name == name
+    ]
     return entry
 
 
 def test_platform_entry_points_resolve():
     assert _entry_point("vllm.platform_plugins", "hpu").load() is vllm_hpu.register
-    assert _entry_point("vllm.general_plugins", "hpu_ops").load() is vllm_hpu.register_ops
+    assert (
+        _entry_point("vllm.general_plugins", "hpu_ops").load() is vllm_hpu.register_ops
+    )
 
 
 def _current_platform(env: dict[str, str]) -> str:
-    code = "from vllm.platforms import current_platform; print(type(current_platform).__name__)"
+    code = (
+        "from vllm.platforms import current_platform; "
+        "print(type(current_platform).__name__)"
+    )
     result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return result.stdout.strip().splitlines()[-1]
 

@@ -73,8 +73,10 @@ class HpuWorker(WorkerBase):
         """Bytes for the KV cache: an explicit size, or the documented split."""
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit is not None:
-            logger.info("Using %s GiB for the KV cache (kv_cache_memory_bytes).",
-                        format_gib(explicit))
+            logger.info(
+                "Using %s GiB for the KV cache (kv_cache_memory_bytes).",
+                format_gib(explicit),
+            )
             return explicit
         self.runner.profile_run()
         free, _ = device.mem_get_info()
@@ -103,7 +105,9 @@ class HpuWorker(WorkerBase):
     def get_supported_tasks(self) -> tuple[SupportedTask, ...]:
         return ("generate",)
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+    def execute_model(
+        self, scheduler_output: SchedulerOutput
+    ) -> ModelRunnerOutput | None:
         return self.runner.execute_model(scheduler_output)
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:

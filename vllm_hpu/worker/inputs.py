@@ -65,7 +65,9 @@ def context_blocks(seq: ScheduledSeq, block_size: int) -> int:
     return _cdiv(seq.layout.num_computed_tokens, block_size)
 
 
-def split_prefills(seqs: list[ScheduledSeq], max_num_tokens: int) -> list[list[ScheduledSeq]]:
+def split_prefills(
+    seqs: list[ScheduledSeq], max_num_tokens: int
+) -> list[list[ScheduledSeq]]:
     """Group prompt chunks so that rows x longest chunk fits the token budget.
 
     vLLM bounds only the sum of real tokens; prompt buckets are generated for

@@ -7,6 +7,7 @@ and ``sample_tokens`` (grammar mask, sampling, output).
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from vllm.config import VllmConfig, get_layers_from_vllm_config, set_current_vllm_config
@@ -64,7 +65,11 @@ class HpuModelRunner:
         self.buckets = HpuBucketManager(
             BucketingConfig.from_vllm_config(vllm_config, get_envs())
         )
-        self.model: torch.nn.Module | None = None
+        # vLLM's model classes add methods (compute_logits) beyond nn.Module.
+        self.model: Any = None
+        dtype = self.model_config.dtype
+        assert isinstance(dtype, torch.dtype), "vLLM resolves the dtype first"
+        self.dtype = dtype
         self.kv_caches: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.cache: CacheGeometry | None = None
         self._pending: _PendingStep | None = None
@@ -98,15 +103,18 @@ class HpuModelRunner:
             (device.memory_used() - used_before) / device.GiB,
         )
 
-    def get_model(self) -> torch.nn.Module:
+    def get_model(self) -> Any:
         assert self.model is not None, "load_model() first"
         return self.model
 
     def _attention_layers(self) -> dict[str, AttentionLayerBase]:
-        return get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase)
+        return get_layers_from_vllm_config(
+            self.vllm_config,
+            AttentionLayerBase,  # type: ignore[type-abstract]
+        )
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        specs = {}
+        specs: dict[str, KVCacheSpec] = {}
         for name, layer in self._attention_layers().items():
             spec = layer.get_kv_cache_spec(self.vllm_config)
             if spec is None:
@@ -145,7 +153,7 @@ class HpuModelRunner:
         return CacheGeometry(
             block_size=self.block_size,
             num_blocks=num_blocks,
-            dtype=self.model_config.dtype,
+            dtype=self.dtype,
             device=self.device,
         )
 
@@ -168,7 +176,9 @@ class HpuModelRunner:
         seqs = [ScheduledSeq(row=0, layout=layout)] * bucket.batch_size
         self._bind_scratch_kv_cache()
         token_ids = torch.zeros((1, bucket.query_len), dtype=torch.int64).numpy()
-        self._forward(build_prompt_pass(seqs, self.buckets, token_ids, self._geometry(1)))
+        self._forward(
+            build_prompt_pass(seqs, self.buckets, token_ids, self._geometry(1))
+        )
         device.synchronize()
         for layer in self._attention_layers().values():
             layer.bind_kv_cache(torch.tensor([]))
@@ -177,7 +187,11 @@ class HpuModelRunner:
         for name, spec in self.get_kv_cache_spec().items():
             assert isinstance(spec, AttentionSpec)
             cache = allocate_kv_cache(
-                1, spec.block_size, spec.num_kv_heads, spec.head_size, spec.dtype,
+                1,
+                spec.block_size,
+                spec.num_kv_heads,
+                spec.head_size,
+                spec.dtype,
                 self.device,
             )
             self._attention_layers()[name].bind_kv_cache(cache)  # type: ignore[arg-type]
@@ -185,7 +199,9 @@ class HpuModelRunner:
     # ---- one engine step -------------------------------------------------
 
     @torch.no_grad()
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+    def execute_model(
+        self, scheduler_output: SchedulerOutput
+    ) -> ModelRunnerOutput | None:
         self.states.update(scheduler_output)
         if not scheduler_output.total_num_scheduled_tokens:
             return EMPTY_MODEL_RUNNER_OUTPUT
@@ -193,7 +209,7 @@ class HpuModelRunner:
         num_reqs = self.input_batch.num_reqs
         hidden_size = self.model_config.get_hidden_size()
         last_hidden = torch.empty(
-            (num_reqs, hidden_size), dtype=self.model_config.dtype, device=self.device
+            (num_reqs, hidden_size), dtype=self.dtype, device=self.device
         )
         for forward_pass in passes:
             hidden = self._forward(forward_pass)
@@ -219,7 +235,9 @@ class HpuModelRunner:
                     layout=SeqLayout(
                         block_table=state.block_ids[0],
                         num_computed_tokens=state.num_computed_tokens,
-                        num_scheduled_tokens=scheduler_output.num_scheduled_tokens[req_id],
+                        num_scheduled_tokens=scheduler_output.num_scheduled_tokens[
+                            req_id
+                        ],
                     ),
                 )
             )
@@ -240,15 +258,21 @@ class HpuModelRunner:
             )
             passes.append(forward_pass)
         if decodes:
-            forward_pass = build_decode_pass(decodes, self.buckets, token_ids, self.cache)
+            forward_pass = build_decode_pass(
+                decodes, self.buckets, token_ids, self.cache
+            )
             num_blocks = sum(-(-s.end // self.block_size) for s in decodes)
-            self.buckets.stats.record_decode(forward_pass.bucket, len(decodes), num_blocks)
+            self.buckets.stats.record_decode(
+                forward_pass.bucket, len(decodes), num_blocks
+            )
             passes.append(forward_pass)
         return passes
 
     def _forward(self, forward_pass: ForwardPass) -> torch.Tensor:
         """Run the model on one padded pass; returns hidden states [num_tokens, H]."""
-        attn_metadata = dict.fromkeys(self._attention_layers(), forward_pass.attn_metadata)
+        attn_metadata = dict.fromkeys(
+            self._attention_layers(), forward_pass.attn_metadata
+        )
         with set_forward_context(
             attn_metadata, self.vllm_config, num_tokens=forward_pass.num_tokens
         ):
@@ -275,12 +299,17 @@ class HpuModelRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         if grammar_output is not None:
             apply_grammar_bitmask(
-                pending.scheduler_output, grammar_output, self.input_batch, pending.logits
+                pending.scheduler_output,
+                grammar_output,
+                self.input_batch,
+                pending.logits,
             )
         generators = self.input_batch.generators
         # A discarded sample must not advance its request's seeded generator.
         saved = {
-            row: generators[row].get_state() for row in pending.discard_rows if row in generators
+            row: generators[row].get_state()
+            for row in pending.discard_rows
+            if row in generators
         }
         sampler_output = self.sampler(
             logits=pending.logits, sampling_metadata=self.input_batch.sampling_metadata

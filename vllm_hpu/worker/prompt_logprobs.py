@@ -32,7 +32,9 @@ class PromptLogprobs:
         if not wanted:
             return
         req_ids = self.states.input_batch.req_ids
-        for first, seq in zip(forward_pass.first_token_indices, forward_pass.seqs, strict=True):
+        for first, seq in zip(
+            forward_pass.first_token_indices, forward_pass.seqs, strict=True
+        ):
             req_id = req_ids[seq.row]
             if req_id in wanted:
                 rows = hidden[first : first + seq.layout.num_scheduled_tokens]
@@ -66,7 +68,9 @@ class PromptLogprobs:
             self._completed[req_id] = self._in_progress.pop(req_id)
             del self.states.num_prompt_logprobs[req_id]
 
-    def finish(self, scheduler_output: SchedulerOutput) -> dict[str, LogprobsTensors | None]:
+    def finish(
+        self, scheduler_output: SchedulerOutput
+    ) -> dict[str, LogprobsTensors | None]:
         """Prompt logprobs of the requests whose prompt completed in this step."""
         for req_id in scheduler_output.finished_req_ids:
             self._in_progress.pop(req_id, None)

@@ -30,7 +30,9 @@ class RequestStates:
         cached = scheduler_output.scheduled_cached_reqs
         # Unscheduled (preempted or skipped) requests leave the batch but keep
         # their state; a resumed request re-enters with its new block ids.
-        scheduled = scheduler_output.num_scheduled_tokens.keys() - cached.resumed_req_ids
+        scheduled = (
+            scheduler_output.num_scheduled_tokens.keys() - cached.resumed_req_ids
+        )
         for req_id in batch.req_id_to_index.keys() - scheduled:
             batch.remove_request(req_id)
 
@@ -45,6 +47,7 @@ class RequestStates:
         params = new.sampling_params
         generator = None
         if params is not None and params.sampling_type == SamplingType.RANDOM_SEED:
+            assert params.seed is not None, "a seeded request carries its seed"
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
         if params is not None and params.prompt_logprobs is not None:
@@ -67,7 +70,9 @@ class RequestStates:
         self.requests[new.req_id] = state
         return state
 
-    def _update_cached(self, scheduler_output: SchedulerOutput) -> list[CachedRequestState]:
+    def _update_cached(
+        self, scheduler_output: SchedulerOutput
+    ) -> list[CachedRequestState]:
         """Update running and resumed requests; return those not in the batch."""
         cached = scheduler_output.scheduled_cached_reqs
         batch = self.input_batch
@@ -80,7 +85,9 @@ class RequestStates:
                 assert new_block_ids is not None
                 state.block_ids = new_block_ids
             elif new_block_ids is not None:
-                for block_ids, new_ids in zip(state.block_ids, new_block_ids, strict=True):
+                for block_ids, new_ids in zip(
+                    state.block_ids, new_block_ids, strict=True
+                ):
                     block_ids.extend(new_ids)
             row = batch.req_id_to_index.get(req_id)
             if row is None:
