@@ -53,7 +53,9 @@ def test_generate_matches_hf_llama(block_size):
     check_against_hf("tiny-llama", block_size=block_size)
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen2"])
+@pytest.mark.parametrize(
+    "name", ["tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-opt", "tiny-gpt2"]
+)
 def test_generate_matches_hf_other_architectures(name):
     check_against_hf(name, block_size=16)
 
@@ -93,3 +95,28 @@ def test_generate_matches_hf_with_prefix_cache_hits():
         metrics = {m.name: m for m in llm.get_metrics()}
     assert first + rest == expected
     assert counter(metrics, "vllm:prefix_cache_hits") > 0
+
+
+def test_generate_matches_hf_smollm2():
+    """The real model, in float32: its bf16 weights upcast the same way on both
+    sides, so greedy tokens must agree exactly (bf16 compute would differ from
+    transformers' only by accumulation order, which a random-weight model cannot
+    tell from a bug)."""
+    from transformers import AutoTokenizer
+
+    path = model_dir("smollm2-135m-instruct")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    texts = [
+        "The capital of France is",
+        "Write a short poem about the sea.\n" * 12,
+        "def fibonacci(n):",
+        "Once upon a time, " * 40,
+    ]
+    prompts = [tokenizer(text)["input_ids"] for text in texts]
+    expected = hf_greedy(path, prompts, MAX_TOKENS, torch.float32)
+    with vllm_engine(path, max_model_len=512) as llm:
+        actual = vllm_greedy(llm, prompts, MAX_TOKENS)
+        # No --block-size given: the platform's 128 must survive model loading.
+        assert llm.llm_engine.vllm_config.cache_config.block_size == 128
+    assert actual == expected
+    assert tokenizer.decode(actual[0]).startswith(" Paris")

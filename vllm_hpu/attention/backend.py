@@ -60,8 +60,8 @@ class HpuAttentionBackend(AttentionBackend):
 
     @classmethod
     def get_preferred_block_size(cls, default_block_size: int) -> int:
-        if cls.supports_block_size(default_block_size):
-            return default_block_size
+        # vLLM passes its own default (16) after model load and adopts our answer
+        # unless the user chose --block-size: always answer the platform's size.
         return PREFERRED_BLOCK_SIZE
 
     @classmethod

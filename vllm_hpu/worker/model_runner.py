@@ -144,7 +144,11 @@ class HpuModelRunner:
                     self.device,
                 )
                 layers[name].bind_kv_cache(self.kv_caches[name])  # type: ignore[arg-type]
-        self.block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        assert block_size == self.block_size, (
+            f"KV block size changed from {self.block_size} to {block_size} after "
+            "the runner was built; the attention backend must prefer the platform's"
+        )
         self.cache = self._geometry(num_blocks)
         self.buckets.set_num_kv_blocks(num_blocks)
         logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
