@@ -26,8 +26,14 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True, help="local model folder")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="float32 is faster on a CPU")
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="token budget of one step; also sizes the start-up profiling run",
+    )
     return parser.parse_args()
 
 
@@ -37,6 +43,7 @@ def main() -> None:
         model=args.model,
         dtype=args.dtype,
         max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=len(QUESTIONS),
     )
     conversations = [[{"role": "user", "content": q}] for q in QUESTIONS]
