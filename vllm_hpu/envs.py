@@ -30,48 +30,25 @@ def _bool(name: str, raw: str) -> bool:
     raise _bad(name, raw, "one of " + "/".join(_TRUE + _FALSE))
 
 
-def _positive_int(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise _bad(name, raw, "a positive integer") from None
-    if value <= 0:
-        raise _bad(name, raw, "a positive integer")
-    return value
+def _number(convert: type, accepts: Callable[[Any], bool], accepted: str) -> Parser:
+    """A parser converting with ``convert`` and keeping values ``accepts`` allows."""
+
+    def parse(name: str, raw: str) -> Any:
+        try:
+            value = convert(raw)
+        except ValueError:
+            raise _bad(name, raw, accepted) from None
+        if not accepts(value):
+            raise _bad(name, raw, accepted)
+        return value
+
+    return parse
 
 
-def _non_negative_int(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise _bad(name, raw, "an integer >= 0") from None
-    if value < 0:
-        raise _bad(name, raw, "an integer >= 0")
-    return value
-
-
-def _fraction(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise _bad(name, raw, "a number between 0 and 1") from None
-    if not 0.0 <= value <= 1.0:
-        raise _bad(name, raw, "a number between 0 and 1")
-    return value
-
-
-def _positive_float(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise _bad(name, raw, "a positive number") from None
-    if value <= 0.0:
-        raise _bad(name, raw, "a positive number")
-    return value
-
-
-def _text(name: str, raw: str) -> str:
-    return raw
+_positive_int = _number(int, lambda v: v > 0, "a positive integer")
+_non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+_fraction = _number(float, lambda v: 0.0 <= v <= 1.0, "a number between 0 and 1")
+_positive_float = _number(float, lambda v: v > 0.0, "a positive number")
 
 
 def _choice(*choices: str) -> Parser:
