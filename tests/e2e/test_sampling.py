@@ -4,11 +4,12 @@ import math
 
 import pytest
 import torch
-from e2e.harness import random_prompts, vllm_engine
 from models import model_path
 from transformers import AutoModelForCausalLM
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
+
+from e2e.harness import random_prompts, vllm_engine
 
 pytestmark = pytest.mark.slow
 
@@ -41,12 +42,16 @@ def test_sampling_logprobs_match_transformers(llm):
     (result,) = llm.generate([{"prompt_token_ids": prompt}], params)
     output = result.outputs[0]
     reference = hf_log_softmax(prompt + list(output.token_ids))
-    for step, (token, top) in enumerate(zip(output.token_ids, output.logprobs, strict=True)):
+    for step, (token, top) in enumerate(
+        zip(output.token_ids, output.logprobs, strict=True)
+    ):
         expected = reference[len(prompt) - 1 + step]
         assert math.isclose(top[token].logprob, expected[token].item(), abs_tol=1e-4)
         assert len(top) >= 5
         for candidate, logprob in top.items():
-            assert math.isclose(logprob.logprob, expected[candidate].item(), abs_tol=1e-4)
+            assert math.isclose(
+                logprob.logprob, expected[candidate].item(), abs_tol=1e-4
+            )
     # Prompt logprobs: position p scores prompt token p (the first has none).
     assert result.prompt_logprobs[0] is None
     for position in range(1, len(prompt)):
@@ -58,7 +63,9 @@ def test_sampling_logprobs_match_transformers(llm):
 
 def test_sampling_seeded_is_reproducible_and_batch_independent(llm):
     prompts = random_prompts([3, 90, 150, 20], VOCAB_SIZE, seed=5)
-    seeded = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=16)
+    seeded = SamplingParams(
+        temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=16
+    )
     other = SamplingParams(temperature=0.8, max_tokens=16)
     alone = llm.generate([{"prompt_token_ids": prompts[1]}], seeded)
     again = llm.generate([{"prompt_token_ids": prompts[1]}], seeded)
@@ -82,7 +89,9 @@ def test_sampling_logit_bias_and_penalties_are_applied(llm):
         logit_bias={7: 20.0},
         frequency_penalty=2.0,
     )
-    plain, repeated = llm.generate([{"prompt_token_ids": prompt}] * 2, [biased, penalized])
+    plain, repeated = llm.generate(
+        [{"prompt_token_ids": prompt}] * 2, [biased, penalized]
+    )
     assert set(plain.outputs[0].token_ids) == {7}
     # Each emitted 7 costs 2.0 more, so the bias stops winning after a few steps.
     ids = repeated.outputs[0].token_ids
