@@ -101,10 +101,11 @@ class HpuPlatform(Platform):
     def validate_environ(cls, hard_fail: bool) -> None:
         """vLLM's unknown-variable check, leaving out the variables we own."""
         from vllm import envs as vllm_envs
+        from vllm.utils.torch_utils import OMP_NUM_THREADS_SET_BY_VLLM
 
-        unknown = envs.unknown_vllm_variables(
-            envs.process_environ(), set(vllm_envs.environment_variables)
-        )
+        # vLLM sets this marker for its own worker processes without declaring it.
+        known = {*vllm_envs.environment_variables, OMP_NUM_THREADS_SET_BY_VLLM}
+        unknown = envs.unknown_vllm_variables(envs.process_environ(), known)
         for name in unknown:
             if hard_fail:
                 raise ValueError(f"Unknown vLLM environment variable detected: {name}")

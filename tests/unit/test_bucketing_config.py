@@ -1,6 +1,5 @@
 """BucketingConfig: documented defaults, user values, legacy names, clear errors."""
 
-import logging
 from types import SimpleNamespace
 
 import pytest
@@ -78,12 +77,12 @@ def test_user_values_override_defaults():
     ],
 )
 def test_legacy_decode_seq_is_tokens_converted_to_blocks(
-    environ, blocks, converted, caplog
+    environ, blocks, converted, vllm_log
 ):
-    with caplog.at_level(logging.INFO, logger="vllm.hpu.bucketing"):
-        config = config_for(environ)
+    config = config_for(environ)
     assert config.decode_block == BucketRange(*blocks)
-    assert ("VLLM_DECODE_SEQ_BUCKET_MAX is in tokens" in caplog.text) == converted
+    logged = " ".join(vllm_log.messages())
+    assert ("VLLM_DECODE_SEQ_BUCKET_MAX is in tokens" in logged) == converted
 
 
 @pytest.mark.parametrize(

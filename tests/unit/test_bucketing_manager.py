@@ -1,6 +1,5 @@
 """HpuBucketManager: documented bucket sets and logs, lookup, filters, misses."""
 
-import logging
 import math
 
 import pytest
@@ -13,7 +12,6 @@ from vllm_hpu.envs import read_envs
 # The documented run: prompt bs:[1, 32, 4] seq:[128, 128, 1024], block size 128.
 DOC_PROMPT = {"VLLM_PROMPT_BS_BUCKET_MAX": "4", "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024"}
 DOC_DECODE_BS = {"VLLM_DECODE_BS_BUCKET_STEP": "128", "VLLM_DECODE_BS_BUCKET_MAX": "4"}
-LOGGER = "vllm.hpu.bucketing"
 
 
 def make_manager(environ, limits, num_kv_blocks=None):
@@ -27,15 +25,14 @@ def doc_manager(num_kv_blocks=4096):
     return make_manager(DOC_PROMPT, ServingLimits(128, 4096, 1024, 128), num_kv_blocks)
 
 
-def test_documented_prompt_buckets_and_log(caplog):
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        manager = doc_manager(num_kv_blocks=None)
+def test_documented_prompt_buckets_and_log(vllm_log):
+    manager = doc_manager(num_kv_blocks=None)
     expected = [Bucket(bs, q, 0) for bs in (1, 2, 4) for q in range(128, 1025, 128)]
     assert manager.prompt_buckets == expected
     config_line = "Prompt bucket config (min, step, max_warmup) "
-    assert config_line + "bs:[1, 32, 4], seq:[128, 128, 1024]" in caplog.messages
+    assert config_line + "bs:[1, 32, 4], seq:[128, 128, 1024]" in vllm_log.messages()
     shapes = ", ".join(str((b.batch_size, b.query_len)) for b in expected)
-    assert f"Generated 24 prompt buckets: [{shapes}]" in caplog.messages
+    assert f"Generated 24 prompt buckets: [{shapes}]" in vllm_log.messages()
 
 
 @pytest.mark.parametrize(
@@ -66,18 +63,14 @@ def test_documented_prompt_buckets_and_log(caplog):
     ],
 )
 def test_documented_48_decode_buckets(
-    environ, max_model_len, config_line, last, caplog
+    environ, max_model_len, config_line, last, vllm_log
 ):
     limits = ServingLimits(128, 4096, max_model_len, 128)
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        manager = make_manager(environ | DOC_DECODE_BS, limits, num_kv_blocks=8192)
+    manager = make_manager(environ | DOC_DECODE_BS, limits, num_kv_blocks=8192)
     assert len(manager.decode_buckets) == 48
-    assert (
-        f"Decode bucket config (min, step, max_warmup) {config_line}" in caplog.messages
-    )
-    listed = [
-        m for m in caplog.messages if m.startswith("Generated 48 decode buckets: ")
-    ]
+    messages = vllm_log.messages()
+    assert f"Decode bucket config (min, step, max_warmup) {config_line}" in messages
+    listed = [m for m in messages if m.startswith("Generated 48 decode buckets: ")]
     assert listed and listed[0].endswith(f"{last}]")
 
 
@@ -126,7 +119,7 @@ def test_decode_blocks_clamped_to_kv_capacity_and_max_model_len():
     ],
 )
 def test_miss_returns_rounded_bucket_and_warns_once(
-    phase, request_shape, expected, warning, caplog
+    phase, request_shape, expected, warning, vllm_log
 ):
     manager = make_manager(
         DOC_PROMPT | DOC_DECODE_BS, ServingLimits(128, 4096, 1024, 128)
@@ -135,20 +128,20 @@ def test_miss_returns_rounded_bucket_and_warns_once(
     find = (
         manager.find_prompt_bucket if phase == "prompt" else manager.find_decode_bucket
     )
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        first, second = find(*request_shape), find(*request_shape)
+    vllm_log.take()
+    first, second = find(*request_shape), find(*request_shape)
     assert first == second == Bucket(*expected)
-    assert caplog.messages == [f"Configuration: {warning} was not warmed-up!"]
+    assert vllm_log.messages() == [f"Configuration: {warning} was not warmed-up!"]
     buckets = manager.prompt_buckets if phase == "prompt" else manager.decode_buckets
     assert Bucket(*expected) in buckets
 
 
-def test_miss_shows_context_when_context_buckets_are_in_use(caplog):
+def test_miss_shows_context_when_context_buckets_are_in_use(vllm_log):
     manager = make_manager({}, ServingLimits(4, 4096, 1024, 128, True))
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        bucket = manager.find_prompt_bucket(1, 2000, 9)
+    vllm_log.take()
+    bucket = manager.find_prompt_bucket(1, 2000, 9)
     assert bucket == Bucket(1, 2048, 16)
-    assert caplog.messages == [
+    assert vllm_log.messages() == [
         "Configuration: (prompt, 1, 2048, 16) was not warmed-up!"
     ]
 

@@ -92,13 +92,15 @@ def test_platform_rejects_unsupported_features_at_startup():
         _engine_config(enable_lora=True)
 
 
-def test_platform_owned_variables_are_not_reported_unknown(monkeypatch, caplog):
+def test_platform_owned_variables_are_not_reported_unknown(monkeypatch, vllm_log):
     from vllm.platforms import current_platform
 
     monkeypatch.setenv("VLLM_SKIP_WARMUP", "true")
     monkeypatch.setenv("VLLM_NOT_A_REAL_VARIABLE", "1")
-    with caplog.at_level(logging.WARNING):
-        current_platform.validate_environ(hard_fail=False)
+    current_platform.validate_environ(hard_fail=False)
+    assert vllm_log.messages(logging.WARNING) == [
+        "Unknown vLLM environment variable detected: VLLM_NOT_A_REAL_VARIABLE"
+    ]
     with pytest.raises(ValueError, match="VLLM_NOT_A_REAL_VARIABLE"):
         current_platform.validate_environ(hard_fail=True)
     monkeypatch.delenv("VLLM_NOT_A_REAL_VARIABLE")
