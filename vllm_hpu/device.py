@@ -43,9 +43,37 @@ def dist_backend() -> str:
     return "hccl" if hpu_available() else "gloo"
 
 
+def local_device(named: torch.device) -> torch.device:
+    """Where a device vLLM named after the platform ("hpu:<rank>") really is:
+    itself on Gaudi, the CPU in emulation."""
+    return named if hpu_available() else torch.device("cpu")
+
+
 def compile_backend() -> str:
     """torch.compile backend: Gaudi's own graph compiler, or inductor on the CPU."""
     return "hpu_backend" if hpu_available() else "inductor"
+
+
+def model_compile_backend() -> str | None:
+    """The torch.compile backend for the model: VLLM_HPU_COMPILE_BACKEND, else
+    Gaudi's graph compiler; None in emulation unless a backend is named."""
+    chosen = get_envs().compile_backend
+    if chosen:
+        return chosen
+    return "hpu_backend" if hpu_available() else None
+
+
+def graph_compilations() -> int:
+    """Graphs compiled so far in this process, from torch's own counters: dynamo's
+    new graphs, plus the bridge's graph compilations (lazy and eager mode) on Gaudi."""
+    from torch._dynamo.utils import counters
+
+    count = int(counters["stats"]["unique_graphs"])
+    if hpu_available():
+        metrics = importlib.import_module("habana_frameworks.torch.hpu.metrics")
+        stats = dict(metrics.metric_global("graph_compilation").stats())
+        count += int(stats.get("TotalNumber", 0))
+    return count
 
 
 def is_lazy() -> bool:
@@ -147,13 +175,26 @@ def wrap_in_graph(module: torch.nn.Module) -> Callable[..., Any]:
     return module
 
 
-def _kernel(module: str, name: str) -> Callable[..., Any] | None:
-    if not hpu_available():
-        return None
+# Kernels are looked up once per process: compiled regions ask for them on every
+# forward, and torch.compile reads a filled dict as a constant (an env lookup or an
+# import inside a traced region would break the graph).
+_KERNELS: dict[str, Any] = {}
+
+
+def _import_kernel(module: str, name: str) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
         return None
+
+
+def _kernel(
+    module: str, name: str, enabled: Callable[[], bool] = hpu_available
+) -> Callable[..., Any] | None:
+    key = f"{module}.{name}"
+    if key not in _KERNELS:
+        _KERNELS[key] = _import_kernel(module, name) if enabled() else None
+    return _KERNELS[key]
 
 
 def fused_rms_norm() -> Callable[..., Any] | None:
@@ -166,9 +207,20 @@ def fused_rotary_embedding() -> Callable[..., Any] | None:
 
 
 def fused_sdpa() -> Callable[..., Any] | None:
-    if not get_envs().prompt_use_fusedsdpa:
-        return None
-    return _kernel("habana_frameworks.torch.hpex.kernels", "FusedSDPA")
+    return _kernel(
+        "habana_frameworks.torch.hpex.kernels",
+        "FusedSDPA",
+        lambda: hpu_available() and get_envs().prompt_use_fusedsdpa,
+    )
+
+
+def load_kernels() -> None:
+    """Look every kernel up now, before a region is compiled: a lookup first made
+    inside a compiled region would leave a guard that fails once it is made."""
+    fused_rms_norm()
+    fused_rotary_embedding()
+    fused_sdpa()
+    fused_rotary_mode(True)
 
 
 def fused_rotary_mode(is_neox_style: bool) -> Any | None:

@@ -60,6 +60,10 @@ def _choice(*choices: str) -> Parser:
     return parse
 
 
+def _folder(name: str, raw: str) -> str:
+    return raw
+
+
 def _var(name: str, parse: Parser, default: Any, doc: str) -> Any:
     return dataclasses.field(
         default=default, metadata={"env": name, "parse": parse, "doc": doc}
@@ -124,6 +128,13 @@ class HpuEnvs:
         False,
         "exponentially spaced buckets instead of linear ones",
     )
+    # Measures what bucketing costs: on Gaudi every new shape compiles a graph.
+    exact_shapes: bool = _var(
+        "VLLM_HPU_EXACT_SHAPES",
+        _bool,
+        False,
+        "no bucketing: every pass runs at its exact shape (benchmarks, debugging)",
+    )
     prompt_bs_bucket_min: int | None = _bucket_var("PROMPT", "BS", "MIN")
     prompt_bs_bucket_step: int | None = _bucket_var("PROMPT", "BS", "STEP")
     prompt_bs_bucket_max: int | None = _bucket_var("PROMPT", "BS", "MAX")
@@ -174,6 +185,26 @@ class HpuEnvs:
         _choice("0", "1"),
         "0",
         "Habana bridge: 0 eager/torch.compile backend, 1 lazy mode",
+    )
+    # Empty: Gaudi's hpu_backend on Gaudi; in emulation torch.compile is then off,
+    # since a dynamo trace of every default bucket costs minutes on a CPU.
+    compile_backend: str = _var(
+        "VLLM_HPU_COMPILE_BACKEND",
+        _choice("hpu_backend", "eager", "aot_eager", "inductor"),
+        "",
+        "torch.compile backend; unset: hpu_backend on Gaudi, no compile in emulation",
+    )
+    compile_fullgraph: bool = _var(
+        "VLLM_T_COMPILE_FULLGRAPH",
+        _bool,
+        False,
+        "torch.compile(fullgraph=True): a graph break is an error",
+    )
+    profile_dir: str = _var(
+        "VLLM_HPU_PROFILE_DIR",
+        _folder,
+        "hpu_profile",
+        "folder for VLLM_PROFILER_ENABLED traces (trace_rank<N>_<pid>.json)",
     )
 
 

@@ -1,5 +1,7 @@
 """The plugin's environment table: parsing, defaults and clear errors."""
 
+import pathlib
+
 import pytest
 
 from vllm_hpu.envs import HpuEnvs, read_envs, unknown_vllm_variables, variable_names
@@ -82,3 +84,12 @@ def test_envs_unknown_vllm_variables_leave_ours_out():
         "PATH": "/",
     }
     assert unknown_vllm_variables(environ, known={"VLLM_USE_V1"}) == ["VLLM_TYPO_VAR"]
+
+
+def test_envs_every_variable_is_in_the_gaudi_readme_table():
+    readme = (pathlib.Path(__file__).parents[2] / "README_GAUDI.md").read_text()
+    rows = {
+        line.split("`")[1] for line in readme.splitlines() if line.startswith("| `")
+    }
+    bucket_knobs = {n for n in variable_names() if "_BUCKET_" in n}
+    assert set(variable_names()) - bucket_knobs <= rows

@@ -18,6 +18,7 @@ from vllm_hpu.bucketing.buckets import (
 from vllm_hpu.bucketing.config import BucketingConfig
 from vllm_hpu.bucketing.padding import PaddingStats
 from vllm_hpu.bucketing.ranges import BucketRange, cover_value, round_beyond
+from vllm_hpu.envs import get_envs
 
 logger = init_logger("vllm.hpu.bucketing")
 
@@ -78,14 +79,25 @@ def padded_value(needed: int, values: list[int], bucket_range: BucketRange) -> i
 class HpuBucketManager:
     """Prompt buckets from the config; decode buckets once the KV cache is sized."""
 
-    def __init__(self, config: BucketingConfig) -> None:
+    def __init__(
+        self, config: BucketingConfig, exact_shapes: bool | None = None
+    ) -> None:
         self.config = config
+        # VLLM_HPU_EXACT_SHAPES (unless given): no padding, to measure what it costs.
+        self.exact_shapes = (
+            get_envs().exact_shapes if exact_shapes is None else exact_shapes
+        )
         self.stats = PaddingStats()
         self._prompt_dims = prompt_dims(config)
         self._decode_dims = decode_dims(config)
         self._prompt = BucketIndex(generate_prompt_buckets(config))
         self._decode = BucketIndex([])
         self._warned: set[tuple[str, Bucket]] = set()
+        # VLLM_FULL_WARMUP, set once warmup ran: a shape it did not run is an error.
+        self.strict = False
+        # Lookups per phase; a miss ran a shape outside the configured buckets.
+        self.hits = {"prompt": 0, "decode": 0}
+        self.misses = {"prompt": 0, "decode": 0}
         ranges = [("bs", config.prompt_bs), ("seq", config.prompt_seq)]
         if config.use_context_buckets:
             ranges.append(("block", config.prompt_block))
@@ -109,9 +121,11 @@ class HpuBucketManager:
         self, batch_size: int, query_len: int, num_context_blocks: int
     ) -> Bucket:
         """The smallest prompt bucket covering the batch (a warned miss if none)."""
+        if self.exact_shapes:
+            return Bucket(batch_size, query_len, num_context_blocks)
         bucket = self._prompt.find(batch_size, query_len, num_context_blocks)
         if bucket is not None:
-            return bucket
+            return self._count_found("prompt", bucket)
         dims = self._prompt_dims
         bucket = Bucket(
             padded_value(batch_size, dims.batch_sizes, self.config.prompt_bs),
@@ -125,9 +139,11 @@ class HpuBucketManager:
     def find_decode_bucket(self, batch_size: int, num_blocks: int) -> Bucket:
         """The smallest decode bucket for ``batch_size`` sequences holding
         ``num_blocks`` KV blocks in all (a warned miss if none)."""
+        if self.exact_shapes:
+            return Bucket(batch_size, 1, num_blocks)
         bucket = self._decode.find(batch_size, 1, num_blocks)
         if bucket is not None:
-            return bucket
+            return self._count_found("decode", bucket)
         dims = self._decode_dims
         bucket = Bucket(
             padded_value(batch_size, dims.batch_sizes, self.config.decode_bs),
@@ -144,14 +160,32 @@ class HpuBucketManager:
             return tuple(bucket)
         return (bucket.batch_size, bucket.query_len)
 
+    def _count_found(self, phase: str, bucket: Bucket) -> Bucket:
+        """Count a lookup; a remembered miss is still a shape warmup never ran."""
+        if (phase, bucket) in self._warned:
+            self.misses[phase] += 1
+        else:
+            self.hits[phase] += 1
+        return bucket
+
     def _add_miss(self, phase: str, index: BucketIndex, bucket: Bucket) -> Bucket:
         """Remember a shape that was not warmed up, and say so once."""
+        self.misses[phase] += 1
         index.add(bucket)
         if (phase, bucket) not in self._warned:
             self._warned.add((phase, bucket))
             shape = ", ".join(str(value) for value in self.describe(phase, bucket))
+            if self.strict:
+                raise RuntimeError(
+                    f"Configuration: ({phase}, {shape}) was not warmed-up! "
+                    "(VLLM_FULL_WARMUP forbids it: widen the bucket ranges)"
+                )
             logger.warning("Configuration: (%s, %s) was not warmed-up!", phase, shape)
         return bucket
+
+    def mark_warmed(self, strict: bool) -> None:
+        """Warmup ran every bucket; with ``strict`` a later miss raises."""
+        self.strict = strict
 
     def _log_buckets(
         self, phase: str, ranges: list[tuple[str, BucketRange]], buckets: list[Bucket]

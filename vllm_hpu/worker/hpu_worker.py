@@ -4,6 +4,8 @@ It owns the device, the distributed group and the memory split, and hands every
 step to :class:`HpuModelRunner`.
 """
 
+import time
+
 import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
@@ -18,8 +20,11 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_hpu import device
 from vllm_hpu.envs import get_envs
+from vllm_hpu.metrics import HpuMetrics
+from vllm_hpu.worker.compile_stats import StepCompilations
 from vllm_hpu.worker.memory import MemorySplit, split_memory
 from vllm_hpu.worker.model_runner import HpuModelRunner
+from vllm_hpu.worker.warmup import warm_up_model
 
 logger = init_logger("vllm.hpu.worker")
 
@@ -38,6 +43,11 @@ class HpuWorker(WorkerBase):
         )
         self.model_runner: HpuModelRunner | None = None  # type: ignore[assignment]
         self.memory_split: MemorySplit | None = None
+        envs = get_envs()
+        self.compilations = StepCompilations(
+            envs.log_step_graph_compilation, envs.log_step_graph_compilation_all
+        )
+        self.metrics: HpuMetrics | None = None
 
     @property
     def runner(self) -> HpuModelRunner:
@@ -98,9 +108,21 @@ class HpuWorker(WorkerBase):
         self.runner.initialize_kv_cache(kv_cache_config)
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
+        started = time.perf_counter()
+        warm_up_model(self.runner, self.model_config.enforce_eager, self._graph_mem())
         # The seed is reset so that profiling does not shift seeded sampling.
         set_random_seed(self.model_config.seed)
-        return CompilationTimes(language_model=0.0, encoder=0.0)
+        elapsed = time.perf_counter() - started
+        return CompilationTimes(language_model=elapsed, encoder=0.0)
+
+    def _graph_mem(self) -> int:
+        """Bytes for graphs: the split's share, or with an explicit KV cache size
+        the same share of what is free now."""
+        if self.memory_split is not None:
+            return self.memory_split.graph
+        free, _ = device.mem_get_info()
+        utilization = self.cache_config.gpu_memory_utilization
+        return split_memory(free, utilization, self._graph_reserved_mem()).graph
 
     def get_supported_tasks(self) -> tuple[SupportedTask, ...]:
         return ("generate",)
@@ -108,7 +130,15 @@ class HpuWorker(WorkerBase):
     def execute_model(
         self, scheduler_output: SchedulerOutput
     ) -> ModelRunnerOutput | None:
-        return self.runner.execute_model(scheduler_output)
+        if self.metrics is None and self.rank == 0:
+            # Built on the first step, so it counts from the end of warmup; rank 0
+            # only, since every rank pads the same shapes.
+            self.metrics = HpuMetrics(self.runner.buckets)
+        with self.compilations.step():
+            output = self.runner.execute_model(scheduler_output)
+        if self.metrics is not None:
+            self.metrics.observe_step()
+        return output
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
         return self.runner.sample_tokens(grammar_output)
@@ -126,3 +156,6 @@ class HpuWorker(WorkerBase):
     def shutdown(self) -> None:
         if self.model_runner is not None:
             logger.info(self.model_runner.buckets.stats.summary())
+            self.model_runner.profiler.write()
+        if self.metrics is not None:
+            self.metrics.log()

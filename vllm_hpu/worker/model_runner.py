@@ -25,9 +25,10 @@ from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
-from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager
+from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.kv_cache import allocate_kv_cache
+from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.worker.inputs import (
     ForwardPass,
     ScheduledSeq,
@@ -73,6 +74,13 @@ class HpuModelRunner:
         self.kv_caches: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.cache: CacheGeometry | None = None
         self._pending: _PendingStep | None = None
+        # Set by warmup (worker/warmup.py): what runs the buckets given graphs.
+        self.graph_model: Any = None
+        self.graphed_buckets: set[tuple[str, Bucket]] = set()
+        envs = get_envs()
+        self.profiler = StepProfiler(
+            envs.profiler_enabled, envs.profile_dir, vllm_config.parallel_config.rank
+        )
 
     def _make_input_batch(self) -> InputBatch:
         max_model_len = self.model_config.max_model_len
@@ -206,10 +214,11 @@ class HpuModelRunner:
     def execute_model(
         self, scheduler_output: SchedulerOutput
     ) -> ModelRunnerOutput | None:
-        self.states.update(scheduler_output)
-        if not scheduler_output.total_num_scheduled_tokens:
-            return EMPTY_MODEL_RUNNER_OUTPUT
-        passes = self._plan_passes(scheduler_output)
+        with self.profiler.span("prepare"):
+            self.states.update(scheduler_output)
+            if not scheduler_output.total_num_scheduled_tokens:
+                return EMPTY_MODEL_RUNNER_OUTPUT
+            passes = self._plan_passes(scheduler_output)
         num_reqs = self.input_batch.num_reqs
         hidden_size = self.model_config.get_hidden_size()
         last_hidden = torch.empty(
@@ -277,13 +286,19 @@ class HpuModelRunner:
         attn_metadata = dict.fromkeys(
             self._attention_layers(), forward_pass.attn_metadata
         )
-        with set_forward_context(
-            attn_metadata, self.vllm_config, num_tokens=forward_pass.num_tokens
+        phase = "prompt" if forward_pass.is_prompt else "decode"
+        graphed = (phase, forward_pass.bucket) in self.graphed_buckets
+        model = self.graph_model if graphed else self.get_model()
+        with (
+            self.profiler.span("forward", phase=phase, bucket=forward_pass.bucket),
+            set_forward_context(
+                attn_metadata, self.vllm_config, num_tokens=forward_pass.num_tokens
+            ),
         ):
-            hidden = self.get_model()(
+            hidden = model(
                 input_ids=forward_pass.input_ids, positions=forward_pass.positions
             )
-        device.mark_step()
+            device.mark_step()
         return hidden
 
     def _rows_inside_prompt(self, scheduler_output: SchedulerOutput) -> list[int]:
@@ -315,9 +330,11 @@ class HpuModelRunner:
             for row in pending.discard_rows
             if row in generators
         }
-        sampler_output = self.sampler(
-            logits=pending.logits, sampling_metadata=self.input_batch.sampling_metadata
-        )
+        with self.profiler.span("sample"):
+            sampler_output = self.sampler(
+                logits=pending.logits,
+                sampling_metadata=self.input_batch.sampling_metadata,
+            )
         for row, state in saved.items():
             generators[row].set_state(state)
         return self._make_output(pending, sampler_output)

@@ -1,0 +1,112 @@
+"""`vllm serve` on the plugin as a child process, for tests that speak HTTP to it.
+
+The server runs in its own process group on 127.0.0.1, its engine in a second
+process, as users run it; teardown stops the whole group and checks that no
+process of it is left.
+"""
+
+import contextlib
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import psutil
+
+READY_TIMEOUT_S = 300  # engine start plus warmup on a busy 2-core machine
+STOP_TIMEOUT_S = 30
+KV_CACHE_BYTES = 64 << 20
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serve_command(model_dir: str, port: int, extra_args: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        model_dir,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--kv-cache-memory-bytes",
+        str(KV_CACHE_BYTES),
+        *extra_args,
+    ]
+
+
+def wait_until_ready(process: subprocess.Popen, base_url: str, log: pathlib.Path):
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vllm serve exited early:\n{log_tail(log)}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base_url}/health", timeout=5).status_code == 200:
+                return
+        time.sleep(1)
+    raise TimeoutError(f"vllm serve not ready in {READY_TIMEOUT_S} s:\n{log_tail(log)}")
+
+
+def log_tail(log: pathlib.Path, num_lines: int = 40) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-num_lines:])
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    members = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+    return members
+
+
+def stop(process: subprocess.Popen) -> list[psutil.Process]:
+    """SIGTERM the server's process group, SIGKILL it if it hangs; returns what
+    is still alive afterwards: descendants seen before, or group members."""
+    group = [psutil.Process(process.pid)]
+    with contextlib.suppress(psutil.NoSuchProcess):
+        group += group[0].children(recursive=True)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=STOP_TIMEOUT_S)
+    _, alive = psutil.wait_procs(group, timeout=STOP_TIMEOUT_S)
+    return alive + group_members(process.pid)
+
+
+@contextlib.contextmanager
+def vllm_server(
+    model_dir: str, extra_args: list[str], env: dict[str, str], log: pathlib.Path
+) -> Iterator[str]:
+    """Yields the base URL of a ready server; raises if teardown leaves orphans."""
+    port = free_port()
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(
+            serve_command(model_dir, port, extra_args),
+            env={**os.environ, **env},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, stopped as one
+        )
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        wait_until_ready(process, base_url, log)
+        yield base_url
+    finally:
+        alive = stop(process)
+    assert not alive, f"processes left after shutdown: {alive}"

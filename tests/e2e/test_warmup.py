@@ -1,0 +1,116 @@
+"""After warmup, serving inside the bucket ranges compiles nothing.
+
+Compiled emulation (torch.compile, dynamo's ``eager`` backend) on tiny-llama with a
+small bucket set; compilations are read from torch's own counters.
+"""
+
+import json
+
+import pytest
+import torch
+from models import model_path as model_dir
+from torch._dynamo.utils import counters
+
+from e2e.harness import random_prompts, vllm_engine, vllm_greedy
+from vllm_hpu import envs
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 8
+SMALL_BUCKETS = {
+    "VLLM_PROMPT_SEQ_BUCKET_MIN": "32",
+    "VLLM_PROMPT_SEQ_BUCKET_STEP": "32",
+    "VLLM_PROMPT_SEQ_BUCKET_MAX": "96",
+    "VLLM_PROMPT_BLOCK_BUCKET_MAX": "4",
+}
+ENGINE = dict(
+    block_size=16,
+    max_model_len=128,
+    max_num_seqs=2,
+    max_num_batched_tokens=192,
+    enable_prefix_caching=True,
+)
+
+
+@pytest.fixture
+def hpu_env(monkeypatch):
+    """Set plugin variables for one test; the plugin reads them once per process."""
+
+    def apply(**values: str) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(name, value)
+        envs.get_envs.cache_clear()
+
+    yield apply
+    monkeypatch.undo()
+    envs.get_envs.cache_clear()
+
+
+def compilations() -> int:
+    return int(counters["stats"]["unique_graphs"])
+
+
+def serve(llm, prompts):
+    """Greedy tokens and the number of graphs torch compiled meanwhile."""
+    before = compilations()
+    tokens = vllm_greedy(llm, prompts, MAX_TOKENS)
+    return tokens, compilations() - before
+
+
+def workload() -> list[list[list[int]]]:
+    """Batches inside the ranges: short and long prompts, then prefix-cache hits."""
+    shared = random_prompts([48], 1024, seed=3)[0]
+    return [
+        random_prompts([5, 31, 60, 90], 1024, seed=1),
+        [shared + tail for tail in random_prompts([3, 20], 1024, seed=2)],
+        [shared + tail for tail in random_prompts([7, 30], 1024, seed=4)],
+    ]
+
+
+def test_warmup_leaves_nothing_to_compile_and_matches_eager(hpu_env, vllm_log):
+    hpu_env(**SMALL_BUCKETS)
+    with vllm_engine(model_dir("tiny-llama"), enforce_eager=True, **ENGINE) as llm:
+        eager = [vllm_greedy(llm, batch, MAX_TOKENS) for batch in workload()]
+        beyond = random_prompts([110, 110], 1024, 5)
+        beyond_eager = [vllm_greedy(llm, [p], MAX_TOKENS)[0] for p in beyond]
+    assert not any("[Warmup]" in m for m in vllm_log.take())
+
+    hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
+    with vllm_engine(model_dir("tiny-llama"), enforce_eager=False, **ENGINE) as llm:
+        warmed = compilations()
+        assert warmed > 0
+        for batch, expected in zip(workload(), eager, strict=True):
+            tokens, compiled = serve(llm, batch)
+            assert compiled == 0
+            assert tokens == expected
+        # 110-token prompts are beyond the 96-token prompt range: they run on a
+        # bucket rounded past the range, compiled once, with one warning.
+        beyond = random_prompts([110, 110], 1024, 5)
+        tokens, compiled = serve(llm, beyond[:1])
+        assert tokens == beyond_eager[:1]
+        assert compiled > 0
+        tokens, compiled = serve(llm, beyond[1:])
+        assert tokens == beyond_eager[1:]
+        assert compiled == 0
+    logs = vllm_log.messages()
+    warnings = [m for m in logs if m.endswith("was not warmed-up!")]
+    assert warnings == ["Configuration: (prompt, 1, 128, 0) was not warmed-up!"]
+    steps = [m for m in logs if m.startswith("[Warmup][")]
+    assert steps[0].startswith("[Warmup][Prompt][1/")
+    assert any(m.startswith("[Warmup][Prompt]") and "ctx_blocks:" in m for m in steps)
+    assert any(m.startswith("[Warmup][Decode]") for m in steps)
+    assert any(m.startswith("[Warmup][Graph/Decode]") for m in steps)
+    assert any(m.startswith("Graph/Prompt captured:") for m in logs)
+    assert any(m.startswith("Warmup finished in ") for m in logs)
+
+
+def test_profiler_writes_a_chrome_trace(hpu_env, tmp_path):
+    hpu_env(VLLM_PROFILER_ENABLED="1", VLLM_HPU_PROFILE_DIR=str(tmp_path))
+    with vllm_engine(model_dir("tiny-llama"), enforce_eager=True, **ENGINE) as llm:
+        vllm_greedy(llm, random_prompts([5, 40], 1024), MAX_TOKENS)
+    (trace_file,) = tmp_path.glob("trace_rank0_*.json")
+    events = json.loads(trace_file.read_text())["traceEvents"]
+    names = {event["name"] for event in events}
+    assert names == {"prepare", "forward", "sample"}
+    assert all(event["ph"] == "X" and event["dur"] >= 0 for event in events)
+    assert torch.tensor([e["ts"] for e in events]).diff().min() >= -1e6

@@ -1,0 +1,103 @@
+"""Warmup's synthetic requests land exactly on their buckets; execution modes."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager, ServingLimits
+from vllm_hpu.envs import read_envs
+from vllm_hpu.worker.execution import ExecutionMode, select_mode
+from vllm_hpu.worker.warmup import HpuWarmup
+
+
+def fake_runner(limits: ServingLimits, manager: HpuBucketManager) -> SimpleNamespace:
+    """The runner attributes warmup sizes its requests from."""
+    return SimpleNamespace(
+        buckets=manager,
+        block_size=limits.block_size,
+        max_num_tokens=limits.max_num_batched_tokens,
+        model_config=SimpleNamespace(max_model_len=limits.max_model_len),
+        vllm_config=SimpleNamespace(
+            scheduler_config=SimpleNamespace(max_num_seqs=limits.max_num_seqs)
+        ),
+    )
+
+
+LIMITS = [
+    ServingLimits(
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        max_model_len=2048,
+        block_size=128,
+        use_context_buckets=True,
+    ),
+    ServingLimits(
+        max_num_seqs=2,
+        max_num_batched_tokens=192,
+        max_model_len=128,
+        block_size=16,
+        use_context_buckets=True,
+    ),
+    ServingLimits(
+        max_num_seqs=5,
+        max_num_batched_tokens=512,
+        max_model_len=300,
+        block_size=16,
+        use_context_buckets=False,
+    ),
+]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@pytest.mark.parametrize("limits", LIMITS)
+def test_warmup_prompt_requests_land_on_their_bucket(limits):
+    manager = HpuBucketManager(BucketingConfig.from_limits(limits, read_envs({})))
+    warmup = HpuWarmup(fake_runner(limits, manager), graph_mem=0)  # type: ignore[arg-type]
+    for bucket in manager.prompt_buckets:
+        seqs = warmup.prompt_seqs(bucket)
+        assert seqs is not None, f"no request lands on {bucket}"
+        query_len = max(s.num_tokens - s.num_computed for s in seqs)
+        context = max(cdiv(s.num_computed, limits.block_size) for s in seqs)
+        # Within vLLM's limits, with room left for the sampled token.
+        assert all(s.num_tokens < limits.max_model_len for s in seqs)
+        assert len(seqs) * query_len <= limits.max_num_batched_tokens
+        assert manager.find_prompt_bucket(len(seqs), query_len, context) == bucket
+
+
+@pytest.mark.parametrize("limits", LIMITS)
+def test_warmup_decode_requests_land_on_their_bucket(limits):
+    manager = HpuBucketManager(BucketingConfig.from_limits(limits, read_envs({})))
+    manager.set_num_kv_blocks(64)
+    warmup = HpuWarmup(fake_runner(limits, manager), graph_mem=0)  # type: ignore[arg-type]
+    for bucket in manager.decode_buckets:
+        seqs = warmup.decode_seqs(bucket)
+        assert all(s.num_tokens - s.num_computed == 1 for s in seqs)
+        num_blocks = sum(cdiv(s.num_tokens, limits.block_size) for s in seqs)
+        assert manager.find_decode_bucket(len(seqs), num_blocks) == bucket
+
+
+@pytest.mark.parametrize(
+    ("lazy", "enforce_eager", "backend", "mode"),
+    [
+        (False, False, "hpu_backend", ExecutionMode.COMPILE),
+        (False, True, "hpu_backend", ExecutionMode.EAGER),
+        (True, False, "hpu_backend", ExecutionMode.HPU_GRAPHS),
+        (True, True, "hpu_backend", ExecutionMode.LAZY),
+        (False, False, "eager", ExecutionMode.COMPILE),
+        (False, False, None, ExecutionMode.EAGER),
+    ],
+)
+def test_execution_mode_from_lazy_mode_and_enforce_eager(
+    lazy, enforce_eager, backend, mode
+):
+    assert select_mode(lazy, enforce_eager, backend) is mode
+
+
+def test_emulated_modes_warm_up_and_capture_only_when_compiled():
+    assert ExecutionMode.COMPILE.compiles_shapes
+    assert ExecutionMode.COMPILE.captures_graphs
+    assert not ExecutionMode.EAGER.compiles_shapes
+    assert not ExecutionMode.EAGER.captures_graphs

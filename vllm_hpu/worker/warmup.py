@@ -1,0 +1,268 @@
+"""Warmup: one engine step per bucket through the real step path, before serving.
+
+Synthetic scheduler outputs land exactly on each bucket (hpu-algorithms.md
+section 5), so every shape a served request can take is compiled here; then, where
+graphs are in use, the capture budget picks which buckets get graphs (section 6).
+"""
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from vllm.logger import init_logger
+from vllm.sampling_params import SamplingParams
+from vllm.utils.mem_utils import format_gib
+from vllm.v1.core.sched.output import (
+    CachedRequestData,
+    NewRequestData,
+    SchedulerOutput,
+)
+
+from vllm_hpu import device
+from vllm_hpu.bucketing import Bucket
+from vllm_hpu.bucketing.buckets import context_tokens
+from vllm_hpu.bucketing.padding import PaddingStats
+from vllm_hpu.envs import get_envs
+from vllm_hpu.worker.execution import (
+    RECOMPILE_HEADROOM,
+    CompileOptions,
+    prepare_model,
+    select_mode,
+)
+from vllm_hpu.worker.graphs import (
+    DECODE,
+    PROMPT,
+    CapturePlan,
+    capture_graphs,
+    describe_budget,
+)
+from vllm_hpu.worker.model_runner import HpuModelRunner
+
+logger = init_logger("vllm.hpu.warmup")
+
+REQ_PREFIX = "hpu-warmup-"
+
+
+@dataclass(frozen=True)
+class FakeSeq:
+    """One synthetic request: ``num_tokens`` in all, the first ``num_computed``
+    already in the KV cache, the rest scheduled in this step."""
+
+    num_tokens: int
+    num_computed: int
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Warmup samples tokens: it must not shift the seeded sampling that follows."""
+    state = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state)
+
+
+class HpuWarmup:
+    def __init__(self, runner: HpuModelRunner, graph_mem: int) -> None:
+        self.runner = runner
+        self.graph_mem = graph_mem  # bytes for graphs; 0: capture nothing
+        self.block_size = runner.block_size
+        # The sampled token needs a slot too: a sequence stops one short.
+        self.max_len = runner.model_config.max_model_len - 1
+        self.max_num_seqs = runner.vllm_config.scheduler_config.max_num_seqs
+        self._next_id = 0
+
+    # ---- synthetic requests ----------------------------------------------
+
+    def prompt_seqs(self, bucket: Bucket) -> list[FakeSeq] | None:
+        """Requests whose prompt pass pads to ``bucket``, or None if no request
+        within the limits does. Largest first: the most context blocks and rows,
+        then as long a chunk as the limits allow."""
+        for blocks in range(bucket.num_blocks, -1, -1):
+            context = context_tokens(blocks, self.block_size)
+            for num_seqs in range(min(bucket.batch_size, self.max_num_seqs), 0, -1):
+                query_len = min(
+                    bucket.query_len,
+                    self.max_len - context,
+                    self.runner.max_num_tokens // num_seqs,
+                )
+                # A single scheduled token would make the row a decode.
+                if query_len < 2:
+                    continue
+                found = self.runner.buckets.find_prompt_bucket(
+                    num_seqs, query_len, blocks
+                )
+                if found == bucket:
+                    return [FakeSeq(context + query_len, context)] * num_seqs
+        return None
+
+    def decode_seqs(self, bucket: Bucket) -> list[FakeSeq]:
+        """Sequences holding ``bucket.num_blocks`` KV blocks between them, each
+        decoding one token at the end of its last block."""
+        num_seqs = min(bucket.batch_size, self.max_num_seqs, bucket.num_blocks)
+        seqs = []
+        for i in range(num_seqs):
+            blocks = bucket.num_blocks // num_seqs + (i < bucket.num_blocks % num_seqs)
+            seq_len = min(blocks * self.block_size, self.max_len)
+            seqs.append(FakeSeq(seq_len, seq_len - 1))
+        return seqs
+
+    def _new_request(self, seq: FakeSeq) -> NewRequestData:
+        assert self.runner.cache is not None, "initialize_kv_cache() first"
+        num_kv_blocks = self.runner.cache.num_blocks
+        first = self._next_id
+        self._next_id += 1
+        block_ids = [
+            (first + j) % num_kv_blocks
+            for j in range(_cdiv(seq.num_tokens, self.block_size))
+        ]
+        return NewRequestData(
+            req_id=f"{REQ_PREFIX}{first}",
+            prompt_token_ids=[0] * seq.num_tokens,
+            mm_features=[],
+            sampling_params=SamplingParams(temperature=0.0, max_tokens=1),
+            pooling_params=None,
+            block_ids=(block_ids,),
+            num_computed_tokens=seq.num_computed,
+            lora_request=None,
+        )
+
+    def run_step(self, seqs: list[FakeSeq]) -> None:
+        """One engine step over new requests ``seqs``, then finish them all."""
+        new_reqs = [self._new_request(seq) for seq in seqs]
+        scheduled = {
+            r.req_id: len(r.prompt_token_ids or []) - r.num_computed_tokens
+            for r in new_reqs
+        }
+        self.runner.execute_model(self._scheduler_output(new_reqs, scheduled, set()))
+        self.runner.sample_tokens(None)
+        finished = set(scheduled)
+        self.runner.execute_model(self._scheduler_output([], {}, finished))
+
+    @staticmethod
+    def _scheduler_output(
+        new_reqs: list[NewRequestData], scheduled: dict[str, int], finished: set[str]
+    ) -> SchedulerOutput:
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=CachedRequestData.make_empty(),
+            num_scheduled_tokens=scheduled,
+            total_num_scheduled_tokens=sum(scheduled.values()),
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[],
+            finished_req_ids=finished,
+            free_encoder_mm_hashes=[],
+        )
+
+    # ---- phases ----------------------------------------------------------
+
+    def run(self, capture: bool) -> None:
+        """Every bucket, largest first, then a mixed step, then graph capture."""
+        started = time.perf_counter()
+        used_before = device.memory_used()
+        buckets = self.runner.buckets
+        prompt = list(reversed(buckets.prompt_buckets))
+        decode = list(reversed(buckets.decode_buckets))
+        with preserved_rng():
+            self._warm_all("Prompt", PROMPT, prompt)
+            self._warm_all("Decode", DECODE, decode)
+            self._run_mixed_step(prompt[-1], decode[-1])
+            if capture and self.graph_mem > 0:
+                self._capture(prompt, decode)
+        # Warmup's own padding is not what serving pays.
+        buckets.stats = PaddingStats()
+        logger.info(
+            "Warmup finished in %d secs, allocated %s GiB of device memory",
+            round(time.perf_counter() - started),
+            format_gib(device.memory_used() - used_before),
+        )
+
+    def _run_bucket(self, phase: str, bucket: Bucket) -> None:
+        seqs = self.prompt_seqs(bucket) if phase == PROMPT else self.decode_seqs(bucket)
+        if seqs is None:
+            logger.debug("No request within the limits pads to %s: skipped", bucket)
+            return
+        self.run_step(seqs)
+
+    def _run_mixed_step(self, prompt: Bucket, decode: Bucket) -> None:
+        """Prompts and decodes in one step, as the scheduler mixes them."""
+        prompt_seqs = self.prompt_seqs(prompt) or []
+        decode_seqs = self.decode_seqs(decode)
+        if prompt_seqs and len(prompt_seqs) + len(decode_seqs) <= self.max_num_seqs:
+            self.run_step(prompt_seqs + decode_seqs)
+
+    def _log_step(self, label: str, index: int, total: int, bucket: Bucket) -> None:
+        if label.endswith("Decode"):
+            shape = f"batch_size:{bucket.batch_size} num_blocks:{bucket.num_blocks}"
+        else:
+            shape = f"batch_size:{bucket.batch_size} seq_len:{bucket.query_len}"
+            if bucket.num_blocks:
+                shape += f" ctx_blocks:{bucket.num_blocks}"
+        free = format_gib(device.mem_get_info()[0])
+        logger.info(
+            "[Warmup][%s][%d/%d] %s free_mem:%s GiB", label, index, total, shape, free
+        )
+
+    def _warm_all(self, label: str, phase: str, buckets: list[Bucket]) -> None:
+        for index, bucket in enumerate(buckets, start=1):
+            self._log_step(label, index, len(buckets), bucket)
+            self._run_bucket(phase, bucket)
+
+    def _capture(self, prompt: list[Bucket], decode: list[Bucket]) -> None:
+        envs = get_envs()
+        plan = CapturePlan(
+            prompt,
+            decode,
+            self.graph_mem,
+            envs.graph_prompt_ratio,
+            envs.graph_prompt_strategy,
+            envs.graph_decode_strategy,
+        )
+        logger.info(describe_budget(plan, device.mem_get_info()[0]))
+        totals = {PROMPT: len(prompt), DECODE: len(decode)}
+        done = {PROMPT: 0, DECODE: 0}
+
+        def capture(phase: str, bucket: Bucket) -> int:
+            done[phase] += 1
+            label = f"Graph/{phase.capitalize()}"
+            self._log_step(label, done[phase], totals[phase], bucket)
+            self.runner.graphed_buckets.add((phase, bucket))
+            used_before = device.memory_used()
+            self._run_bucket(phase, bucket)
+            device.synchronize()
+            return device.memory_used() - used_before
+
+        for result in capture_graphs(plan, capture):
+            logger.info(result.summary(self.runner.buckets.describe))
+
+
+def warm_up_model(runner: HpuModelRunner, enforce_eager: bool, graph_mem: int) -> None:
+    """Pick the execution mode, apply it to the model, and warm every bucket up."""
+    envs = get_envs()
+    mode = select_mode(device.is_lazy(), enforce_eager, device.model_compile_backend())
+    backend = device.model_compile_backend()
+    buckets = runner.buckets
+    options = None
+    if backend is not None:
+        num_buckets = len(buckets.prompt_buckets) + len(buckets.decode_buckets)
+        options = CompileOptions(
+            backend, envs.compile_fullgraph, num_buckets + RECOMPILE_HEADROOM
+        )
+    runner.graph_model = prepare_model(runner.get_model(), mode, options)
+    if envs.skip_warmup:
+        logger.warning(
+            "Skipping warmup (VLLM_SKIP_WARMUP): the first requests compile."
+        )
+        return
+    if not mode.compiles_shapes:
+        logger.info("No warmup: nothing compiles per shape in emulated eager mode.")
+        return
+    HpuWarmup(runner, graph_mem).run(capture=mode.captures_graphs)
+    buckets.mark_warmed(strict=envs.full_warmup)
