@@ -30,6 +30,8 @@ class HpuPlatform(Platform):
     device_type: str = device.device_type()
     dispatch_key: str = "HPU" if device.hpu_available() else "CPU"
     dist_backend: str = device.dist_backend()
+    # Also in emulation: Ray forbids "CPU" as a custom resource and vLLM reads the
+    # key back from Ray's accelerator ids, so emulated cards are declared as "HPU".
     ray_device_key: str = "HPU"
     device_control_env_var: str = "HABANA_VISIBLE_MODULES"
     simple_compile_backend: str = device.compile_backend()
@@ -171,6 +173,10 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
         "LoRA adapters (--enable-lora)": vllm_config.lora_config,
         "KV transfer (--kv-transfer-config)": vllm_config.kv_transfer_config,
         f"the '{runner_type}' runner (--runner)": runner_type != "generate",
+        # The runner neither receives nor sends IntermediateTensors between stages.
+        "pipeline parallelism (--pipeline-parallel-size > 1)": (
+            vllm_config.parallel_config.pipeline_parallel_size > 1
+        ),
     }
     for feature, setting in unsupported.items():
         if setting:

@@ -1,0 +1,129 @@
+"""Tensor parallelism in emulation: two CPU worker processes talking gloo through
+HpuCommunicator must generate exactly the greedy tokens of a single worker, under
+vLLM's multiprocessing executor and under Ray; a dead worker must fail the engine.
+"""
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import ray
+from models import model_path
+
+from e2e.harness import random_prompts, vllm_engine, vllm_greedy
+
+pytestmark = pytest.mark.slow
+
+# 4 query heads, 2 KV heads, vocab 1024: every sharded dimension divides by 2.
+MODEL = "tiny-llama"
+VOCAB_SIZE = 1024
+MAX_TOKENS = 16
+# A 64-token step budget chunks the long prompt while the short ones decode, so
+# steps mix prompt chunks and decodes.
+ENGINE_KWARGS = {"block_size": 16, "max_num_batched_tokens": 64}
+PROMPTS = random_prompts([1, 17, 40, 100], VOCAB_SIZE, seed=3)
+# A killed worker must surface as an error well within this many seconds.
+FAILURE_BOUND_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def single_worker_tokens() -> list[list[int]]:
+    with vllm_engine(model_path(MODEL), **ENGINE_KWARGS) as llm:
+        return vllm_greedy(llm, PROMPTS, MAX_TOKENS)
+
+
+@pytest.fixture
+def local_ray():
+    """A private Ray cluster whose two emulated HPUs are a declared resource:
+    Ray finds no Gaudi cards here, and vLLM asks Ray for "HPU" bundles."""
+    ray.init(address="local", num_cpus=2, resources={"HPU": 2}, include_dashboard=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_parallel_tp2_mp_matches_single_worker(single_worker_tokens):
+    with vllm_engine(
+        model_path(MODEL),
+        tensor_parallel_size=2,
+        distributed_executor_backend="mp",
+        **ENGINE_KWARGS,
+    ) as llm:
+        assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == single_worker_tokens
+
+
+@pytest.mark.timeout(300)
+def test_parallel_tp2_ray_matches_single_worker(single_worker_tokens, local_ray):
+    with vllm_engine(
+        model_path(MODEL),
+        tensor_parallel_size=2,
+        distributed_executor_backend="ray",
+        **ENGINE_KWARGS,
+    ) as llm:
+        assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == single_worker_tokens
+
+
+def test_parallel_pipeline_parallelism_is_a_startup_error():
+    with (
+        pytest.raises(ValueError, match="pipeline parallelism"),
+        vllm_engine(
+            model_path(MODEL),
+            pipeline_parallel_size=2,
+            distributed_executor_backend="mp",
+        ),
+    ):
+        pass
+
+
+def _worker_pids() -> list[int]:
+    """The engine's worker processes, in rank order (vLLM names them by rank)."""
+    workers = [
+        child
+        for child in psutil.Process().children()
+        if child.name().startswith("VLLM::Worker")
+    ]
+    return [child.pid for child in sorted(workers, key=lambda child: child.name())]
+
+
+def _generate_in_background(llm) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def generate() -> None:
+        try:
+            vllm_greedy(llm, PROMPTS * 8, max_tokens=500)
+        except Exception as error:  # the failure under test
+            outcome["error"] = error
+            outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=generate, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+# Rank 0 answers the engine; rank 1 only follows it: both deaths must be noticed.
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.timeout(300)
+def test_parallel_killed_worker_fails_engine_in_bounded_time(rank):
+    with vllm_engine(
+        model_path(MODEL),
+        tensor_parallel_size=2,
+        distributed_executor_backend="mp",
+        **ENGINE_KWARGS,
+    ) as llm:
+        pids = _worker_pids()
+        assert len(pids) == 2
+        thread, outcome = _generate_in_background(llm)
+        time.sleep(2.0)  # mid-generation: 32 requests of 500 tokens are running
+        killed_at = time.monotonic()
+        os.kill(pids[rank], signal.SIGKILL)
+        thread.join(FAILURE_BOUND_S)
+        assert not thread.is_alive(), "engine hangs after a worker was killed"
+        assert "error" in outcome, "generation finished despite a dead worker"
+        assert outcome["at"] - killed_at < FAILURE_BOUND_S
+        with pytest.raises(Exception):  # noqa: B017 - any loud failure will do
+            vllm_greedy(llm, PROMPTS[:1], MAX_TOKENS)
