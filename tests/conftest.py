@@ -15,19 +15,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 MODELS_DIR = pathlib.Path(__file__).resolve().parent.parent / ".cache" / "models"
 
 
-class LogRecorder(logging.Handler):
+class LogRecorder:
     """Records of the ``vllm`` logger tree (the plugin's ``vllm.hpu.*`` included).
 
-    Attached to the ``vllm`` logger itself, so it sees every record whatever
-    handlers, propagation or captured streams earlier tests left behind.
+    It watches ``Logger.handle`` rather than adding a handler: vLLM configures its
+    logging when an engine starts, which drops handlers from the ``vllm`` loggers.
     """
 
     def __init__(self) -> None:
-        super().__init__()
         self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
     def messages(self, level: int = logging.INFO) -> list[str]:
         return [r.getMessage() for r in self.records if r.levelno >= level]
@@ -40,13 +36,19 @@ class LogRecorder(logging.Handler):
 
 
 @pytest.fixture
-def vllm_log():
+def vllm_log(monkeypatch):
     recorder = LogRecorder()
-    logger = logging.getLogger("vllm")
-    level = logger.level
-    # Until vLLM configures its logging (at engine start), INFO would be dropped.
-    logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
-    logger.addHandler(recorder)
-    yield recorder
-    logger.removeHandler(recorder)
-    logger.setLevel(level)
+    handle = logging.Logger.handle
+
+    def recording_handle(logger: logging.Logger, record: logging.LogRecord) -> None:
+        if record.name == "vllm" or record.name.startswith("vllm."):
+            recorder.records.append(record)
+        handle(logger, record)
+
+    monkeypatch.setattr(logging.Logger, "handle", recording_handle)
+    vllm_logger = logging.getLogger("vllm")
+    if vllm_logger.getEffectiveLevel() > logging.INFO:
+        # vLLM sets INFO when it configures its logging (at engine start); until
+        # then INFO records would not even be made.
+        vllm_logger.setLevel(logging.INFO)
+    return recorder

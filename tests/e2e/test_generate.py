@@ -97,6 +97,21 @@ def test_generate_matches_hf_with_prefix_cache_hits():
     assert counter(metrics, "vllm:prefix_cache_hits") > 0
 
 
+def test_generate_matches_hf_with_prefix_hits_inside_one_step():
+    """Prompts with one prefix arriving together: vLLM hands the later ones the
+    earlier one's blocks as cached context in the same step, and the runner runs
+    them in separate passes (short tails and a long one), writer first."""
+    name = "tiny-llama"
+    shared = random_prompts([48], vocab_size(name), seed=3)[0]
+    tails = random_prompts([3, 20, 200], vocab_size(name), seed=2)
+    prompts = [shared + tail for tail in tails]
+    expected = hf_greedy(model_dir(name), prompts, MAX_TOKENS, torch.float32)
+    with vllm_engine(model_dir(name), block_size=16, enable_prefix_caching=True) as llm:
+        assert vllm_greedy(llm, prompts, MAX_TOKENS) == expected
+        metrics = {m.name: m for m in llm.get_metrics()}
+    assert counter(metrics, "vllm:prefix_cache_hits") > 0
+
+
 def test_generate_matches_hf_smollm2():
     """The real model, in float32: its bf16 weights upcast the same way on both
     sides, so greedy tokens must agree exactly (bf16 compute would differ from

@@ -121,11 +121,30 @@ class HpuBucketManager:
         self, batch_size: int, query_len: int, num_context_blocks: int
     ) -> Bucket:
         """The smallest prompt bucket covering the batch (a warned miss if none)."""
+        bucket, listed = self._cover_prompt(batch_size, query_len, num_context_blocks)
         if self.exact_shapes:
-            return Bucket(batch_size, query_len, num_context_blocks)
+            return bucket
+        if listed:
+            return self._count_found("prompt", bucket)
+        return self._add_miss("prompt", self._prompt, bucket)
+
+    def prompt_pass_tokens(
+        self, batch_size: int, query_len: int, num_context_blocks: int
+    ) -> int:
+        """Tokens a prompt batch of this shape runs as, once padded to its bucket;
+        a question only: nothing is counted, remembered or warned."""
+        bucket, _ = self._cover_prompt(batch_size, query_len, num_context_blocks)
+        return bucket.batch_size * bucket.query_len
+
+    def _cover_prompt(
+        self, batch_size: int, query_len: int, num_context_blocks: int
+    ) -> tuple[Bucket, bool]:
+        """The covering prompt bucket, and whether it is one of the set."""
+        if self.exact_shapes:
+            return Bucket(batch_size, query_len, num_context_blocks), True
         bucket = self._prompt.find(batch_size, query_len, num_context_blocks)
         if bucket is not None:
-            return self._count_found("prompt", bucket)
+            return bucket, True
         dims = self._prompt_dims
         bucket = Bucket(
             padded_value(batch_size, dims.batch_sizes, self.config.prompt_bs),
@@ -134,7 +153,7 @@ class HpuBucketManager:
                 num_context_blocks, dims.context_blocks, self.config.prompt_block
             ),
         )
-        return self._add_miss("prompt", self._prompt, bucket)
+        return bucket, False
 
     def find_decode_bucket(self, batch_size: int, num_blocks: int) -> Bucket:
         """The smallest decode bucket for ``batch_size`` sequences holding

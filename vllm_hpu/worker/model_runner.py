@@ -264,7 +264,10 @@ class HpuModelRunner:
         prompts = [s for s in seqs if s.layout.num_scheduled_tokens > 1]
         token_ids = self.input_batch.token_ids_cpu
         passes = []
-        for batch in split_prefills(prompts, self.max_num_tokens):
+        batches = split_prefills(
+            prompts, self.max_num_tokens, self.buckets, self.block_size
+        )
+        for batch in batches:
             forward_pass = build_prompt_pass(batch, self.buckets, token_ids, self.cache)
             self.buckets.stats.record_prompt(
                 forward_pass.bucket, [s.layout.num_scheduled_tokens for s in batch]

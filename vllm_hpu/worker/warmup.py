@@ -77,6 +77,7 @@ class HpuWarmup:
         self.max_len = runner.model_config.max_model_len - 1
         self.max_num_seqs = runner.vllm_config.scheduler_config.max_num_seqs
         self._next_id = 0
+        self._next_block = 0
 
     # ---- synthetic requests ----------------------------------------------
 
@@ -116,14 +117,14 @@ class HpuWarmup:
     def _new_request(self, seq: FakeSeq) -> NewRequestData:
         assert self.runner.cache is not None, "initialize_kv_cache() first"
         num_kv_blocks = self.runner.cache.num_blocks
-        first = self._next_id
+        # Blocks of their own: a context block another request of the step writes
+        # would make the runner run the two in separate passes.
+        num_blocks = _cdiv(seq.num_tokens, self.block_size)
+        block_ids = [(self._next_block + j) % num_kv_blocks for j in range(num_blocks)]
+        self._next_block += num_blocks
         self._next_id += 1
-        block_ids = [
-            (first + j) % num_kv_blocks
-            for j in range(_cdiv(seq.num_tokens, self.block_size))
-        ]
         return NewRequestData(
-            req_id=f"{REQ_PREFIX}{first}",
+            req_id=f"{REQ_PREFIX}{self._next_id}",
             prompt_token_ids=[0] * seq.num_tokens,
             mm_features=[],
             sampling_params=SamplingParams(temperature=0.0, max_tokens=1),
