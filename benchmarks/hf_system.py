@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from benchmarks.results_schema import SystemResult, latency_summary, token_latencies
-from benchmarks.workload import BenchRequest, load_workload
+from benchmarks.workload import BenchRequest, child_parser, load_workload
 
 BATCH_SIZE = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -88,12 +88,7 @@ def measure(args: argparse.Namespace, result: SystemResult) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--system", required=True)
-    parser.add_argument("--workload", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--dtype", required=True)
-    parser.add_argument("--threads", type=int, required=True)
+    parser = child_parser(__doc__)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from benchmarks.results_schema import SystemResult, latency_summary, token_latencies
-from benchmarks.workload import BenchRequest, load_workload
+from benchmarks.workload import BenchRequest, child_parser, load_workload
 
 # One short untimed request first: allocators and lazy initialisations warm up.
 WARMUP_REQUEST = BenchRequest(prompt_token_ids=list(range(100, 132)), output_len=8)
@@ -88,12 +88,7 @@ def measure(args: argparse.Namespace, result: SystemResult) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--system", required=True)
-    parser.add_argument("--workload", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--dtype", required=True)
-    parser.add_argument("--threads", type=int, required=True)
+    parser = child_parser(__doc__)
     parser.add_argument("--llm-kwargs", default="{}")
     parser.add_argument("--plugin", action="store_true")
     parser.add_argument("--out", required=True)

@@ -6,6 +6,7 @@ and exact (every system ignores EOS). Prompt tokens are drawn from the tokenizer
 ordinary vocabulary, never its special tokens.
 """
 
+import argparse
 import dataclasses
 import json
 import math
@@ -80,3 +81,14 @@ def describe(requests: list[BenchRequest]) -> str:
         f"(min {prompts[0]}, max {prompts[-1]}, total {sum(prompts)}); output tokens "
         f"mean {sum(outputs) / len(outputs):.0f} (total {sum(outputs)})"
     )
+
+
+def child_parser(description: str | None) -> argparse.ArgumentParser:
+    """The arguments benchmarks/run.py gives every system's child process."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--system", required=True)
+    parser.add_argument("--workload", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--dtype", required=True)
+    parser.add_argument("--threads", type=int, required=True)
+    return parser
