@@ -65,15 +65,20 @@ def context_blocks(seq: ScheduledSeq, block_size: int) -> int:
     return _cdiv(seq.layout.num_computed_tokens, block_size)
 
 
-def _prompt_tokens(
-    seqs: list[ScheduledSeq], buckets: HpuBucketManager, block_size: int
-) -> int:
-    """Tokens ``seqs`` run as in one prompt pass, padded to its bucket."""
-    return buckets.prompt_pass_tokens(
+def _prompt_shape(seqs: list[ScheduledSeq], block_size: int) -> tuple[int, int, int]:
+    """(rows, longest chunk, most context blocks): what a prompt pass pads up."""
+    return (
         len(seqs),
         max(s.layout.num_scheduled_tokens for s in seqs),
         max(context_blocks(s, block_size) for s in seqs),
     )
+
+
+def _prompt_tokens(
+    seqs: list[ScheduledSeq], buckets: HpuBucketManager, block_size: int
+) -> int:
+    """Tokens ``seqs`` run as in one prompt pass, padded to its bucket."""
+    return buckets.prompt_pass_tokens(*_prompt_shape(seqs, block_size))
 
 
 def _dependency_depths(seqs: list[ScheduledSeq], block_size: int) -> list[int]:
@@ -168,11 +173,7 @@ def build_prompt_pass(
     cache: CacheGeometry,
 ) -> ForwardPass:
     """A prompt pass over ``seqs``; ``token_ids`` is InputBatch.token_ids_cpu."""
-    bucket = buckets.find_prompt_bucket(
-        len(seqs),
-        max(s.layout.num_scheduled_tokens for s in seqs),
-        max(context_blocks(s, cache.block_size) for s in seqs),
-    )
+    bucket = buckets.find_prompt_bucket(*_prompt_shape(seqs, cache.block_size))
     input_ids = np.zeros((bucket.batch_size, bucket.query_len), dtype=np.int64)
     positions = np.zeros_like(input_ids)
     for i, seq in enumerate(seqs):
