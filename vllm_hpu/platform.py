@@ -173,10 +173,6 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
         "LoRA adapters (--enable-lora)": vllm_config.lora_config,
         "KV transfer (--kv-transfer-config)": vllm_config.kv_transfer_config,
         f"the '{runner_type}' runner (--runner)": runner_type != "generate",
-        # The runner neither receives nor sends IntermediateTensors between stages.
-        "pipeline parallelism (--pipeline-parallel-size > 1)": (
-            vllm_config.parallel_config.pipeline_parallel_size > 1
-        ),
     }
     for feature, setting in unsupported.items():
         if setting:

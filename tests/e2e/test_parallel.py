@@ -1,6 +1,7 @@
-"""Tensor parallelism in emulation: two CPU worker processes talking gloo through
-HpuCommunicator must generate exactly the greedy tokens of a single worker, under
-vLLM's multiprocessing executor and under Ray; a dead worker must fail the engine.
+"""Tensor and pipeline parallelism in emulation: two CPU worker processes talking
+gloo through HpuCommunicator must generate exactly the greedy tokens of a single
+worker, under vLLM's multiprocessing executor and under Ray; a dead worker must
+fail the engine.
 """
 
 import os
@@ -46,38 +47,36 @@ def local_ray():
         ray.shutdown()
 
 
+# Tensor parallelism shards every layer; pipeline parallelism gives each rank
+# one of the two layers, the first sending its passes' hidden states on.
+LAYOUTS = {
+    "tp2": {"tensor_parallel_size": 2},
+    "pp2": {"pipeline_parallel_size": 2},
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.timeout(300)
-def test_parallel_tp2_mp_matches_single_worker(single_worker_tokens):
+def test_parallel_mp_matches_single_worker(layout, single_worker_tokens):
     with vllm_engine(
         model_path(MODEL),
-        tensor_parallel_size=2,
         distributed_executor_backend="mp",
+        **LAYOUTS[layout],
         **ENGINE_KWARGS,
     ) as llm:
         assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == single_worker_tokens
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.timeout(300)
-def test_parallel_tp2_ray_matches_single_worker(single_worker_tokens, local_ray):
+def test_parallel_ray_matches_single_worker(layout, single_worker_tokens, local_ray):
     with vllm_engine(
         model_path(MODEL),
-        tensor_parallel_size=2,
         distributed_executor_backend="ray",
+        **LAYOUTS[layout],
         **ENGINE_KWARGS,
     ) as llm:
         assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == single_worker_tokens
-
-
-def test_parallel_pipeline_parallelism_is_a_startup_error():
-    with (
-        pytest.raises(ValueError, match="pipeline parallelism"),
-        vllm_engine(
-            model_path(MODEL),
-            pipeline_parallel_size=2,
-            distributed_executor_backend="mp",
-        ),
-    ):
-        pass
 
 
 def _worker_pids() -> list[int]:

@@ -9,6 +9,7 @@ import time
 import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.sequence import IntermediateTensors
 from vllm.tasks import SupportedTask
 from vllm.utils.mem_utils import format_gib
 from vllm.utils.torch_utils import set_random_seed
@@ -21,6 +22,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 from vllm_hpu import device
 from vllm_hpu.envs import get_envs
 from vllm_hpu.metrics import HpuMetrics
+from vllm_hpu.worker import pipeline
 from vllm_hpu.worker.compile_stats import StepCompilations
 from vllm_hpu.worker.memory import MemorySplit, split_memory
 from vllm_hpu.worker.model_runner import HpuModelRunner
@@ -134,10 +136,17 @@ class HpuWorker(WorkerBase):
             # Built on the first step, so it counts from the end of warmup; rank 0
             # only, since every rank pads the same shapes.
             self.metrics = HpuMetrics(self.runner.buckets)
+        received = None
+        stage = self.runner.stage
+        if scheduler_output.total_num_scheduled_tokens and not stage.is_first:
+            received = pipeline.receive()
         with self.compilations.step():
-            output = self.runner.execute_model(scheduler_output)
+            output = self.runner.execute_model(scheduler_output, received)
         if self.metrics is not None:
             self.metrics.observe_step()
+        if isinstance(output, IntermediateTensors):
+            pipeline.send(output)
+            return None
         return output
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:

@@ -2,7 +2,9 @@
 
 Lifecycle, in the order the worker drives it: ``load_model``, ``profile_run``,
 ``initialize_kv_cache``, then per step ``execute_model`` (forward passes, logits)
-and ``sample_tokens`` (grammar mask, sampling, output).
+and ``sample_tokens`` (grammar mask, sampling, output). Under pipeline parallelism
+only the last stage computes logits and samples; the stages before it return
+their passes' intermediate tensors from ``execute_model`` for the worker to send.
 """
 
 import time
@@ -15,6 +17,7 @@ from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.model_loader import get_model
+from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, SamplerOutput
@@ -29,6 +32,7 @@ from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.kv_cache import allocate_kv_cache
 from vllm_hpu.profiler import StepProfiler
+from vllm_hpu.worker import pipeline
 from vllm_hpu.worker.inputs import (
     ForwardPass,
     ScheduledSeq,
@@ -56,6 +60,7 @@ class HpuModelRunner:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.device = torch_device
+        self.stage = pipeline.Stage.of_this_rank()
         scheduler_config = vllm_config.scheduler_config
         self.max_num_tokens = scheduler_config.max_num_batched_tokens
         self.block_size = vllm_config.cache_config.block_size
@@ -188,9 +193,10 @@ class HpuModelRunner:
         seqs = [ScheduledSeq(row=0, layout=layout)] * bucket.batch_size
         self._bind_scratch_kv_cache()
         token_ids = torch.zeros((1, bucket.query_len), dtype=torch.int64).numpy()
-        self._forward(
-            build_prompt_pass(seqs, self.buckets, token_ids, self._geometry(1))
+        forward_pass = build_prompt_pass(
+            seqs, self.buckets, token_ids, self._geometry(1)
         )
+        self._forward(forward_pass, *self._stage_inputs([forward_pass], None))
         device.synchronize()
         for layer in self._attention_layers().values():
             layer.bind_kv_cache(torch.tensor([]))
@@ -212,20 +218,29 @@ class HpuModelRunner:
 
     @torch.no_grad()
     def execute_model(
-        self, scheduler_output: SchedulerOutput
-    ) -> ModelRunnerOutput | None:
+        self,
+        scheduler_output: SchedulerOutput,
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> ModelRunnerOutput | IntermediateTensors | None:
+        """Run the step's passes. ``intermediate_tensors``: what the previous
+        pipeline stage sent for this step; warmup runs without it."""
         with self.profiler.span("prepare"):
             self.states.update(scheduler_output)
             if not scheduler_output.total_num_scheduled_tokens:
                 return EMPTY_MODEL_RUNNER_OUTPUT
             passes = self._plan_passes(scheduler_output)
+        inputs = self._stage_inputs(passes, intermediate_tensors)
+        if not self.stage.is_last:
+            return pipeline.join(
+                [self._forward(p, x) for p, x in zip(passes, inputs, strict=True)]
+            )
         num_reqs = self.input_batch.num_reqs
         hidden_size = self.model_config.get_hidden_size()
         last_hidden = torch.empty(
             (num_reqs, hidden_size), dtype=self.dtype, device=self.device
         )
-        for forward_pass in passes:
-            hidden = self._forward(forward_pass)
+        for forward_pass, stage_input in zip(passes, inputs, strict=True):
+            hidden = self._forward(forward_pass, stage_input)
             rows = [seq.row for seq in forward_pass.seqs]
             last_hidden[rows] = hidden[forward_pass.last_token_indices]
             self.prompt_logprobs.collect(
@@ -237,6 +252,23 @@ class HpuModelRunner:
             discard_rows=self._rows_inside_prompt(scheduler_output),
         )
         return None
+
+    def _stage_inputs(
+        self, passes: list[ForwardPass], received: IntermediateTensors | None
+    ) -> list[IntermediateTensors | None]:
+        """Per pass, what this stage starts from: nothing on the first stage,
+        the previous stage's tensors (or zeros, when warming up) on the others."""
+        sizes = [p.num_tokens for p in passes]
+        if self.stage.is_first:
+            return [None] * len(passes)
+        if received is None:
+            return [self._empty_intermediate_tensors(size) for size in sizes]
+        return list(pipeline.split(received, sizes))
+
+    def _empty_intermediate_tensors(self, num_tokens: int) -> IntermediateTensors:
+        return self.get_model().make_empty_intermediate_tensors(
+            batch_size=num_tokens, dtype=self.dtype, device=self.device
+        )
 
     def _scheduled_seqs(self, scheduler_output: SchedulerOutput) -> list[ScheduledSeq]:
         seqs = []
@@ -284,8 +316,13 @@ class HpuModelRunner:
             passes.append(forward_pass)
         return passes
 
-    def _forward(self, forward_pass: ForwardPass) -> torch.Tensor:
-        """Run the model on one padded pass; returns hidden states [num_tokens, H]."""
+    def _forward(
+        self,
+        forward_pass: ForwardPass,
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> Any:
+        """Run the model on one padded pass; returns hidden states [num_tokens, H]
+        on the last pipeline stage, IntermediateTensors on the others."""
         attn_metadata = dict.fromkeys(
             self._attention_layers(), forward_pass.attn_metadata
         )
@@ -299,7 +336,9 @@ class HpuModelRunner:
             ),
         ):
             hidden = model(
-                input_ids=forward_pass.input_ids, positions=forward_pass.positions
+                input_ids=forward_pass.input_ids,
+                positions=forward_pass.positions,
+                intermediate_tensors=intermediate_tensors,
             )
             device.mark_step()
         return hidden

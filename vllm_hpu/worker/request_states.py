@@ -89,14 +89,31 @@ class RequestStates:
                     state.block_ids, new_block_ids, strict=True
                 ):
                     block_ids.extend(new_ids)
+            echoed = self._echoed_tokens(state, cached.new_token_ids, i)
             row = batch.req_id_to_index.get(req_id)
             if row is None:
+                state.output_token_ids.extend(echoed)
                 to_add.append(state)
                 continue
+            for token_id in echoed:
+                self.append_sampled(row, token_id)
             batch.num_computed_tokens_cpu[row] = state.num_computed_tokens
             if new_block_ids is not None:
                 batch.block_table.append_row(new_block_ids, row)
         return to_add
+
+    @staticmethod
+    def _echoed_tokens(
+        state: CachedRequestState, new_token_ids: list[list[int]], i: int
+    ) -> list[int]:
+        """Tokens sampled since this stage last saw the request. Pipeline stages
+        before the last never sample: the scheduler sends each request's
+        scheduled tokens with its step, of which the tail may be new."""
+        if not new_token_ids:  # no pipeline: this runner sampled them itself
+            return []
+        token_ids = new_token_ids[i]
+        num_new = state.num_computed_tokens + len(token_ids) - state.num_tokens
+        return token_ids[len(token_ids) - num_new :] if num_new > 0 else []
 
     def append_sampled(self, row: int, token_id: int) -> None:
         """Record a sampled token; the runner feeds it back on the next step."""
