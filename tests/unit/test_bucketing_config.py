@@ -23,11 +23,11 @@ def config_for(environ, limits=LIMITS):
         (LIMITS, "prompt_bs", (1, 32, 64)),
         (LIMITS, "prompt_seq", (128, 128, 4096)),
         (LIMITS, "decode_bs", (1, 32, 128)),
-        (LIMITS, "decode_block", (128, 128, 4096)),
+        (LIMITS, "decode_block", (1, 16, 4096)),
         (LIMITS, "prompt_block", (0, 1, 0)),
         (ServingLimits(8, 2048, 1024, 16), "prompt_bs", (1, 8, 8)),
-        (ServingLimits(8, 2048, 1024, 16), "decode_block", (16, 16, 512)),
-        (ServingLimits(2, 2048, 1024, 128), "decode_block", (128, 128, 128)),
+        (ServingLimits(8, 2048, 1024, 16), "decode_block", (1, 128, 512)),
+        (ServingLimits(2, 2048, 1024, 128), "decode_block", (1, 16, 128)),
         (ServingLimits(8, 2048, 4096, 128, True), "prompt_block", (0, 8, 32)),
         (ServingLimits(8, 2048, 4096, 16, True), "prompt_block", (0, 64, 256)),
     ],
@@ -45,7 +45,7 @@ def test_user_values_override_defaults():
         }
     )
     assert config.prompt_bs == BucketRange(1, 32, 4)
-    assert config.decode_block == BucketRange(128, 64, 4096)
+    assert config.decode_block == BucketRange(1, 64, 4096)
     assert config.exponential
 
 
@@ -63,7 +63,7 @@ def test_user_values_override_defaults():
         ),
         (
             {"VLLM_DECODE_SEQ_BUCKET_MAX": "2000", "VLLM_DECODE_BLOCK_BUCKET_MIN": "4"},
-            (4, 128, 16),
+            (4, 16, 16),
             True,
         ),
         (
@@ -71,7 +71,7 @@ def test_user_values_override_defaults():
                 "VLLM_DECODE_SEQ_BUCKET_MAX": "2048",
                 "VLLM_DECODE_BLOCK_BUCKET_MAX": "512",
             },
-            (128, 128, 512),
+            (1, 16, 512),
             False,
         ),
     ],
@@ -119,9 +119,12 @@ def test_legacy_decode_seq_is_tokens_converted_to_blocks(
             "VLLM_DECODE_BLOCK_BUCKET_MIN=0 is invalid: it must be >= 1",
         ),
         (
-            {"VLLM_DECODE_SEQ_BUCKET_MAX": "1024"},
+            {
+                "VLLM_DECODE_SEQ_BUCKET_MIN": "2048",
+                "VLLM_DECODE_SEQ_BUCKET_MAX": "1024",
+            },
             LIMITS,
-            "VLLM_DECODE_BLOCK_BUCKET_MIN (default 128) is greater than "
+            "VLLM_DECODE_SEQ_BUCKET_MIN=2048 (16 blocks) is greater than "
             "VLLM_DECODE_SEQ_BUCKET_MAX=1024 (8 blocks)",
         ),
     ],

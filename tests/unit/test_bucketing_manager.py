@@ -36,7 +36,7 @@ def test_documented_prompt_buckets_and_log(vllm_log):
 
 
 @pytest.mark.parametrize(
-    ("environ", "max_model_len", "config_line", "last"),
+    ("environ", "max_model_len", "config_line", "count", "last"),
     [
         # Block counts given directly: 128..2048 blocks fit 1 sequence of 256k tokens.
         (
@@ -47,9 +47,11 @@ def test_documented_prompt_buckets_and_log(vllm_log):
             },
             262144,
             "bs:[1, 128, 4], block:[128, 128, 2048]",
+            48,
             (4, 2048),
         ),
-        # The documented seq:[128, 128, 2048] in tokens (older releases): 1..16 blocks.
+        # The documented seq:[128, 128, 2048] in tokens (older releases): 1..16
+        # blocks. 3 of the 48 go: 2 sequences never hold 1 block, 3 or 4 never 2.
         (
             {
                 "VLLM_DECODE_SEQ_BUCKET_MIN": "128",
@@ -58,19 +60,21 @@ def test_documented_prompt_buckets_and_log(vllm_log):
             },
             2048,
             "bs:[1, 128, 4], block:[1, 1, 16]",
+            45,
             (4, 16),
         ),
     ],
 )
-def test_documented_48_decode_buckets(
-    environ, max_model_len, config_line, last, vllm_log
+def test_documented_decode_buckets(
+    environ, max_model_len, config_line, count, last, vllm_log
 ):
     limits = ServingLimits(128, 4096, max_model_len, 128)
     manager = make_manager(environ | DOC_DECODE_BS, limits, num_kv_blocks=8192)
-    assert len(manager.decode_buckets) == 48
+    assert len(manager.decode_buckets) == count
     messages = vllm_log.messages()
     assert f"Decode bucket config (min, step, max_warmup) {config_line}" in messages
-    listed = [m for m in messages if m.startswith("Generated 48 decode buckets: ")]
+    generated = f"Generated {count} decode buckets: "
+    listed = [m for m in messages if m.startswith(generated)]
     assert listed and listed[0].endswith(f"{last}]")
 
 
@@ -101,8 +105,9 @@ def test_decode_blocks_clamped_to_kv_capacity_and_max_model_len():
     by_batch = {}
     for bucket in manager.decode_buckets:
         by_batch.setdefault(bucket.batch_size, []).append(bucket.num_blocks)
-    assert by_batch[1] == [16, 32, 48, 64]  # 1 sequence of 1024 tokens: 64 blocks
-    assert by_batch[2] == [16, 32, 48, 64, 80, 96, 100]  # capped by 100 KV blocks
+    # Defaults at block size 16: 1, 2, 4, ..., 64, then every 128 blocks.
+    assert by_batch[1] == [1, 2, 4, 8, 16, 32, 64]  # 1024 tokens: 64 blocks
+    assert by_batch[2] == [2, 4, 8, 16, 32, 64, 100]  # capped by 100 KV blocks
     assert max(by_batch[8]) == 100
     manager.set_num_kv_blocks(50)
     assert max(b.num_blocks for b in manager.decode_buckets) == 50
@@ -114,8 +119,8 @@ def test_decode_blocks_clamped_to_kv_capacity_and_max_model_len():
         ("prompt", (1, 36864, 0), (1, 36864, 0), "(prompt, 1, 36864)"),
         ("prompt", (5, 100, 0), (32, 128, 0), "(prompt, 32, 128)"),
         ("prompt", (3, 1025, 0), (4, 1152, 0), "(prompt, 4, 1152)"),
-        ("decode", (5, 10), (128, 1, 128), "(decode, 128, 128)"),
-        ("decode", (1, 5000), (1, 1, 5120), "(decode, 1, 5120)"),
+        ("decode", (5, 10), (128, 1, 16), "(decode, 128, 16)"),
+        ("decode", (1, 5000), (1, 1, 5008), "(decode, 1, 5008)"),
     ],
 )
 def test_miss_returns_rounded_bucket_and_warns_once(

@@ -64,7 +64,8 @@ def test_measure_padding_replays_a_trace():
     stats = measure_padding(trace, doc_manager())
     assert (stats.prompt.real, stats.prompt.padded) == (1112, 936)
     assert (stats.decode_batch.real, stats.decode_batch.padded) == (5, 1)
-    assert (stats.decode_blocks.real, stats.decode_blocks.padded) == (20, 28)
+    # Default decode blocks 1, 2, 4, 8, 16, 32, ...: 12 blocks pad to 16, 8 fit.
+    assert (stats.decode_blocks.real, stats.decode_blocks.padded) == (20, 4)
 
 
 def test_measure_padding_rejects_unknown_phase():
@@ -86,7 +87,9 @@ def test_measure_padding_rejects_unknown_phase():
                 "--max-num-batched-tokens",
                 "4096",
             ],
-            "27 buckets (linear): 24 prompt + 3 decode",
+            # Decode: batch sizes 1, 2, 4, each with the block counts from its
+            # size up to 8 blocks per sequence (1024 tokens): 4 + 4 + 4.
+            "36 buckets (linear): 24 prompt + 12 decode",
         ),
         (
             ["--max-num-seqs", "4", "--max-model-len", "1024", "--exponential"],

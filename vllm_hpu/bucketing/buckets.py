@@ -113,7 +113,8 @@ def generate_decode_buckets(
     """Decode buckets with block counts clamped to what the batch can really hold.
 
     Clamping (rather than dropping) keeps each batch size's cap as a bucket, so
-    the fullest batch of that size still has one.
+    the fullest batch of that size still has one. Block counts below the batch's
+    smallest real size go: every sequence holds at least one block.
     """
     dims = decode_dims(config)
     min_batch = smallest_padded(dims.batch_sizes, 1)
@@ -122,6 +123,8 @@ def generate_decode_buckets(
         if low_batch > config.max_num_seqs:
             continue
         cap = decode_block_cap(config, batch_size, num_kv_blocks)
-        clamped = sorted({min(blocks, cap) for blocks in dims.num_blocks})
+        clamped = sorted(
+            {min(blocks, cap) for blocks in dims.num_blocks if blocks >= low_batch}
+        )
         buckets.extend(Bucket(batch_size, 1, blocks) for blocks in clamped)
     return buckets
