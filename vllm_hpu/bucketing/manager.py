@@ -128,13 +128,12 @@ class HpuBucketManager:
             return self._count_found("prompt", bucket)
         return self._add_miss("prompt", self._prompt, bucket)
 
-    def prompt_pass_tokens(
+    def covering_prompt_bucket(
         self, batch_size: int, query_len: int, num_context_blocks: int
-    ) -> int:
-        """Tokens a prompt batch of this shape runs as, once padded to its bucket;
-        a question only: nothing is counted, remembered or warned."""
-        bucket, _ = self._cover_prompt(batch_size, query_len, num_context_blocks)
-        return bucket.batch_size * bucket.query_len
+    ) -> Bucket:
+        """The bucket a prompt batch of this shape pads to; a question only:
+        nothing is counted, remembered or warned."""
+        return self._cover_prompt(batch_size, query_len, num_context_blocks)[0]
 
     def _cover_prompt(
         self, batch_size: int, query_len: int, num_context_blocks: int

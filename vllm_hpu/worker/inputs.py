@@ -78,7 +78,8 @@ def _prompt_tokens(
     seqs: list[ScheduledSeq], buckets: HpuBucketManager, block_size: int
 ) -> int:
     """Tokens ``seqs`` run as in one prompt pass, padded to its bucket."""
-    return buckets.prompt_pass_tokens(*_prompt_shape(seqs, block_size))
+    bucket = buckets.covering_prompt_bucket(*_prompt_shape(seqs, block_size))
+    return bucket.batch_size * bucket.query_len
 
 
 def _dependency_depths(seqs: list[ScheduledSeq], block_size: int) -> list[int]:

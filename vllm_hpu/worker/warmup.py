@@ -96,7 +96,7 @@ class HpuWarmup:
                 # A single scheduled token would make the row a decode.
                 if query_len < 2:
                     continue
-                found = self.runner.buckets.find_prompt_bucket(
+                found = self.runner.buckets.covering_prompt_bucket(
                     num_seqs, query_len, blocks
                 )
                 if found == bucket:
