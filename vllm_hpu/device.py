@@ -175,6 +175,15 @@ def wrap_in_graph(module: torch.nn.Module) -> Callable[..., Any]:
     return module
 
 
+def prepare_weights(model: torch.nn.Module) -> None:
+    """Gaudi runs the loaded weights as they are; the CPU packs the linear layers'
+    for oneDNN (see ``ops/packed_linear.py``)."""
+    if not hpu_available():
+        from vllm_hpu.ops.packed_linear import pack_linear_layers
+
+        pack_linear_layers(model)
+
+
 # Kernels are looked up once per process: compiled regions ask for them on every
 # forward, and torch.compile reads a filled dict as a constant (an env lookup or an
 # import inside a traced region would break the graph).

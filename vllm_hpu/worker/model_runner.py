@@ -110,6 +110,7 @@ class HpuModelRunner:
         used_before = device.memory_used()
         with set_current_vllm_config(self.vllm_config):
             self.model = get_model(vllm_config=self.vllm_config)
+        device.prepare_weights(self.model)
         logger.info(
             "Loading model weights took %.2f s and %.4f GiB of device memory",
             time.perf_counter() - started,
