@@ -127,11 +127,11 @@ def _timed(part: str, method: Callable[..., Any]) -> Callable[..., Any]:
 
 def _new_step(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
-    def execute_model(self: HpuModelRunner, scheduler_output: Any) -> Any:
+    def execute_model(self: HpuModelRunner, scheduler_output: Any, *args: Any) -> Any:
         counts = scheduler_output.num_scheduled_tokens.values()
         decode_only = bool(counts) and all(n == 1 for n in counts)
         STEPS.append(StepTimes(decode_batch=len(counts) if decode_only else 0))
-        return method(self, scheduler_output)
+        return method(self, scheduler_output, *args)
 
     return execute_model
 
