@@ -8,6 +8,7 @@ their passes' intermediate tensors from ``execute_model`` for the worker to send
 """
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,7 +257,7 @@ class HpuModelRunner:
 
     def _stage_inputs(
         self, passes: list[ForwardPass], received: IntermediateTensors | None
-    ) -> list[IntermediateTensors | None]:
+    ) -> Sequence[IntermediateTensors | None]:
         """Per pass, what this stage starts from: nothing on the first stage,
         the previous stage's tensors (or zeros, when warming up) on the others."""
         sizes = [p.num_tokens for p in passes]
@@ -264,7 +265,7 @@ class HpuModelRunner:
             return [None] * len(passes)
         if received is None:
             return [self._empty_intermediate_tensors(size) for size in sizes]
-        return list(pipeline.split(received, sizes))
+        return pipeline.split(received, sizes)
 
     def _empty_intermediate_tensors(self, num_tokens: int) -> IntermediateTensors:
         return self.get_model().make_empty_intermediate_tensors(
@@ -320,7 +321,7 @@ class HpuModelRunner:
     def _forward(
         self,
         forward_pass: ForwardPass,
-        intermediate_tensors: IntermediateTensors | None = None,
+        intermediate_tensors: IntermediateTensors | None,
     ) -> Any:
         """Run the model on one padded pass; returns hidden states [num_tokens, H]
         on the last pipeline stage, IntermediateTensors on the others."""
