@@ -55,24 +55,15 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.parametrize("backend", ["mp", "ray"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.timeout(300)
-def test_parallel_mp_matches_single_worker(layout, single_worker_tokens):
+def test_parallel_matches_single_worker(layout, backend, single_worker_tokens, request):
+    if backend == "ray":
+        request.getfixturevalue("local_ray")
     with vllm_engine(
         model_path(MODEL),
-        distributed_executor_backend="mp",
-        **LAYOUTS[layout],
-        **ENGINE_KWARGS,
-    ) as llm:
-        assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == single_worker_tokens
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.timeout(300)
-def test_parallel_ray_matches_single_worker(layout, single_worker_tokens, local_ray):
-    with vllm_engine(
-        model_path(MODEL),
-        distributed_executor_backend="ray",
+        distributed_executor_backend=backend,
         **LAYOUTS[layout],
         **ENGINE_KWARGS,
     ) as llm:

@@ -89,7 +89,9 @@ class RequestStates:
                     state.block_ids, new_block_ids, strict=True
                 ):
                     block_ids.extend(new_ids)
-            echoed = self._echoed_tokens(state, cached.new_token_ids, i)
+            echoed = self._echoed_tokens(
+                state, cached.new_token_ids[i] if cached.new_token_ids else []
+            )
             row = batch.req_id_to_index.get(req_id)
             if row is None:
                 state.output_token_ids.extend(echoed)
@@ -103,15 +105,11 @@ class RequestStates:
         return to_add
 
     @staticmethod
-    def _echoed_tokens(
-        state: CachedRequestState, new_token_ids: list[list[int]], i: int
-    ) -> list[int]:
+    def _echoed_tokens(state: CachedRequestState, token_ids: list[int]) -> list[int]:
         """Tokens sampled since this stage last saw the request. Pipeline stages
         before the last never sample: the scheduler sends each request's
-        scheduled tokens with its step, of which the tail may be new."""
-        if not new_token_ids:  # no pipeline: this runner sampled them itself
-            return []
-        token_ids = new_token_ids[i]
+        scheduled tokens with its step (none without a pipeline), of which the
+        tail may be new."""
         num_new = state.num_computed_tokens + len(token_ids) - state.num_tokens
         return token_ids[len(token_ids) - num_new :] if num_new > 0 else []
 
