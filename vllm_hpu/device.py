@@ -198,11 +198,20 @@ def _import_kernel(module: str, name: str) -> Any:
 
 
 def _kernel(
-    module: str, name: str, enabled: Callable[[], bool] = hpu_available
-) -> Callable[..., Any] | None:
+    module: str,
+    name: str,
+    enabled: Callable[[], bool] = lambda: True,
+    emulated: Any = None,
+) -> Any | None:
+    """Gaudi's kernel ``module.name``; in emulation its CPU counterpart, if any."""
     key = f"{module}.{name}"
     if key not in _KERNELS:
-        _KERNELS[key] = _import_kernel(module, name) if enabled() else None
+        if not enabled():
+            _KERNELS[key] = None
+        elif hpu_available():
+            _KERNELS[key] = _import_kernel(module, name)
+        else:
+            _KERNELS[key] = emulated
     return _KERNELS[key]
 
 
@@ -215,11 +224,40 @@ def fused_rotary_embedding() -> Callable[..., Any] | None:
     return _kernel("habana_frameworks.torch.hpex.kernels", "RotaryPosEmbeddingHelperV1")
 
 
-def fused_sdpa() -> Callable[..., Any] | None:
+class _CpuFusedSDPA:
+    """FusedSDPA's call on the CPU: torch's fused attention kernel, heads-first
+    inputs, an additive mask, grouped-query K/V shared without being repeated."""
+
+    @staticmethod
+    def apply(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        dropout_p: float,
+        is_causal: bool,
+        scale: float,
+    ) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )
+
+
+def fused_sdpa() -> Any | None:
+    """Fused prompt attention (VLLM_PROMPT_USE_FUSEDSDPA): Gaudi's FusedSDPA, or
+    torch's CPU kernel in emulation; None when the variable turns it off."""
     return _kernel(
         "habana_frameworks.torch.hpex.kernels",
         "FusedSDPA",
-        lambda: hpu_available() and get_envs().prompt_use_fusedsdpa,
+        lambda: get_envs().prompt_use_fusedsdpa,
+        emulated=_CpuFusedSDPA,
     )
 
 

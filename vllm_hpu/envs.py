@@ -154,12 +154,13 @@ class HpuEnvs:
     decode_seq_bucket_min: int | None = _bucket_var("DECODE", "SEQ", "MIN")
     decode_seq_bucket_step: int | None = _bucket_var("DECODE", "SEQ", "STEP")
     decode_seq_bucket_max: int | None = _bucket_var("DECODE", "SEQ", "MAX")
-    # Gaudi's fused scaled-dot-product kernel for prompts (no effect in emulation).
+    # Fused prompt attention: Gaudi's FusedSDPA, torch's CPU kernel in emulation.
     prompt_use_fusedsdpa: bool = _var(
         "VLLM_PROMPT_USE_FUSEDSDPA",
         _bool,
         True,
-        "use Gaudi's fused SDPA kernel for prompt attention when present",
+        "fused SDPA kernel for prompt attention without cached context (Gaudi's "
+        "FusedSDPA; torch's scaled_dot_product_attention in emulation)",
     )
     log_step_graph_compilation: bool = _var(
         "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION",

@@ -1,16 +1,19 @@
 """Prompt attention, with and without cached context, vs naive attention.
 
 Each case builds the metadata with build_prompt_metadata and writes the current
-tokens through its slot_mapping first, as the attention impl does.
+tokens through its slot_mapping first, as the attention impl does. Cases run with
+the fused kernel (torch's, in emulation) and with VLLM_PROMPT_USE_FUSEDSDPA=0.
 """
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 import torch
 from test_ops_reference import fill_cache, naive_attention, random_layout, tolerance
 
+from vllm_hpu import device, envs
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_prompt_metadata
 from vllm_hpu.ops.kv_cache import write_to_cache
 from vllm_hpu.ops.prompt_attention import gather_context, prompt_attention
@@ -69,8 +72,19 @@ def _request_shapes(
     return contexts, queries
 
 
+@pytest.fixture(params=[True, False], ids=["fused", "unfused"])
+def fused_sdpa(request, monkeypatch) -> Iterator[bool]:
+    """VLLM_PROMPT_USE_FUSEDSDPA on or off, with the kernel looked up afresh."""
+    monkeypatch.setenv("VLLM_PROMPT_USE_FUSEDSDPA", str(int(request.param)))
+    monkeypatch.setattr(device, "_KERNELS", {})
+    envs.get_envs.cache_clear()
+    yield request.param
+    envs.get_envs.cache_clear()
+
+
 @pytest.mark.parametrize("case", _cases(), ids=str)
-def test_prompt_attention_matches_naive(case: PromptCase) -> None:
+def test_prompt_attention_matches_naive(case: PromptCase, fused_sdpa: bool) -> None:
+    assert (device.fused_sdpa() is not None) == fused_sdpa
     rng = random.Random(case.seed)
     num_kv_heads = rng.choice([1, 2])
     num_heads = num_kv_heads * case.group

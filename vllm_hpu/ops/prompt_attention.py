@@ -88,7 +88,8 @@ def _fused_prompt_attention(
     attn_bias: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Gaudi's FusedSDPA kernel (heads-first layout) with the same additive mask."""
+    """The fused kernel (heads-first layout) with the same additive mask: Gaudi's
+    FusedSDPA, or its CPU counterpart in emulation (``device.fused_sdpa``)."""
     out = fused_sdpa.apply(  # type: ignore[attr-defined]
         query.transpose(1, 2),
         key.transpose(1, 2),
