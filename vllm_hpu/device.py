@@ -176,8 +176,8 @@ def wrap_in_graph(module: torch.nn.Module) -> Callable[..., Any]:
 
 
 def prepare_weights(model: torch.nn.Module) -> None:
-    """Gaudi runs the loaded weights as they are; the CPU packs the linear layers'
-    for oneDNN (see ``ops/packed_linear.py``)."""
+    """Before an eager run: Gaudi runs the loaded weights as they are; the CPU
+    packs the linear layers' for oneDNN (see ``ops/packed_linear.py``)."""
     if not hpu_available():
         from vllm_hpu.ops.packed_linear import pack_linear_layers
 

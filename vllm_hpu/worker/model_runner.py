@@ -34,6 +34,7 @@ from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.kv_cache import allocate_kv_cache
 from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.worker import pipeline
+from vllm_hpu.worker.execution import ExecutionMode, select_mode
 from vllm_hpu.worker.inputs import (
     ForwardPass,
     ScheduledSeq,
@@ -77,6 +78,11 @@ class HpuModelRunner:
         dtype = self.model_config.dtype
         assert isinstance(dtype, torch.dtype), "vLLM resolves the dtype first"
         self.dtype = dtype
+        self.execution_mode = select_mode(
+            device.is_lazy(),
+            self.model_config.enforce_eager,
+            device.model_compile_backend(),
+        )
         self.kv_caches: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.cache: CacheGeometry | None = None
         self._pending: _PendingStep | None = None
@@ -111,7 +117,10 @@ class HpuModelRunner:
         used_before = device.memory_used()
         with set_current_vllm_config(self.vllm_config):
             self.model = get_model(vllm_config=self.vllm_config)
-        device.prepare_weights(self.model)
+        if self.execution_mode is ExecutionMode.EAGER:
+            # Compilers lower the layers as vLLM defines them: inductor cannot
+            # take oneDNN's packed weights as graph inputs.
+            device.prepare_weights(self.model)
         logger.info(
             "Loading model weights took %.2f s and %.4f GiB of device memory",
             time.perf_counter() - started,

@@ -29,7 +29,6 @@ from vllm_hpu.worker.execution import (
     RECOMPILE_HEADROOM,
     CompileOptions,
     prepare_model,
-    select_mode,
 )
 from vllm_hpu.worker.graphs import (
     DECODE,
@@ -244,10 +243,10 @@ class HpuWarmup:
             logger.info(result.summary(self.runner.buckets.describe))
 
 
-def warm_up_model(runner: HpuModelRunner, enforce_eager: bool, graph_mem: int) -> None:
-    """Pick the execution mode, apply it to the model, and warm every bucket up."""
+def warm_up_model(runner: HpuModelRunner, graph_mem: int) -> None:
+    """Apply the runner's execution mode to the model, warm every bucket up."""
     envs = get_envs()
-    mode = select_mode(device.is_lazy(), enforce_eager, device.model_compile_backend())
+    mode = runner.execution_mode
     backend = device.model_compile_backend()
     buckets = runner.buckets
     options = None
