@@ -105,11 +105,21 @@ def machine_line(context: RunContext) -> str:
     )
 
 
+# What emulation's speed hangs on: oneDNN packs bf16 only with AVX-512 (or newer).
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+
+
 def _cpu_model() -> str:
+    """The CPU's name and which of VECTOR_FLAGS it has."""
+    fields: dict[str, str] = {}
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    present = [flag for flag in VECTOR_FLAGS if flag in flags]
+    return (
+        f"{fields.get('model name', 'unknown CPU')} ({' '.join(present) or 'no AVX2'})"
+    )
 
 
 def markdown(

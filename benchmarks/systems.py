@@ -49,8 +49,9 @@ def _plugin(name: str, enforce_eager: bool, opt_in: str = "", **env: str) -> Sys
 
 
 COMPILED_OPT_IN = (
-    "torch.compile in emulation traces every bucket at warmup (about 10 s each, "
-    "347 default buckets here); name it in --systems to run it"
+    "inductor compiles every bucket at warmup (35 to 75 s each for SmolLM2 here, "
+    "347 default buckets) and its graphs ran 20-40% slower than eager "
+    "(docs/benchmarks.md); name it in --systems to run it"
 )
 
 
