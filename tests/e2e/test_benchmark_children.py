@@ -5,6 +5,7 @@ a benchmark run."""
 import argparse
 import dataclasses
 import math
+import sys
 
 import pytest
 from models import model_path
@@ -29,7 +30,7 @@ SYSTEM = dataclasses.replace(
 
 
 @pytest.fixture
-def args(tmp_path) -> argparse.Namespace:
+def args() -> argparse.Namespace:
     return argparse.Namespace(
         model=model_path("tiny-llama"), dtype="float32", threads=2, stamp="test"
     )
@@ -43,10 +44,11 @@ def test_plugin_system_reports_its_figures(args, tmp_path):
     command = run.child_command(SYSTEM.child, SYSTEM, args, out)
     command += ["--workload", str(args.workload), "--plugin"]
 
-    result = run.run_child(SYSTEM, command, run.sys.executable, out, args.threads)
+    result = run.run_child(SYSTEM, command, sys.executable, out, args.threads)
 
     assert result.status == "ok", result.note
-    assert result.num_requests == 6 and result.elapsed_s and result.elapsed_s > 0
+    assert result.num_requests == 6
+    assert result.elapsed_s is not None and result.elapsed_s > 0
     assert result.buckets and result.buckets["prompt"] > 0
     assert result.padding and set(result.padding) >= {"prompt", "decode_batch"}
     assert result.ttft_s and result.itl_s
@@ -56,7 +58,7 @@ def test_overhead_probe_times_every_batch_size(args, tmp_path):
     out = tmp_path / "overhead.json"
     command = run.child_command(OVERHEAD_CHILD, SYSTEM, args, out)
 
-    result = run.run_child(SYSTEM, command, run.sys.executable, out, args.threads)
+    result = run.run_child(SYSTEM, command, sys.executable, out, args.threads)
 
     assert result.status == "ok", result.note
     assert result.overhead is not None
