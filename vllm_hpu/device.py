@@ -5,9 +5,11 @@ function has a CPU-emulation counterpart, so the rest of the plugin runs the sam
 code paths on Gaudi and on a ``cpu`` torch device.
 """
 
+import ctypes
 import functools
 import importlib
 import importlib.util
+import platform
 from collections.abc import Callable
 from typing import Any
 
@@ -144,8 +146,38 @@ def _emulated_memory() -> _EmulatedMemory:
     return _EmulatedMemory()
 
 
-def init_memory_tracking() -> None:
-    """Start counting emulated device memory from this point (worker start)."""
+# glibc's mallopt parameters, and the largest mmap threshold it accepts (64-bit).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_MAX = 32 << 20
+_NEVER_TRIM = (1 << 31) - 1
+
+
+def _pool_host_memory() -> None:
+    """Keep freed host memory for the next step, as a device allocator keeps its pool.
+
+    glibc maps a tensor above its mmap threshold afresh on every allocation (page
+    faults on every step) and hands the heap's free top back to the system; its
+    threshold adapts to the sizes freed so far, so how fast a step runs depended
+    on which kernels ran before it (docs/benchmarks.md). From here tensors up to
+    32 MiB come from the heap, which keeps what is freed (up to 2 GiB at its
+    top). vLLM's CPU backend preloads tcmalloc for the same reason. Left alone
+    off glibc or when GLIBC_TUNABLES sets malloc itself.
+    """
+    user_tuned = "glibc.malloc." in get_envs().glibc_tunables
+    if platform.libc_ver()[0] != "glibc" or user_tuned:
+        return
+    libc = ctypes.CDLL(None)
+    libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+    libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)
+
+
+def init_device_memory() -> None:
+    """At worker start, in emulation: pool host memory, then count emulated device
+    memory from this point."""
+    if hpu_available():
+        return
+    _pool_host_memory()
     _emulated_memory()
 
 

@@ -60,7 +60,7 @@ def _choice(*choices: str) -> Parser:
     return parse
 
 
-def _folder(name: str, raw: str) -> str:
+def _text(name: str, raw: str) -> str:
     return raw
 
 
@@ -88,6 +88,13 @@ class HpuEnvs:
         _positive_float,
         4.0,
         "device memory of the emulated HPU, in GiB",
+    )
+    # Read, not set: emulation pools host memory unless these tune glibc's malloc.
+    glibc_tunables: str = _var(
+        "GLIBC_TUNABLES",
+        _text,
+        "",
+        "glibc's own; with glibc.malloc.* settings emulation keeps malloc as set",
     )
     skip_warmup: bool = _var(
         "VLLM_SKIP_WARMUP", _bool, False, "skip warmup (development only)"
@@ -203,7 +210,7 @@ class HpuEnvs:
     )
     profile_dir: str = _var(
         "VLLM_HPU_PROFILE_DIR",
-        _folder,
+        _text,
         "hpu_profile",
         "folder for VLLM_PROFILER_ENABLED traces (trace_rank<N>_<pid>.json)",
     )

@@ -59,7 +59,7 @@ class HpuWorker(WorkerBase):
     def init_device(self) -> None:
         self.device = torch.device(device.device_type())
         device.set_device(self.device)
-        device.init_memory_tracking()
+        device.init_device_memory()
         init_worker_distributed_environment(
             self.vllm_config,
             self.rank,
