@@ -166,7 +166,7 @@ class HpuEnvs:
         "VLLM_PROMPT_USE_FUSEDSDPA",
         _bool,
         True,
-        "fused SDPA kernel for prompt attention without cached context (Gaudi's "
+        "fused SDPA kernel for prompt attention, cached context included (Gaudi's "
         "FusedSDPA; torch's scaled_dot_product_attention in emulation)",
     )
     log_step_graph_compilation: bool = _var(

@@ -41,18 +41,15 @@ def prompt_attention(
     :func:`gather_context` or None. Returns [bs, q, num_heads, head_size].
 
     Every query row, padding included, may see at least itself (the mask allows
-    the diagonal), so padded rows come out finite.
+    the diagonal), so padded rows come out finite. With context the query is
+    shorter than the keys; the fused kernel takes that too, through the mask.
     """
-    # Gaudi's FusedSDPA would take context too (the reference stack sends it there);
-    # in emulation that made the decode steps after it 60 % slower, through the host
-    # allocator it seems (docs/benchmarks.md), so context stays unfused for now.
-    if past_kv is None:
-        fused = device.fused_sdpa()
-        if fused is not None:
-            return _fused_prompt_attention(fused, query, key, value, attn_bias, scale)
-    else:
+    if past_kv is not None:
         key = torch.cat((past_kv[0], key), dim=1)
         value = torch.cat((past_kv[1], value), dim=1)
+    fused = device.fused_sdpa()
+    if fused is not None:
+        return _fused_prompt_attention(fused, query, key, value, attn_bias, scale)
     return _naive_prompt_attention(query, key, value, attn_bias, scale)
 
 
