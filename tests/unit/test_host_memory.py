@@ -23,7 +23,7 @@ class MallInfo2(ctypes.Structure):
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype = ctypes.c_void_p
-device._pool_host_memory()
+device.init_device_memory()
 # 24 MiB from the heap's top, freed: glibc gives it back unless told to keep it.
 start = libc.mallinfo2()
 block = libc.malloc(24 << 20)
