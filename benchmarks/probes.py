@@ -12,9 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch._dynamo.utils
+import torch.profiler
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.v1.sample.sampler import Sampler
 
+import vllm_hpu.attention.backend as attention_backend
 from benchmarks.results_schema import SystemResult
 from vllm_hpu.bucketing import HpuBucketManager, PaddingStats
 from vllm_hpu.worker.hpu_worker import HpuWorker
@@ -144,3 +146,28 @@ def install_step_timers() -> None:
     runner.execute_model = _new_step(_timed("execute", runner.execute_model))  # type: ignore[method-assign]
     LogitsProcessor.forward = _timed("logits", LogitsProcessor.forward)  # type: ignore[method-assign]
     Sampler.forward = _timed("sampler", Sampler.forward)  # type: ignore[method-assign]
+
+
+# The attention backend's ops, by the region of a profile their operators count in.
+ATTENTION_REGIONS = {
+    "decode attention": ("paged_attention",),
+    "prompt attention": ("prompt_attention", "gather_context"),
+}
+
+
+def _marked(region: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        with torch.profiler.record_function(region):
+            return function(*args, **kwargs)
+
+    return marked
+
+
+def mark_attention_regions() -> None:
+    """Name the attention ops' regions in a torch profile (this process only): the
+    backend calls them through its module's globals, which are wrapped here."""
+    for region, functions in ATTENTION_REGIONS.items():
+        for name in functions:
+            marked = _marked(region, getattr(attention_backend, name))
+            setattr(attention_backend, name, marked)

@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt
 
 from benchmarks import targets
-from benchmarks.results_schema import SystemResult
+from benchmarks.results_schema import PROFILE_ALL, SystemResult
 from benchmarks.systems import BASELINE
 
 
@@ -94,6 +94,56 @@ def overhead_rows(overhead: SystemResult | None) -> list[str]:
     return rows
 
 
+TOP_OPERATORS = 12
+
+
+def _operator_seconds(
+    split: dict[str, dict[str, float]], regions: list[str], names: list[str]
+) -> list[float]:
+    """Seconds of ``names`` in all, then in each of ``regions``."""
+    parts = [split[PROFILE_ALL], *(split[r] for r in regions)]
+    return [sum(part.get(name, 0.0) for name in names) for part in parts]
+
+
+def _seconds_row(label: str, seconds: list[float], total: float) -> str:
+    cells = [label, f"{seconds[0]:.1f}", f"{seconds[0] / total:.0%}"]
+    cells += [f"{s:.1f}" for s in seconds[1:]]
+    return "| " + " | ".join(cells) + " |"
+
+
+def profile_rows(profile: SystemResult | None) -> list[str]:
+    """The profiled run's operators by their own time, in all and per attention
+    region; nothing when the run was not profiled."""
+    if profile is None:
+        return []
+    heading = f"## Where the time goes ({profile.system}, under torch.profiler)"
+    if profile.status != "ok" or not profile.profile:
+        return [heading, "", f"Profile: {profile.note}", ""]
+    split = profile.profile
+    every = split[PROFILE_ALL]
+    regions = sorted(key for key in split if key != PROFILE_ALL)
+    total = sum(every.values())
+    ranked = sorted(every, key=every.__getitem__, reverse=True)
+    rest = ranked[TOP_OPERATORS:]
+
+    def row(label: str, names: list[str]) -> str:
+        return _seconds_row(label, _operator_seconds(split, regions, names), total)
+
+    return [
+        heading,
+        "",
+        f"Operators' own time over the workload: {total:.1f} s, in a run of "
+        f"{profile.elapsed_s or 0:.1f} s (the profiler slows it).",
+        "",
+        "| operator | s | share | " + " | ".join(f"in {r} (s)" for r in regions) + " |",
+        "|---|---|---|" + "---|" * len(regions),
+        *(row(f"`{name}`", [name]) for name in ranked[:TOP_OPERATORS]),
+        row(f"{len(rest)} other operators", rest),
+        row("all operators", ranked),
+        "",
+    ]
+
+
 def machine_line(context: RunContext) -> str:
     versions = ", ".join(
         f"{name} {importlib.metadata.version(name)}"
@@ -123,7 +173,10 @@ def _cpu_model() -> str:
 
 
 def markdown(
-    context: RunContext, results: list[SystemResult], overhead: SystemResult | None
+    context: RunContext,
+    results: list[SystemResult],
+    overhead: SystemResult | None,
+    profile: SystemResult | None = None,
 ) -> str:
     baseline = next((r for r in results if r.system == BASELINE), None)
     lines = [
@@ -152,6 +205,7 @@ def markdown(
         "Runner overhead = execute_model + sample_tokens - model forward - lm_head "
         "- sampler: input preparation and output processing on the host.",
         "",
+        *profile_rows(profile),
         "## Targets",
         "",
         *targets.target_rows(results, overhead),
@@ -216,9 +270,10 @@ def write_report(
     results: list[SystemResult],
     overhead: SystemResult | None,
     directory: Path,
+    profile: SystemResult | None = None,
 ) -> Path:
     """Write <stamp>.md and its plots under ``directory``; print the Markdown."""
-    text = markdown(context, results, overhead)
+    text = markdown(context, results, overhead, profile)
     plot_systems(results, directory / f"{context.stamp}-systems.png")
     if overhead is not None and overhead.status == "ok":
         plot_overhead(overhead, directory / f"{context.stamp}-overhead.png")

@@ -9,6 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+# SystemResult.profile's key for the whole run, beside its attention regions.
+PROFILE_ALL = "all"
+
 
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0..100) with linear interpolation between ranks."""
@@ -54,6 +57,8 @@ class SystemResult:
     padding: dict[str, float] | None = None  # plugin: padding ratios per kind
     compiled_graphs: int | None = None  # plugin: torch.compile graphs built
     overhead: list[dict[str, Any]] | None = None  # plugin: per decode batch size
+    # plugin, profiled: {PROFILE_ALL or an attention region: {operator: seconds}}
+    profile: dict[str, dict[str, float]] | None = None
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

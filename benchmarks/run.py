@@ -21,6 +21,7 @@ from benchmarks.systems import (
     HF_CHILD,
     OVERHEAD_CHILD,
     OVERHEAD_SYSTEM,
+    PROFILE_CHILD,
     SYSTEMS,
     System,
 )
@@ -120,6 +121,14 @@ def run_overhead(args: argparse.Namespace) -> SystemResult:
     return run_child(OVERHEAD_SYSTEM, command, sys.executable, out, args.threads)
 
 
+def run_profile(args: argparse.Namespace) -> SystemResult:
+    """The default plugin system once more on the workload, under torch.profiler."""
+    out = RESULTS / f"{args.stamp}-profile.json"
+    command = child_command(PROFILE_CHILD, OVERHEAD_SYSTEM, args, out)
+    command += ["--workload", str(args.workload)]
+    return run_child(OVERHEAD_SYSTEM, command, sys.executable, out, args.threads)
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--num-requests", type=int, default=64)
@@ -134,6 +143,11 @@ def parse_args() -> argparse.Namespace:
         "--systems", nargs="*", help="names of systems to run (default: all)"
     )
     parser.add_argument("--no-overhead", action="store_true")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help=f"also profile {OVERHEAD_SYSTEM.name} by operator (one more run)",
+    )
     return parser.parse_args()
 
 
@@ -151,10 +165,11 @@ def main() -> None:
     chosen = [s for s in SYSTEMS if not args.systems or s.name in args.systems]
     results = [run_system(system, args) for system in chosen]
     overhead = None if args.no_overhead else run_overhead(args)
+    profile = run_profile(args) if args.profile else None
     context = report.RunContext(
         args.stamp, args.dtype, args.threads, describe(requests)
     )
-    report.write_report(context, results, overhead, RESULTS)
+    report.write_report(context, results, overhead, RESULTS, profile)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from typing import Any
 VLLM_CHILD = "benchmarks.vllm_system"
 HF_CHILD = "benchmarks.hf_system"
 OVERHEAD_CHILD = "benchmarks.overhead"
+PROFILE_CHILD = "benchmarks.op_profile"
 KV_CACHE_GIB = 2
 # Same scheduler limits for every vLLM system: the whole workload fits at once.
 ENGINE_LIMITS: dict[str, Any] = {

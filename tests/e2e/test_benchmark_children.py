@@ -12,7 +12,8 @@ from models import model_path
 
 from benchmarks import run
 from benchmarks.overhead import BATCH_SIZES
-from benchmarks.systems import OVERHEAD_CHILD, OVERHEAD_SYSTEM
+from benchmarks.results_schema import PROFILE_ALL
+from benchmarks.systems import OVERHEAD_CHILD, OVERHEAD_SYSTEM, PROFILE_CHILD
 from benchmarks.workload import (
     QUICK_OUTPUT_MAX,
     WorkloadSpec,
@@ -36,13 +37,18 @@ def args() -> argparse.Namespace:
     )
 
 
-def test_plugin_system_reports_its_figures(args, tmp_path):
+@pytest.fixture
+def workload(tmp_path) -> str:
     spec = WorkloadSpec(num_requests=6, output_max=QUICK_OUTPUT_MAX)
-    args.workload = tmp_path / "workload.json"
-    save_workload(make_workload(spec, text_token_ids({0, 1, 2}, 1024)), args.workload)
+    path = tmp_path / "workload.json"
+    save_workload(make_workload(spec, text_token_ids({0, 1, 2}, 1024)), path)
+    return str(path)
+
+
+def test_plugin_system_reports_its_figures(args, workload, tmp_path):
     out = tmp_path / "system.json"
     command = run.child_command(SYSTEM.child, SYSTEM, args, out)
-    command += ["--workload", str(args.workload), "--plugin"]
+    command += ["--workload", workload, "--plugin"]
 
     result = run.run_child(SYSTEM, command, sys.executable, out, args.threads)
 
@@ -68,3 +74,23 @@ def test_overhead_probe_times_every_batch_size(args, tmp_path):
         figures = [v for k, v in row.items() if k.endswith("_ms")]
         assert all(math.isfinite(v) and v >= 0 for v in figures), row
         assert row["forward_ms"] > 0
+
+
+def test_profile_splits_operator_time_by_attention_region(args, workload, tmp_path):
+    out = tmp_path / "profile.json"
+    command = run.child_command(PROFILE_CHILD, SYSTEM, args, out)
+    command += ["--workload", workload]
+
+    result = run.run_child(SYSTEM, command, sys.executable, out, args.threads)
+
+    assert result.status == "ok", result.note
+    assert result.num_requests == 6 and result.output_tokens > 0
+    split = result.profile
+    assert split is not None
+    assert set(split) == {PROFILE_ALL, "decode attention", "prompt attention"}
+    # Flat decode attention gathers blocks and multiplies them (spec section 2).
+    assert split["decode attention"]["aten::index_select"] > 0
+    assert split["decode attention"]["aten::bmm"] > 0
+    for region in ("decode attention", "prompt attention"):
+        for name, seconds in split[region].items():
+            assert 0 <= seconds <= split[PROFILE_ALL][name]

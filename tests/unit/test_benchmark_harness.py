@@ -1,11 +1,20 @@
-"""The benchmark harness's pure parts: workload, latencies, peer set-up, targets."""
+"""The benchmark harness's pure parts: workload, latencies, peer set-up, targets,
+the profile's split by operator."""
 
+import dataclasses
 import zipfile
 
 import pytest
 
+from benchmarks.op_profile import BETWEEN_OPERATORS, seconds_by_operator
 from benchmarks.peer import wheel_requirements
-from benchmarks.results_schema import SystemResult, percentile, token_latencies
+from benchmarks.report import profile_rows
+from benchmarks.results_schema import (
+    PROFILE_ALL,
+    SystemResult,
+    percentile,
+    token_latencies,
+)
 from benchmarks.targets import padding_rows, target_rows, throughput_rows
 from benchmarks.workload import (
     OUTPUT_MAX,
@@ -110,3 +119,66 @@ def test_targets_padding_and_overhead_verdicts():
     rows = target_rows([], overhead)
     assert any("1.50 ms" in r and r.endswith("| met |") for r in rows)
     assert any("x1.9 from batch 1 to 64" in r for r in rows)
+
+
+@dataclasses.dataclass
+class FakeEvent:
+    """What seconds_by_operator reads of a torch profiler event."""
+
+    name: str
+    self_cpu_time_total: float  # microseconds
+    cpu_parent: "FakeEvent | None" = None
+
+
+def test_operator_seconds_split_by_attention_region():
+    step = FakeEvent("step", 1e6)
+    decode = FakeEvent("decode attention", 0.5e6, step)
+    prompt = FakeEvent("prompt attention", 0.25e6, step)
+    events = [
+        step,
+        decode,
+        prompt,
+        FakeEvent("aten::index_select", 2e6, decode),
+        FakeEvent("aten::bmm", 1e6, FakeEvent("aten::matmul", 0.0, decode)),
+        FakeEvent("aten::bmm", 3e6, prompt),
+        FakeEvent("mkldnn::_linear_pointwise", 5e6, step),
+    ]
+
+    split = seconds_by_operator(events)
+
+    assert split[PROFILE_ALL] == {
+        "step": 1.0,
+        BETWEEN_OPERATORS: 0.75,
+        "aten::index_select": 2.0,
+        "aten::bmm": 4.0,
+        "mkldnn::_linear_pointwise": 5.0,
+    }
+    assert split["decode attention"] == {
+        BETWEEN_OPERATORS: 0.5,
+        "aten::index_select": 2.0,
+        "aten::bmm": 1.0,
+    }
+    assert split["prompt attention"] == {BETWEEN_OPERATORS: 0.25, "aten::bmm": 3.0}
+
+
+def test_profile_section_ranks_operators_and_totals_them():
+    split = {
+        PROFILE_ALL: {"linear": 6.0, "bmm": 3.0, "exp": 1.0},
+        "decode attention": {"bmm": 2.0, "exp": 1.0},
+    }
+    profile = SystemResult(system="vllm-hpu eager", elapsed_s=12.0, profile=split)
+
+    lines = profile_rows(profile)
+
+    table = [line for line in lines if line.startswith("| ")]
+    assert table[0] == "| operator | s | share | in decode attention (s) |"
+    assert table[1:] == [
+        "| `linear` | 6.0 | 60% | 0.0 |",
+        "| `bmm` | 3.0 | 30% | 2.0 |",
+        "| `exp` | 1.0 | 10% | 1.0 |",
+        "| 0 other operators | 0.0 | 0% | 0.0 |",
+        "| all operators | 10.0 | 100% | 3.0 |",
+    ]
+    assert profile_rows(None) == []
+    failed = SystemResult(system="vllm-hpu eager", status="failed", note="exit 1")
+    assert "Profile: exit 1" in profile_rows(failed)
