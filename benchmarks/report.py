@@ -125,6 +125,7 @@ def profile_rows(profile: SystemResult | None) -> list[str]:
     total = sum(every.values())
     ranked = sorted(every, key=every.__getitem__, reverse=True)
     rest = ranked[TOP_OPERATORS:]
+    columns = [f"in {region} (s)" for region in regions]
 
     def row(label: str, names: list[str]) -> str:
         return _seconds_row(label, _operator_seconds(split, regions, names), total)
@@ -135,8 +136,8 @@ def profile_rows(profile: SystemResult | None) -> list[str]:
         f"Operators' own time over the workload: {total:.1f} s, in a run of "
         f"{profile.elapsed_s or 0:.1f} s (the profiler slows it).",
         "",
-        "| operator | s | share | " + " | ".join(f"in {r} (s)" for r in regions) + " |",
-        "|---|---|---|" + "---|" * len(regions),
+        "| " + " | ".join(["operator", "s", "share", *columns]) + " |",
+        "|---" * (3 + len(columns)) + "|",
         *(row(f"`{name}`", [name]) for name in ranked[:TOP_OPERATORS]),
         row(f"{len(rest)} other operators", rest),
         row("all operators", ranked),
