@@ -15,7 +15,12 @@ import torch
 
 from benchmarks import probes
 from benchmarks.results_schema import PROFILE_ALL, SystemResult
-from benchmarks.vllm_system import WARMUP_REQUEST, build_llm, run_requests
+from benchmarks.vllm_system import (
+    WARMUP_REQUEST,
+    build_llm,
+    record_run,
+    run_requests,
+)
 from benchmarks.workload import child_parser, load_workload
 
 # A region marker's own time: Python and dispatch between the region's operators.
@@ -62,9 +67,7 @@ def main() -> None:
     ) as prof:
         start, token_times = run_requests(llm, requests)
     result = SystemResult(system=args.system, threads=torch.get_num_threads())
-    result.elapsed_s = max(t[-1] for t in token_times) - start
-    result.num_requests = len(requests)
-    result.output_tokens = sum(len(t) for t in token_times)
+    record_run(result, len(requests), start, token_times)
     result.profile = seconds_by_operator(prof.events())
     result.save(Path(args.out))
 

@@ -49,6 +49,15 @@ def run_requests(llm: Any, requests: list[BenchRequest]) -> tuple[float, list[An
     return start, token_times
 
 
+def record_run(
+    result: SystemResult, num_requests: int, start: float, token_times: list[Any]
+) -> None:
+    """Elapsed time and token counts of a run from :func:`run_requests`."""
+    result.elapsed_s = max(t[-1] for t in token_times) - start
+    result.num_requests = num_requests
+    result.output_tokens = result.computed_tokens = sum(len(t) for t in token_times)
+
+
 def build_llm(args: argparse.Namespace) -> Any:
     from vllm import LLM
 
@@ -76,9 +85,7 @@ def measure(args: argparse.Namespace, result: SystemResult) -> None:
 
         llm.collective_rpc(reset_padding_stats)
     start, token_times = run_requests(llm, requests)
-    result.elapsed_s = max(t[-1] for t in token_times) - start
-    result.num_requests = len(requests)
-    result.output_tokens = result.computed_tokens = sum(len(t) for t in token_times)
+    record_run(result, len(requests), start, token_times)
     ttft, itl = token_latencies(start, token_times)
     result.ttft_s, result.itl_s = latency_summary(ttft), latency_summary(itl)
     if args.plugin:
