@@ -10,6 +10,8 @@ from vllm.logger import init_logger
 
 from vllm_hpu.bucketing.buckets import (
     Bucket,
+    DecodeDims,
+    PromptDims,
     decode_dims,
     generate_decode_buckets,
     generate_prompt_buckets,
@@ -69,6 +71,13 @@ class BucketIndex:
         ]
 
 
+def value_lists(buckets: list[Bucket]) -> tuple[list[int], list[int], list[int]]:
+    """Each dimension's sorted distinct values (``[0]`` for an empty set)."""
+    columns = zip(*buckets, strict=True) if buckets else ([0], [0], [0])
+    batch, query, blocks = (sorted(set(column)) for column in columns)
+    return batch, query, blocks
+
+
 def padded_value(needed: int, values: list[int], bucket_range: BucketRange) -> int:
     """A miss's value in one dimension: the covering value, else past the range."""
     if needed <= values[-1]:
@@ -116,6 +125,14 @@ class HpuBucketManager:
         self._decode = BucketIndex(generate_decode_buckets(self.config, num_blocks))
         ranges = [("bs", self.config.decode_bs), ("block", self.config.decode_block)]
         self._log_buckets("decode", ranges, self.decode_buckets)
+
+    def use_buckets(self, prompt: list[Bucket], decode: list[Bucket]) -> None:
+        """Replace both bucket sets (a bucket file, a plan, another strategy's)."""
+        self._prompt = BucketIndex(prompt)
+        self._decode = BucketIndex(decode)
+        self._prompt_dims = PromptDims(*value_lists(prompt))
+        batch_sizes, _, num_blocks = value_lists(decode)
+        self._decode_dims = DecodeDims(batch_sizes, num_blocks)
 
     def find_prompt_bucket(
         self, batch_size: int, query_len: int, num_context_blocks: int
