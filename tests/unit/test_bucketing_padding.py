@@ -14,11 +14,16 @@ from vllm_hpu.bucketing import (
 from vllm_hpu.bucketing.__main__ import main
 from vllm_hpu.envs import read_envs
 
+# These tests are about the range (linear/exponential) strategies.
+LINEAR = {"VLLM_HPU_BUCKETING_STRATEGY": "linear"}
+
 
 def doc_manager():
     environ = {"VLLM_PROMPT_BS_BUCKET_MAX": "4", "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024"}
     limits = ServingLimits(128, 4096, 1024, 128)
-    manager = HpuBucketManager(BucketingConfig.from_limits(limits, read_envs(environ)))
+    manager = HpuBucketManager(
+        BucketingConfig.from_limits(limits, read_envs({**LINEAR, **environ}))
+    )
     manager.set_num_kv_blocks(4096)
     return manager
 

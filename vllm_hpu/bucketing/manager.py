@@ -13,13 +13,16 @@ from vllm_hpu.bucketing.buckets import (
     DecodeDims,
     PromptDims,
     decode_dims,
-    generate_decode_buckets,
-    generate_prompt_buckets,
     prompt_dims,
 )
 from vllm_hpu.bucketing.config import BucketingConfig
 from vllm_hpu.bucketing.padding import PaddingStats
 from vllm_hpu.bucketing.ranges import BucketRange, cover_value, round_beyond
+from vllm_hpu.bucketing.strategies import (
+    RANGE_STRATEGIES,
+    strategy_decode_buckets,
+    strategy_prompt_buckets,
+)
 from vllm_hpu.envs import get_envs
 
 logger = init_logger("vllm.hpu.bucketing")
@@ -99,8 +102,9 @@ class HpuBucketManager:
         self.stats = PaddingStats()
         self._prompt_dims = prompt_dims(config)
         self._decode_dims = decode_dims(config)
-        self._prompt = BucketIndex(generate_prompt_buckets(config))
+        self._prompt = BucketIndex([])
         self._decode = BucketIndex([])
+        self._set_prompt_buckets(strategy_prompt_buckets(config))
         self._warned: set[tuple[str, Bucket]] = set()
         # VLLM_FULL_WARMUP, set once warmup ran: a shape it did not run is an error.
         self.strict = False
@@ -122,17 +126,34 @@ class HpuBucketManager:
 
     def set_num_kv_blocks(self, num_blocks: int) -> None:
         """(Re)build the decode buckets, clamped to ``num_blocks`` KV blocks."""
-        self._decode = BucketIndex(generate_decode_buckets(self.config, num_blocks))
+        self._set_decode_buckets(strategy_decode_buckets(self.config, num_blocks))
         ranges = [("bs", self.config.decode_bs), ("block", self.config.decode_block)]
         self._log_buckets("decode", ranges, self.decode_buckets)
 
     def use_buckets(self, prompt: list[Bucket], decode: list[Bucket]) -> None:
         """Replace both bucket sets (a bucket file, a plan, another strategy's)."""
-        self._prompt = BucketIndex(prompt)
-        self._decode = BucketIndex(decode)
-        self._prompt_dims = PromptDims(*value_lists(prompt))
-        batch_sizes, _, num_blocks = value_lists(decode)
-        self._decode_dims = DecodeDims(batch_sizes, num_blocks)
+        self._set_prompt_buckets(prompt, from_ranges=False)
+        self._set_decode_buckets(decode, from_ranges=False)
+
+    def _set_prompt_buckets(
+        self, buckets: list[Bucket], from_ranges: bool | None = None
+    ) -> None:
+        """A miss rounds within the ranges' values, else within the set's own."""
+        self._prompt = BucketIndex(buckets)
+        if from_ranges is None:
+            from_ranges = self.config.prompt_strategy in RANGE_STRATEGIES
+        if not from_ranges:
+            self._prompt_dims = PromptDims(*value_lists(buckets))
+
+    def _set_decode_buckets(
+        self, buckets: list[Bucket], from_ranges: bool | None = None
+    ) -> None:
+        self._decode = BucketIndex(buckets)
+        if from_ranges is None:
+            from_ranges = self.config.decode_strategy in RANGE_STRATEGIES
+        if not from_ranges:
+            batch_sizes, _, num_blocks = value_lists(buckets)
+            self._decode_dims = DecodeDims(batch_sizes, num_blocks)
 
     def find_prompt_bucket(
         self, batch_size: int, query_len: int, num_context_blocks: int

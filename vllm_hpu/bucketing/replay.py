@@ -39,7 +39,9 @@ def _scheduled_seqs(step: StepShape, block_size: int) -> list:  # type: ignore[t
 
     seqs, next_block = [], 0
     for row, chunk in enumerate(step.prompts):
-        num_blocks = math.ceil((chunk.num_computed_tokens + chunk.query_len) / block_size)
+        num_blocks = math.ceil(
+            (chunk.num_computed_tokens + chunk.query_len) / block_size
+        )
         table = list(range(next_block, next_block + num_blocks))
         next_block += num_blocks
         layout = SeqLayout(table, chunk.num_computed_tokens, chunk.query_len)
@@ -47,7 +49,9 @@ def _scheduled_seqs(step: StepShape, block_size: int) -> list:  # type: ignore[t
     return seqs
 
 
-def replay_step(step: StepShape, manager: HpuBucketManager, result: ReplayResult) -> None:
+def replay_step(
+    step: StepShape, manager: HpuBucketManager, result: ReplayResult
+) -> None:
     from vllm_hpu.worker.inputs import context_blocks, split_prefills
 
     config = manager.config
@@ -57,8 +61,9 @@ def replay_step(step: StepShape, manager: HpuBucketManager, result: ReplayResult
     )
     for batch in batches:
         contexts = [context_blocks(s, config.block_size) for s in batch]
-        bucket = manager.find_prompt_bucket(len(batch), max(
-            s.layout.num_scheduled_tokens for s in batch), max(contexts))
+        bucket = manager.find_prompt_bucket(
+            len(batch), max(s.layout.num_scheduled_tokens for s in batch), max(contexts)
+        )
         result.stats.record_prompt(
             bucket, [s.layout.num_scheduled_tokens for s in batch]
         )
