@@ -173,6 +173,12 @@ class HpuBucketManager:
         nothing is counted, remembered or warned."""
         return self._cover_prompt(batch_size, query_len, num_context_blocks)[0]
 
+    def has_prompt_bucket(
+        self, batch_size: int, query_len: int, num_context_blocks: int
+    ) -> bool:
+        """Whether a prompt pass of this shape pads to a warmed-up bucket."""
+        return self._cover_prompt(batch_size, query_len, num_context_blocks)[1]
+
     def _cover_prompt(
         self, batch_size: int, query_len: int, num_context_blocks: int
     ) -> tuple[Bucket, bool]:
