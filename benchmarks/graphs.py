@@ -10,11 +10,15 @@ are checked on the same steps and printed with the table.
 import argparse
 import dataclasses
 import logging
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager, ServingLimits
+from vllm_hpu.bucketing.padding import PaddingCounter
+from vllm_hpu.bucketing.ranges import cover_value
+from vllm_hpu.bucketing.reference import log2_limit, reference_range
 from vllm_hpu.bucketing.replay import ReplayResult, replay_trace
 from vllm_hpu.bucketing.trace import StepTrace
 from vllm_hpu.envs import read_envs
@@ -77,6 +81,39 @@ def measure(trace: StepTrace, environ: dict[str, str], name: str) -> Measured:
     manager.set_num_kv_blocks(trace.num_kv_blocks)
     num_prompt, num_decode = len(manager.prompt_buckets), len(manager.decode_buckets)
     return Measured(name, num_prompt, num_decode, replay_trace(trace, manager))
+
+
+def merged_prefill_projection(trace: StepTrace, decode: Measured) -> Measured:
+    """What merged prefill would give (not implemented: it changes the runner and
+    the prompt mask): each step's chunks packed into one pass of their total tokens,
+    padded to the reference's query ladder, with context padded to 0 or the most
+    one request can have (a pack with more context is split in two)."""
+    block_size = trace.block_size
+    token_ladder = reference_range(
+        block_size,
+        block_size,
+        trace.max_num_batched_tokens,
+        log2_limit(trace.max_num_batched_tokens) - 2,
+    )
+    most_context = math.ceil((trace.max_model_len - 1) / block_size)
+    result = ReplayResult(stats=decode.result.stats)
+    result.stats.prompt = PaddingCounter()
+    for step in trace.steps:
+        if not (step.prompts or step.decode_blocks):
+            continue
+        tokens = sum(chunk.query_len for chunk in step.prompts)
+        context = sum(chunk.context_blocks(block_size) for chunk in step.prompts)
+        num_passes = bool(step.decode_blocks) + (
+            math.ceil(context / most_context) if context else bool(step.prompts)
+        )
+        if step.prompts:
+            result.stats.prompt.add(tokens, cover_value(token_ladder, tokens))
+        result.steps += 1
+        result.passes += num_passes
+    num_prompt = len(token_ladder) * 2
+    return Measured(
+        "merged prefill (projection)", num_prompt, decode.num_decode, result
+    )
 
 
 def row(config: Configuration, measured: Measured) -> str:
@@ -169,6 +206,7 @@ def report_rows(traces: Path = TRACES) -> list[str]:
     for config in CONFIGURATIONS:
         trace = StepTrace.load(traces / config.trace)
         measured = [measure(trace, environ, name) for name, environ in STRATEGIES]
+        measured.append(merged_prefill_projection(trace, measure(trace, {}, "ours")))
         table += [row(config, m) for m in measured]
         target_rows += checks(config, {m.name: m for m in measured})
     logging.disable(logging.NOTSET)
