@@ -17,7 +17,7 @@ from vllm_hpu.bucketing.bucket_file import (
 from vllm_hpu.bucketing.planner import plan_buckets, traced_shapes
 from vllm_hpu.bucketing.reference import reference_range
 from vllm_hpu.bucketing.replay import replay_trace
-from vllm_hpu.bucketing.trace import PromptChunk, StepShape, StepTrace
+from vllm_hpu.bucketing.trace import PromptChunk, StepShape, StepTrace, TraceRecorder
 from vllm_hpu.envs import read_envs
 
 TRACES = Path(__file__).parents[2] / "benchmarks" / "traces"
@@ -168,3 +168,21 @@ def test_planner_pads_its_trace_less_with_a_larger_budget():
         manager.use_buckets(sets.prompt, sets.decode)
         padding.append(replay_trace(trace, manager).stats.decode_blocks.padded)
     assert padding[1] < padding[0]
+
+
+def test_trace_recorder_writes_what_a_trace_loads(tmp_path):
+    trace = small_trace()
+    recorder = TraceRecorder(tmp_path / "sub" / "trace.jsonl")
+    recorder.record(trace.steps[0])  # before start (warmup): not recorded
+    header = trace.header()
+    del header["version"]
+    recorder.start(header)
+    for step in trace.steps:
+        recorder.record(step)
+    assert StepTrace.load(tmp_path / "sub" / "trace.jsonl") == trace
+
+
+def test_compact_manager_logs_its_strategy(vllm_log):
+    manager_for({})
+    assert "Prompt buckets: compact (strategy)" in vllm_log.messages()
+    assert any(m.startswith("Generated 21 prompt buckets") for m in vllm_log.messages())

@@ -254,7 +254,14 @@ class HpuBucketManager:
     ) -> None:
         config = ", ".join(f"{name}:{list(r)}" for name, r in ranges)
         shapes = ", ".join(str(self.describe(phase, b)) for b in buckets)
-        logger.info(
-            "%s bucket config (min, step, max_warmup) %s", phase.capitalize(), config
-        )
+        strategy = getattr(self.config, f"{phase}_strategy")
+        if strategy in RANGE_STRATEGIES:
+            logger.info(
+                "%s bucket config (min, step, max_warmup) %s",
+                phase.capitalize(),
+                config,
+            )
+        else:
+            source = self.config.bucket_file if strategy == "file" else "strategy"
+            logger.info("%s buckets: %s (%s)", phase.capitalize(), strategy, source)
         logger.info("Generated %d %s buckets: [%s]", len(buckets), phase, shapes)
