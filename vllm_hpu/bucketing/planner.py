@@ -16,6 +16,7 @@ from vllm_hpu.bucketing.bucket_file import BucketSets
 from vllm_hpu.bucketing.buckets import Bucket
 from vllm_hpu.bucketing.config import BucketingConfig
 from vllm_hpu.bucketing.manager import BucketIndex, HpuBucketManager
+from vllm_hpu.bucketing.replay import ReplayResult, replay_step, replay_trace
 from vllm_hpu.bucketing.trace import StepTrace
 
 Shapes = Counter[Bucket]
@@ -24,8 +25,6 @@ Shapes = Counter[Bucket]
 def traced_shapes(trace: StepTrace, config: BucketingConfig) -> tuple[Shapes, Shapes]:
     """The (unpadded) prompt passes and decode batches the trace's steps make,
     prompt chunks grouped as the runner groups them when shapes are exact."""
-    from vllm_hpu.bucketing.replay import ReplayResult, replay_step
-
     recorder = _ShapeRecorder(config)
     result = ReplayResult()
     for step in trace.steps:
@@ -146,8 +145,6 @@ def cover_replayed_misses(
     trace: StepTrace, config: BucketingConfig, sets: BucketSets
 ) -> BucketSets:
     """Replay ``sets`` as the runner would; add the bucket of every missed pass."""
-    from vllm_hpu.bucketing.replay import replay_trace
-
     manager = HpuBucketManager(config, exact_shapes=False)
     manager.use_buckets(list(sets.prompt), list(sets.decode))
     manager.strict = False

@@ -8,9 +8,11 @@ import dataclasses
 import math
 from collections.abc import Iterable
 
+from vllm_hpu.attention.metadata import SeqLayout
 from vllm_hpu.bucketing.manager import HpuBucketManager
 from vllm_hpu.bucketing.padding import PaddingCounter, PaddingStats
 from vllm_hpu.bucketing.trace import StepShape, StepTrace
+from vllm_hpu.worker.inputs import ScheduledSeq, context_blocks, split_prefills
 
 
 @dataclasses.dataclass
@@ -31,12 +33,9 @@ class ReplayResult:
         return self.passes / self.steps if self.steps else 0.0
 
 
-def _scheduled_seqs(step: StepShape, block_size: int) -> list:  # type: ignore[type-arg]
+def _scheduled_seqs(step: StepShape, block_size: int) -> list[ScheduledSeq]:
     """Prompt chunks as the runner's ScheduledSeq; distinct blocks per request,
     so no chunk reads what another writes (a trace does not record sharing)."""
-    from vllm_hpu.attention.metadata import SeqLayout
-    from vllm_hpu.worker.inputs import ScheduledSeq
-
     seqs, next_block = [], 0
     for row, chunk in enumerate(step.prompts):
         num_blocks = math.ceil(
@@ -52,8 +51,7 @@ def _scheduled_seqs(step: StepShape, block_size: int) -> list:  # type: ignore[t
 def replay_step(
     step: StepShape, manager: HpuBucketManager, result: ReplayResult
 ) -> None:
-    from vllm_hpu.worker.inputs import context_blocks, split_prefills
-
+    """Plan one step's passes as the runner does, pad them, count into ``result``."""
     config = manager.config
     seqs = _scheduled_seqs(step, config.block_size)
     batches = split_prefills(
