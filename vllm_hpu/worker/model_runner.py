@@ -95,10 +95,10 @@ class HpuModelRunner:
         self.profiler = StepProfiler(
             envs.profiler_enabled, envs.profile_dir, vllm_config.parallel_config.rank
         )
-        # VLLM_HPU_BUCKET_TRACE: real step shapes for the bucket planner.
-        self.step_trace = (
-            TraceRecorder(Path(envs.bucket_trace)) if envs.bucket_trace else None
-        )
+        # VLLM_HPU_BUCKET_TRACE: real step shapes for the bucket planner. Every
+        # rank plans the same passes: the first one writes them.
+        records = envs.bucket_trace and vllm_config.parallel_config.rank == 0
+        self.step_trace = TraceRecorder(Path(envs.bucket_trace)) if records else None
 
     def _make_input_batch(self) -> InputBatch:
         max_model_len = self.model_config.max_model_len
