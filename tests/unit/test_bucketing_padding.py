@@ -108,7 +108,7 @@ def test_measure_padding_rejects_unknown_phase():
         ),
         (
             ["--trace", str(TRACES / "example.jsonl"), "--graph-cost-s", "60"],
-            "53 buckets (compact): 21 prompt + 32 decode\nwarmup: 53 forward steps, "
+            "53 buckets (compact): 25 prompt + 28 decode\nwarmup: 53 forward steps, "
             "then up to 53 graph captures as the graph memory budget allows; at 60 s "
             "per bucket about 53 min\ntrace: 251 steps,",
         ),

@@ -19,16 +19,19 @@ class CompactShape:
     """The few knobs of the compact sets (module constants, tuned on traces)."""
 
     # Prompt query ladder: this many geometric points from a block to the budget.
-    num_query_lens: int = 6
-    # Largest prompt batch (rows padded to the longest chunk of their pass).
-    prompt_batch_sizes: tuple[int, ...] = (1, 2, 4)
+    num_query_lens: int = 5
+    # Prompt batch sizes (rows are padded to the longest chunk of their pass).
+    prompt_batch_sizes: tuple[int, ...] = (1, 2, 3, 4)
     # Context buckets exist for passes of at most this many prompts.
-    max_context_batch: int = 1
+    max_context_batch: int = 2
     # Context values besides 0: the maximum, then a quarter of it, and so on.
     num_context_values: int = 1
     # Decode block counts per batch size, in blocks per sequence of the batch;
     # the batch's cap (KV cache, max_model_len) is always one more.
     blocks_per_seq: tuple[float, ...] = (2.5, 3.5, 5)
+    # Batches below this size pad few blocks in all: one ratio is enough.
+    small_batch: int = 4
+    small_blocks_per_seq: tuple[float, ...] = (5,)
 
 
 COMPACT = CompactShape()
@@ -89,7 +92,8 @@ def compact_decode_buckets(
     buckets = set()
     for batch_size in compact_decode_batch_sizes(config):
         cap = min(num_kv_blocks, batch_size * blocks_per_seq)
-        for ratio in shape.blocks_per_seq:
+        small = batch_size < shape.small_batch
+        for ratio in shape.small_blocks_per_seq if small else shape.blocks_per_seq:
             blocks = min(cap, math.ceil(batch_size * ratio))
             buckets.add(Bucket(batch_size, 1, max(blocks, min(batch_size, cap))))
         buckets.add(Bucket(batch_size, 1, cap))
