@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt
 
-from benchmarks import targets
+from benchmarks import graphs, targets
 from benchmarks.results_schema import PROFILE_ALL, SystemResult
 from benchmarks.systems import BASELINE
 
@@ -207,6 +207,7 @@ def markdown(
         "- sampler: input preparation and output processing on the host.",
         "",
         *profile_rows(profile),
+        *graphs.report_rows(),
         "## Targets",
         "",
         *targets.target_rows(results, overhead),

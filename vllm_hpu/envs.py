@@ -129,11 +129,13 @@ class HpuEnvs:
         "max_bs",
         "order in which decode graphs are captured",
     )
-    exponential_bucketing: bool = _var(
+    # Set: true selects the exponential strategy, false the linear one.
+    exponential_bucketing: bool | None = _var(
         "VLLM_EXPONENTIAL_BUCKETING",
         _bool,
-        False,
-        "exponentially spaced buckets instead of linear ones",
+        None,
+        "true: exponential buckets, false: linear ones; unset: "
+        "VLLM_HPU_BUCKETING_STRATEGY",
     )
     # Measures what bucketing costs: on Gaudi every new shape compiles a graph.
     exact_shapes: bool = _var(
@@ -141,6 +143,27 @@ class HpuEnvs:
         _bool,
         False,
         "no bucketing: every pass runs at its exact shape (benchmarks, debugging)",
+    )
+    # Bucket sets beyond the range variables (docs/bucketing.md, "Strategies").
+    bucketing_strategy: str = _var(
+        "VLLM_HPU_BUCKETING_STRATEGY",
+        _choice("compact", "linear", "exponential", "reference"),
+        "compact",
+        "how buckets are generated: compact (default), linear, exponential, or "
+        "reference (the reference Gaudi stack's exponential buckets)",
+    )
+    bucketing_from_file: str = _var(
+        "VLLM_BUCKETING_FROM_FILE",
+        _text,
+        "",
+        "a bucket file (reference format) to warm up instead of generated buckets",
+    )
+    # Written by the runner after warmup; read by python -m vllm_hpu.bucketing.
+    bucket_trace: str = _var(
+        "VLLM_HPU_BUCKET_TRACE",
+        _text,
+        "",
+        "record every step's real shape to this file (JSON lines) for the planner",
     )
     prompt_bs_bucket_min: int | None = _bucket_var("PROMPT", "BS", "MIN")
     prompt_bs_bucket_step: int | None = _bucket_var("PROMPT", "BS", "STEP")

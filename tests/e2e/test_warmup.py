@@ -128,3 +128,17 @@ def test_profiler_writes_a_chrome_trace(hpu_env, tmp_path):
     assert names == {"prepare", "forward", "sample"}
     assert all(event["ph"] == "X" and event["dur"] >= 0 for event in events)
     assert torch.tensor([e["ts"] for e in events]).diff().min() >= -1e6
+
+
+def test_compact_default_buckets_leave_nothing_to_compile(hpu_env, vllm_log):
+    """The default (compact) buckets, no range variables: warmup covers the
+    workload's passes, prompt chunks with cached context included."""
+    hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
+    with vllm_engine(model_dir("tiny-llama"), enforce_eager=False, **ENGINE) as llm:
+        assert compilations() > 0
+        for batch in workload():
+            _, compiled = serve(llm, batch)
+            assert compiled == 0
+    logs = vllm_log.messages()
+    assert any(m.startswith("Generated ") and "prompt buckets" in m for m in logs)
+    assert not [m for m in logs if m.endswith("was not warmed-up!")]

@@ -9,13 +9,18 @@ from hypothesis import strategies as st
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager, ServingLimits
 from vllm_hpu.envs import read_envs
 
+# These tests are about the range (linear/exponential) strategies.
+LINEAR = {"VLLM_HPU_BUCKETING_STRATEGY": "linear"}
+
 # The documented run: prompt bs:[1, 32, 4] seq:[128, 128, 1024], block size 128.
 DOC_PROMPT = {"VLLM_PROMPT_BS_BUCKET_MAX": "4", "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024"}
 DOC_DECODE_BS = {"VLLM_DECODE_BS_BUCKET_STEP": "128", "VLLM_DECODE_BS_BUCKET_MAX": "4"}
 
 
 def make_manager(environ, limits, num_kv_blocks=None):
-    manager = HpuBucketManager(BucketingConfig.from_limits(limits, read_envs(environ)))
+    manager = HpuBucketManager(
+        BucketingConfig.from_limits(limits, read_envs({**LINEAR, **environ}))
+    )
     if num_kv_blocks is not None:
         manager.set_num_kv_blocks(num_kv_blocks)
     return manager

@@ -1,5 +1,7 @@
 """Padding statistics, trace replay, and the bucket-listing command."""
 
+from pathlib import Path
+
 import pytest
 
 from vllm_hpu.bucketing import (
@@ -14,11 +16,18 @@ from vllm_hpu.bucketing import (
 from vllm_hpu.bucketing.__main__ import main
 from vllm_hpu.envs import read_envs
 
+TRACES = Path(__file__).parents[2] / "benchmarks" / "traces"
+
+# These tests are about the range (linear/exponential) strategies.
+LINEAR = {"VLLM_HPU_BUCKETING_STRATEGY": "linear"}
+
 
 def doc_manager():
     environ = {"VLLM_PROMPT_BS_BUCKET_MAX": "4", "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024"}
     limits = ServingLimits(128, 4096, 1024, 128)
-    manager = HpuBucketManager(BucketingConfig.from_limits(limits, read_envs(environ)))
+    manager = HpuBucketManager(
+        BucketingConfig.from_limits(limits, read_envs({**LINEAR, **environ}))
+    )
     manager.set_num_kv_blocks(4096)
     return manager
 
@@ -78,6 +87,8 @@ def test_measure_padding_rejects_unknown_phase():
     [
         (
             [
+                "--strategy",
+                "linear",
                 "--no-prefix-caching",
                 "--no-chunked-prefill",
                 "--max-num-seqs",
@@ -95,6 +106,12 @@ def test_measure_padding_rejects_unknown_phase():
             ["--max-num-seqs", "4", "--max-model-len", "1024", "--exponential"],
             "buckets (exponential)",
         ),
+        (
+            ["--trace", str(TRACES / "example.jsonl"), "--graph-cost-s", "60"],
+            "53 buckets (compact): 25 prompt + 28 decode\nwarmup: 53 forward steps, "
+            "then up to 53 graph captures as the graph memory budget allows; at 60 s "
+            "per bucket about 53 min\ntrace: 251 steps,",
+        ),
     ],
 )
 def test_command_prints_counts_and_warmup(argv, expected, capsys):
@@ -102,3 +119,13 @@ def test_command_prints_counts_and_warmup(argv, expected, capsys):
     out = capsys.readouterr().out
     assert expected in out
     assert "warmup:" in out
+
+
+def test_command_plans_a_bucket_file_for_a_trace(tmp_path, capsys):
+    out_file = tmp_path / "plan.txt"
+    argv = ["--trace", str(TRACES / "chat.jsonl"), "--plan-out", str(out_file)]
+    main([*argv, "--budget", "20"])
+    out = capsys.readouterr().out
+    assert f"to {out_file}" in out
+    assert "buckets (file)" in out and "0 not warmed up" in out
+    assert out_file.read_text().startswith("# Planned by python -m vllm_hpu.bucketing")

@@ -52,9 +52,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+STRATEGIES = [{}, {"VLLM_HPU_BUCKETING_STRATEGY": "linear"}]
+
+
+@pytest.mark.parametrize("environ", STRATEGIES)
 @pytest.mark.parametrize("limits", LIMITS)
-def test_warmup_prompt_requests_land_on_their_bucket(limits):
-    manager = HpuBucketManager(BucketingConfig.from_limits(limits, read_envs({})))
+def test_warmup_prompt_requests_land_on_their_bucket(limits, environ):
+    config = BucketingConfig.from_limits(limits, read_envs(environ))
+    manager = HpuBucketManager(config)
     warmup = HpuWarmup(fake_runner(limits, manager), graph_mem=0)  # type: ignore[arg-type]
     for bucket in manager.prompt_buckets:
         seqs = warmup.prompt_seqs(bucket)
@@ -67,9 +72,11 @@ def test_warmup_prompt_requests_land_on_their_bucket(limits):
         assert manager.find_prompt_bucket(len(seqs), query_len, context) == bucket
 
 
+@pytest.mark.parametrize("environ", STRATEGIES)
 @pytest.mark.parametrize("limits", LIMITS)
-def test_warmup_decode_requests_land_on_their_bucket(limits):
-    manager = HpuBucketManager(BucketingConfig.from_limits(limits, read_envs({})))
+def test_warmup_decode_requests_land_on_their_bucket(limits, environ):
+    config = BucketingConfig.from_limits(limits, read_envs(environ))
+    manager = HpuBucketManager(config)
     manager.set_num_kv_blocks(64)
     warmup = HpuWarmup(fake_runner(limits, manager), graph_mem=0)  # type: ignore[arg-type]
     for bucket in manager.decode_buckets:

@@ -31,6 +31,8 @@ MIN_DECODE_BLOCK_MAX = 128
 # The context dimension when neither prefix caching nor chunked prefill is on.
 NO_CONTEXT = BucketRange(0, 1, 0)
 PARTS = ("min", "step", "max")
+# The range variables of each phase (decode_seq: older releases' token form).
+DIMS = {"prompt": ("bs", "seq", "block"), "decode": ("bs", "block", "seq")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +57,11 @@ class BucketingConfig:
     block_size: int
     use_context_buckets: bool
     exponential: bool
+    # How each phase's buckets are made (docs/bucketing.md, "Strategies"):
+    # compact, linear, exponential, reference, or file (VLLM_BUCKETING_FROM_FILE).
+    prompt_strategy: str
+    decode_strategy: str
+    bucket_file: str
     prompt_bs: BucketRange
     prompt_seq: BucketRange
     # In KV blocks of already-computed context; NO_CONTEXT when not in use.
@@ -93,15 +100,50 @@ class BucketingConfig:
         }
         if not limits.use_context_buckets:
             ranges["prompt_block"] = NO_CONTEXT
+        strategy = base_strategy(envs)
         return cls(
             max_num_seqs=limits.max_num_seqs,
             max_num_batched_tokens=limits.max_num_batched_tokens,
             max_model_len=limits.max_model_len,
             block_size=limits.block_size,
             use_context_buckets=limits.use_context_buckets,
-            exponential=envs.exponential_bucketing,
+            exponential=strategy == "exponential",
+            prompt_strategy=phase_strategy(envs, "prompt", strategy),
+            decode_strategy=phase_strategy(envs, "decode", strategy),
+            bucket_file=envs.bucketing_from_file,
             **ranges,
         )
+
+
+def base_strategy(envs: HpuEnvs) -> str:
+    """A bucket file, else VLLM_EXPONENTIAL_BUCKETING when set, else the strategy."""
+    if envs.bucketing_from_file:
+        return "file"
+    if envs.exponential_bucketing is not None:
+        return "exponential" if envs.exponential_bucketing else "linear"
+    return envs.bucketing_strategy
+
+
+def phase_strategy(envs: HpuEnvs, phase: str, strategy: str) -> str:
+    """Range variables set for a phase make its buckets linear: the user's
+    ranges win over the compact and reference sets, which have no ranges."""
+    if strategy not in ("compact", "reference"):
+        return strategy
+    user_set = [
+        env_name(f"{phase}_{dim}", part)
+        for dim in DIMS[phase]
+        for part in PARTS
+        if getattr(envs, f"{phase}_{dim}_bucket_{part}") is not None
+    ]
+    if not user_set:
+        return strategy
+    logger.info(
+        "%s set: %s buckets use the linear ranges instead of the %s set.",
+        ", ".join(user_set),
+        phase,
+        strategy,
+    )
+    return "linear"
 
 
 def default_ranges(limits: ServingLimits) -> dict[str, BucketRange]:

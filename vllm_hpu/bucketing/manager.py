@@ -10,14 +10,19 @@ from vllm.logger import init_logger
 
 from vllm_hpu.bucketing.buckets import (
     Bucket,
+    DecodeDims,
+    PromptDims,
     decode_dims,
-    generate_decode_buckets,
-    generate_prompt_buckets,
     prompt_dims,
 )
 from vllm_hpu.bucketing.config import BucketingConfig
 from vllm_hpu.bucketing.padding import PaddingStats
 from vllm_hpu.bucketing.ranges import BucketRange, cover_value, round_beyond
+from vllm_hpu.bucketing.strategies import (
+    RANGE_STRATEGIES,
+    strategy_decode_buckets,
+    strategy_prompt_buckets,
+)
 from vllm_hpu.envs import get_envs
 
 logger = init_logger("vllm.hpu.bucketing")
@@ -69,6 +74,13 @@ class BucketIndex:
         ]
 
 
+def value_lists(buckets: list[Bucket]) -> tuple[list[int], list[int], list[int]]:
+    """Each dimension's sorted distinct values (``[0]`` for an empty set)."""
+    columns = zip(*buckets, strict=True) if buckets else ([0], [0], [0])
+    batch, query, blocks = (sorted(set(column)) for column in columns)
+    return batch, query, blocks
+
+
 def padded_value(needed: int, values: list[int], bucket_range: BucketRange) -> int:
     """A miss's value in one dimension: the covering value, else past the range."""
     if needed <= values[-1]:
@@ -90,8 +102,9 @@ class HpuBucketManager:
         self.stats = PaddingStats()
         self._prompt_dims = prompt_dims(config)
         self._decode_dims = decode_dims(config)
-        self._prompt = BucketIndex(generate_prompt_buckets(config))
+        self._prompt = BucketIndex([])
         self._decode = BucketIndex([])
+        self._set_prompt_buckets(strategy_prompt_buckets(config))
         self._warned: set[tuple[str, Bucket]] = set()
         # VLLM_FULL_WARMUP, set once warmup ran: a shape it did not run is an error.
         self.strict = False
@@ -113,9 +126,34 @@ class HpuBucketManager:
 
     def set_num_kv_blocks(self, num_blocks: int) -> None:
         """(Re)build the decode buckets, clamped to ``num_blocks`` KV blocks."""
-        self._decode = BucketIndex(generate_decode_buckets(self.config, num_blocks))
+        self._set_decode_buckets(strategy_decode_buckets(self.config, num_blocks))
         ranges = [("bs", self.config.decode_bs), ("block", self.config.decode_block)]
         self._log_buckets("decode", ranges, self.decode_buckets)
+
+    def use_buckets(self, prompt: list[Bucket], decode: list[Bucket]) -> None:
+        """Replace both bucket sets (a bucket file, a plan, another strategy's)."""
+        self._set_prompt_buckets(prompt, from_ranges=False)
+        self._set_decode_buckets(decode, from_ranges=False)
+
+    def _set_prompt_buckets(
+        self, buckets: list[Bucket], from_ranges: bool | None = None
+    ) -> None:
+        """A miss rounds within the ranges' values, else within the set's own."""
+        self._prompt = BucketIndex(buckets)
+        if from_ranges is None:
+            from_ranges = self.config.prompt_strategy in RANGE_STRATEGIES
+        if not from_ranges:
+            self._prompt_dims = PromptDims(*value_lists(buckets))
+
+    def _set_decode_buckets(
+        self, buckets: list[Bucket], from_ranges: bool | None = None
+    ) -> None:
+        self._decode = BucketIndex(buckets)
+        if from_ranges is None:
+            from_ranges = self.config.decode_strategy in RANGE_STRATEGIES
+        if not from_ranges:
+            batch_sizes, _, num_blocks = value_lists(buckets)
+            self._decode_dims = DecodeDims(batch_sizes, num_blocks)
 
     def find_prompt_bucket(
         self, batch_size: int, query_len: int, num_context_blocks: int
@@ -134,6 +172,12 @@ class HpuBucketManager:
         """The bucket a prompt batch of this shape pads to; a question only:
         nothing is counted, remembered or warned."""
         return self._cover_prompt(batch_size, query_len, num_context_blocks)[0]
+
+    def has_prompt_bucket(
+        self, batch_size: int, query_len: int, num_context_blocks: int
+    ) -> bool:
+        """Whether a prompt pass of this shape pads to a warmed-up bucket."""
+        return self._cover_prompt(batch_size, query_len, num_context_blocks)[1]
 
     def _cover_prompt(
         self, batch_size: int, query_len: int, num_context_blocks: int
@@ -210,7 +254,14 @@ class HpuBucketManager:
     ) -> None:
         config = ", ".join(f"{name}:{list(r)}" for name, r in ranges)
         shapes = ", ".join(str(self.describe(phase, b)) for b in buckets)
-        logger.info(
-            "%s bucket config (min, step, max_warmup) %s", phase.capitalize(), config
-        )
+        strategy = getattr(self.config, f"{phase}_strategy")
+        if strategy in RANGE_STRATEGIES:
+            logger.info(
+                "%s bucket config (min, step, max_warmup) %s",
+                phase.capitalize(),
+                config,
+            )
+        else:
+            source = self.config.bucket_file if strategy == "file" else "strategy"
+            logger.info("%s buckets: %s (%s)", phase.capitalize(), strategy, source)
         logger.info("Generated %d %s buckets: [%s]", len(buckets), phase, shapes)

@@ -112,6 +112,7 @@ class HpuWorker(WorkerBase):
     def compile_or_warm_up_model(self) -> CompilationTimes:
         started = time.perf_counter()
         warm_up_model(self.runner, self._graph_mem())
+        self.runner.start_step_trace()
         # The seed is reset so that profiling does not shift seeded sampling.
         set_random_seed(self.model_config.seed)
         elapsed = time.perf_counter() - started

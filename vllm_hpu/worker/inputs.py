@@ -122,7 +122,8 @@ def split_prefills(
     next chunk joins the current pass unless rows x longest chunk would exceed the
     token budget (vLLM bounds only the sum of real tokens; prompt buckets are
     generated for batches within this bound, so every pass finds a warmed-up
-    bucket), or unless the joined pass would be padded to more tokens than the two
+    bucket), or has no warmed-up bucket (a bucket set need not have every batch
+    size), or unless the joined pass would be padded to more tokens than the two
     passes apart, counting starting a pass as one block of tokens (the smallest
     prompt bucket by default): a long chunk must not stretch every short row.
     """
@@ -150,6 +151,7 @@ def _group_by_length(
         joined = [*current, seq]
         if current and (
             len(joined) * seq.layout.num_scheduled_tokens > max_num_tokens
+            or not buckets.has_prompt_bucket(*_prompt_shape(joined, block_size))
             or _prompt_tokens(joined, buckets, block_size)
             > _prompt_tokens(current, buckets, block_size)
             + _prompt_tokens([seq], buckets, block_size)

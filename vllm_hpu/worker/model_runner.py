@@ -10,6 +10,7 @@ their passes' intermediate tensors from ``execute_model`` for the worker to send
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from vllm.v1.worker.gpu_input_batch import InputBatch
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
+from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.kv_cache import allocate_kv_cache
 from vllm_hpu.profiler import StepProfiler
@@ -93,6 +95,10 @@ class HpuModelRunner:
         self.profiler = StepProfiler(
             envs.profiler_enabled, envs.profile_dir, vllm_config.parallel_config.rank
         )
+        # VLLM_HPU_BUCKET_TRACE: real step shapes for the bucket planner. Every
+        # rank plans the same passes: the first one writes them.
+        records = envs.bucket_trace and vllm_config.parallel_config.rank == 0
+        self.step_trace = TraceRecorder(Path(envs.bucket_trace)) if records else None
 
     def _make_input_batch(self) -> InputBatch:
         max_model_len = self.model_config.max_model_len
@@ -225,6 +231,20 @@ class HpuModelRunner:
             )
             self._attention_layers()[name].bind_kv_cache(cache)  # type: ignore[arg-type]
 
+    def start_step_trace(self) -> None:
+        """Record step shapes from now on (after warmup), if asked to."""
+        if self.step_trace is not None and self.cache is not None:
+            scheduler = self.vllm_config.scheduler_config
+            self.step_trace.start(
+                {
+                    "block_size": self.block_size,
+                    "max_num_seqs": scheduler.max_num_seqs,
+                    "max_num_batched_tokens": self.max_num_tokens,
+                    "max_model_len": self.model_config.max_model_len,
+                    "num_kv_blocks": self.cache.num_blocks,
+                }
+            )
+
     # ---- one engine step -------------------------------------------------
 
     @torch.no_grad()
@@ -305,6 +325,8 @@ class HpuModelRunner:
         seqs = self._scheduled_seqs(scheduler_output)
         decodes = [s for s in seqs if s.layout.num_scheduled_tokens == 1]
         prompts = [s for s in seqs if s.layout.num_scheduled_tokens > 1]
+        if self.step_trace is not None:
+            self.step_trace.record(self._step_shape(prompts, decodes))
         token_ids = self.input_batch.token_ids_cpu
         passes = []
         batches = split_prefills(
@@ -326,6 +348,14 @@ class HpuModelRunner:
             )
             passes.append(forward_pass)
         return passes
+
+    def _step_shape(
+        self, prompts: list[ScheduledSeq], decodes: list[ScheduledSeq]
+    ) -> StepShape:
+        return StepShape(
+            tuple(PromptChunk(s.layout.num_scheduled_tokens, s.start) for s in prompts),
+            tuple(-(-s.end // self.block_size) for s in decodes),
+        )
 
     def _forward(
         self,

@@ -1,0 +1,59 @@
+"""Which generator makes each phase's buckets: the strategy the config resolved."""
+
+import math
+
+from vllm_hpu.bucketing.bucket_file import read_bucket_file
+from vllm_hpu.bucketing.buckets import (
+    Bucket,
+    generate_decode_buckets,
+    generate_prompt_buckets,
+)
+from vllm_hpu.bucketing.compact import compact_decode_buckets, compact_prompt_buckets
+from vllm_hpu.bucketing.config import BucketingConfig
+from vllm_hpu.bucketing.reference import (
+    reference_decode_buckets,
+    reference_prompt_buckets,
+)
+
+# Strategies whose values come from the (min, step, max) ranges.
+RANGE_STRATEGIES = ("linear", "exponential")
+
+
+def strategy_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
+    strategy = config.prompt_strategy
+    if strategy in RANGE_STRATEGIES:
+        return generate_prompt_buckets(config)
+    if strategy == "compact":
+        return compact_prompt_buckets(config)
+    if strategy == "reference":
+        return reference_prompt_buckets(config)
+    return read_bucket_file(config.bucket_file).prompt
+
+
+def strategy_decode_buckets(
+    config: BucketingConfig, num_kv_blocks: int
+) -> list[Bucket]:
+    strategy = config.decode_strategy
+    if strategy in RANGE_STRATEGIES:
+        return generate_decode_buckets(config, num_kv_blocks)
+    if strategy == "compact":
+        return compact_decode_buckets(config, num_kv_blocks)
+    if strategy == "reference":
+        return reference_decode_buckets(config, num_kv_blocks)
+    return clamp_decode_buckets(
+        config, read_bucket_file(config.bucket_file).decode, num_kv_blocks
+    )
+
+
+def clamp_decode_buckets(
+    config: BucketingConfig, buckets: list[Bucket], num_kv_blocks: int
+) -> list[Bucket]:
+    """Block counts no batch can reach are clamped to what it can hold."""
+    blocks_per_seq = math.ceil(config.max_model_len / config.block_size)
+    clamped = {
+        b._replace(
+            num_blocks=min(b.num_blocks, num_kv_blocks, b.batch_size * blocks_per_seq)
+        )
+        for b in buckets
+    }
+    return sorted(clamped)
