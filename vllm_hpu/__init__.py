@@ -24,9 +24,11 @@ def register() -> str | None:
 
 def register_ops() -> None:
     """Register custom-op overrides and the attention backend (idempotent)."""
+    from vllm_hpu import device, patches
+
+    patches.accept_device_option()
     if register() is None:
         return
-    from vllm_hpu import device, patches
 
     if device.is_emulation():
         patches.apply_emulation_patches()

@@ -53,6 +53,7 @@ def apply_emulation_patches() -> None:
 # Upstream change that removes it: ``device`` back in ``EngineArgs`` (vLLM < 0.11
 # had it, checked against the platform).
 ARG_UTILS = "vllm.engine.arg_utils"
+PATCHED = "_vllm_hpu_accepts_device"
 DEVICE_HELP = (
     "Kept for Gaudi users' commands: 'hpu' checks that the HPU plugin runs (on a "
     "Gaudi, or on the CPU with VLLM_HPU_EMULATION=1); vLLM picks the platform itself."
@@ -103,14 +104,23 @@ def _with_device_keyword(init: Callable[..., None]) -> Callable[..., None]:
 def _with_device_option(add_cli_args: Callable[[Any], Any]) -> Callable[[Any], Any]:
     @functools.wraps(add_cli_args)
     def wrapped(parser: Any) -> Any:
-        parser = add_cli_args(parser)
         parser.add_argument("--device", type=_device_argument, help=DEVICE_HELP)
-        return parser
+        try:
+            return add_cli_args(parser)
+        except RuntimeError:
+            # With no platform at all vLLM cannot build its parser ("Failed to
+            # infer device type"); a --device on the command line is answered
+            # first, so --device hpu says that no Gaudi was found.
+            parser.parse_known_args()
+            raise
 
     return wrapped
 
 
 def _patch_engine_args(arg_utils: ModuleType) -> None:
+    if getattr(arg_utils, PATCHED, False):
+        return
+    setattr(arg_utils, PATCHED, True)
     for cls in (arg_utils.EngineArgs, arg_utils.AsyncEngineArgs):
         cls.__init__ = _with_device_keyword(cls.__init__)
     engine_args = arg_utils.EngineArgs
@@ -143,11 +153,13 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-@functools.cache
 def accept_device_option() -> None:
-    """Idempotent; safe to call while vLLM is being imported."""
+    """Idempotent; safe to call while vLLM is being imported. Called from the
+    platform entry point, and again from the general plugin, which vLLM's CLI
+    loads before building its parser (at import, ``arg_utils`` may be half-run)."""
     arg_utils = sys.modules.get(ARG_UTILS)
     if arg_utils is None:
-        sys.meta_path.insert(0, _PatchAfterImport(ARG_UTILS, _patch_engine_args))
+        if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
+            sys.meta_path.insert(0, _PatchAfterImport(ARG_UTILS, _patch_engine_args))
     elif hasattr(arg_utils, "AsyncEngineArgs"):
         _patch_engine_args(arg_utils)
