@@ -6,6 +6,7 @@ Ray clusters are started only by the engine under test or by a fixture here, and
 every one is shut down before the test ends.
 """
 
+import ast
 import os
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def generate_code(engine_kwargs: str) -> str:
 def tokens_printed(result: subprocess.CompletedProcess) -> list[list[int]]:
     lines = [line for line in result.stdout.splitlines() if line.startswith("TOKENS")]
     assert lines, f"no tokens (rc {result.returncode}):\n{result.stderr[-3000:]}"
-    return eval(lines[-1].removeprefix("TOKENS "))
+    return ast.literal_eval(lines[-1].removeprefix("TOKENS "))
 
 
 @pytest.fixture(scope="module")
