@@ -25,24 +25,28 @@ logger = init_logger("vllm.hpu.ray")
 RESOURCE = "HPU"
 
 
-def init_ray_with_hpus(parallel_config: "ParallelConfig") -> None:
-    """Connect to a Ray cluster or start one; fail unless it has enough HPUs."""
+def init_ray_with_hpus(parallel_config: "ParallelConfig") -> bool:
+    """Connect to a Ray cluster or start one; fail unless it has enough HPUs.
+    True when this process started the cluster (and must stop it)."""
+    started = False
     if not ray.is_initialized():
-        _connect_or_start(parallel_config)
+        started = _connect_or_start(parallel_config)
     check_hpu_resources(ray.cluster_resources(), parallel_config.world_size)
+    return started
 
 
-def _connect_or_start(parallel_config: "ParallelConfig") -> None:
+def _connect_or_start(parallel_config: "ParallelConfig") -> bool:
     runtime_env = parallel_config.ray_runtime_env
     try:
         # RAY_ADDRESS, or the cluster `ray start` left on this node.
         ray.init(address="auto", runtime_env=runtime_env)
-        return
+        return False
     except ConnectionError:
         pass
     resources = device.emulated_ray_resources(parallel_config.world_size)
     logger.info("Starting a Ray cluster on this node with resources %s", resources)
     ray.init(runtime_env=runtime_env, resources=resources)
+    return True
 
 
 def check_hpu_resources(cluster_resources: dict[str, Any], num_needed: int) -> None:
@@ -60,16 +64,30 @@ def check_hpu_resources(cluster_resources: dict[str, Any], num_needed: int) -> N
     )
 
 
-class HpuRayExecutorV2(RayExecutorV2):
+class _HpuRay:
+    """Before vLLM's Ray start-up: the checks above; at shutdown, the cluster
+    this engine started is stopped with it (its processes would outlive it)."""
+
+    parallel_config: "ParallelConfig"
+    started_ray = False
+
     def _init_executor(self) -> None:
-        init_ray_with_hpus(self.parallel_config)
-        super()._init_executor()
+        self.started_ray = init_ray_with_hpus(self.parallel_config)
+        super()._init_executor()  # type: ignore[misc]
+
+    def shutdown(self) -> None:
+        super().shutdown()  # type: ignore[misc]
+        if self.started_ray:
+            self.started_ray = False
+            ray.shutdown()
 
 
-class HpuRayDistributedExecutor(RayDistributedExecutor):
-    def _init_executor(self) -> None:
-        init_ray_with_hpus(self.parallel_config)
-        super()._init_executor()
+class HpuRayExecutorV2(_HpuRay, RayExecutorV2):
+    pass
+
+
+class HpuRayDistributedExecutor(_HpuRay, RayDistributedExecutor):
+    pass
 
 
 def hpu_ray_executor() -> type["Executor"]:

@@ -159,8 +159,13 @@ def test_engine_starts_after_torch_work_in_the_calling_process(reference_tokens)
 
 
 def ray_processes() -> set[int]:
-    names = ("gcs_server", "raylet")
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in names}
+    """Ray's daemons and agents (named ray::...) alive on this machine."""
+    return {
+        p.pid
+        for p in psutil.process_iter(["name", "status"])
+        if p.info["status"] != psutil.STATUS_ZOMBIE
+        and (p.info["name"] in ("gcs_server", "raylet") or "ray::" in p.info["name"])
+    }
 
 
 def test_ray_tp2_with_the_engine_in_its_own_process(reference_tokens):
