@@ -79,6 +79,7 @@ class _HpuRay:
         super().shutdown()  # type: ignore[misc]
         if self.started_ray:
             self.started_ray = False
+            logger.info("Stopping the Ray cluster this engine started")
             ray.shutdown()
 
 
