@@ -69,7 +69,7 @@ def check_device(value: str | None) -> None:
     active = register() is not None
     if value == "hpu" and not active:
         raise ValueError(
-            "--device hpu: no Gaudi found (habana_frameworks reports no HPU device). "
+            "--device hpu: no Gaudi found (the Habana bridge reports no HPU device). "
             "To run the HPU plugin on the CPU, set VLLM_HPU_EMULATION=1."
         )
     if value != "hpu" and active:
