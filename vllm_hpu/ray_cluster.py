@@ -1,9 +1,5 @@
-"""Ray for HPU engines: the emulated cards declared, missing cards named at once.
-
-vLLM's Ray executors start Ray without declaring resources, then wait up to 30
-minutes for a placement group of ``{"HPU": 1}`` bundles. Ray counts Gaudi cards by
-itself but finds none in emulation, so these executors first connect to a running
-cluster or start one (declaring the emulated HPUs), and check its HPU count.
+"""Ray for HPU engines: the emulated cards declared, too few cards named at once
+(vLLM alone starts Ray declaring none, then waits 30 minutes for ``HPU`` bundles).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -27,26 +23,30 @@ RESOURCE = "HPU"
 
 def init_ray_with_hpus(parallel_config: "ParallelConfig") -> bool:
     """Connect to a Ray cluster or start one; fail unless it has enough HPUs.
-    True when this process started the cluster (and must stop it)."""
-    started = False
-    if not ray.is_initialized():
-        started = _connect_or_start(parallel_config)
+    True when this process initialised Ray (and must shut it down)."""
+    initialised = not ray.is_initialized()
+    if initialised:
+        _connect_or_start(parallel_config)
     check_hpu_resources(ray.cluster_resources(), parallel_config.world_size)
-    return started
+    return initialised
 
 
-def _connect_or_start(parallel_config: "ParallelConfig") -> bool:
+def _connect_or_start(parallel_config: "ParallelConfig") -> None:
+    """As vLLM would (RAY_ADDRESS, the cluster `ray start` left on this node, else a
+    new one), a new one declaring the emulated HPUs, which Ray cannot find itself.
+    Not ``address="auto"``, which joins any cluster running on the node."""
     runtime_env = parallel_config.ray_runtime_env
-    try:
-        # RAY_ADDRESS, or the cluster `ray start` left on this node.
-        ray.init(address="auto", runtime_env=runtime_env)
-        return False
-    except ConnectionError:
-        pass
     resources = device.emulated_ray_resources(parallel_config.world_size)
-    logger.info("Starting a Ray cluster on this node with resources %s", resources)
-    ray.init(runtime_env=runtime_env, resources=resources)
-    return True
+    if resources is not None:
+        try:
+            ray.init(runtime_env=runtime_env, resources=resources)
+            logger.info("Started a Ray cluster on this node with %s", resources)
+            return
+        except ValueError:
+            # Ray found a running cluster, which takes no resources from drivers:
+            # it declares its own.
+            pass
+    ray.init(runtime_env=runtime_env)
 
 
 def check_hpu_resources(cluster_resources: dict[str, Any], num_needed: int) -> None:
@@ -65,21 +65,21 @@ def check_hpu_resources(cluster_resources: dict[str, Any], num_needed: int) -> N
 
 
 class _HpuRay:
-    """Before vLLM's Ray start-up: the checks above; at shutdown, the cluster
-    this engine started is stopped with it (its processes would outlive it)."""
+    """Before vLLM's Ray start-up: the checks above. At shutdown, Ray is shut down
+    if this engine initialised it: a cluster it started would outlive it."""
 
     parallel_config: "ParallelConfig"
-    started_ray = False
+    owns_ray = False
 
     def _init_executor(self) -> None:
-        self.started_ray = init_ray_with_hpus(self.parallel_config)
+        self.owns_ray = init_ray_with_hpus(self.parallel_config)
         super()._init_executor()  # type: ignore[misc]
 
     def shutdown(self) -> None:
         super().shutdown()  # type: ignore[misc]
-        if self.started_ray:
-            self.started_ray = False
-            logger.info("Stopping the Ray cluster this engine started")
+        if self.owns_ray:
+            self.owns_ray = False
+            logger.info("Shutting down the Ray this engine initialised")
             ray.shutdown()
 
 
