@@ -230,6 +230,7 @@ def test_contract_engine_args_take_device_and_cli_has_the_option():
     assert EngineArgs(model=model, device="hpu").model == model
     assert AsyncEngineArgs(model=model, device="hpu").model == model
     parser = make_arg_parser(FlexibleArgumentParser())
+    assert "--device DEVICE" in parser.format_help()  # vllm serve --help=device
     assert parser.parse_args(["--device", "hpu"]).device == "hpu"
     with pytest.raises(SystemExit):
         parser.parse_args(["--device", "cpu"])
