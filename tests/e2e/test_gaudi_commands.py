@@ -7,11 +7,13 @@ every one is shut down before the test ends.
 """
 
 import ast
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 import time
+import uuid
 
 import httpx
 import psutil
@@ -33,6 +35,7 @@ CHILD_TIMEOUT_S = 300  # a child imports vLLM and spawns an engine on 2 busy cor
 # vLLM alone would wait 30 minutes for a placement group it cannot get.
 RAY_FAILURE_BOUND_S = 60.0
 NO_GAUDI = "--device hpu: no Gaudi found"
+RAY_MARK = "HPU_TEST_RAY_MARK"  # tells this test's Ray processes from others'
 HOW_TO_EMULATE = "set VLLM_HPU_EMULATION=1"
 
 
@@ -158,29 +161,34 @@ def test_engine_starts_after_torch_work_in_the_calling_process(reference_tokens)
     assert tokens_printed(result) == reference_tokens
 
 
-def ray_processes() -> set[int]:
-    """Ray's daemons and agents (named ray::...) alive on this machine."""
-    return {
-        p.pid
-        for p in psutil.process_iter(["name", "status"])
-        if p.info["status"] != psutil.STATUS_ZOMBIE
-        and (p.info["name"] in ("gcs_server", "raylet") or "ray::" in p.info["name"])
-    }
+def ray_processes(mark: str) -> list[psutil.Process]:
+    """Ray's daemons and agents (ray::...) alive with ``mark`` in their
+    environment: those started under one child, not other users' clusters."""
+    found = []
+    for proc in psutil.process_iter(["name", "status"]):
+        name = proc.info["name"] or ""
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if name in ("gcs_server", "raylet") or name.startswith("ray::"):
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get(RAY_MARK) == mark:
+                    found.append(proc)
+    return found
 
 
 def test_ray_tp2_with_the_engine_in_its_own_process(reference_tokens):
     """No cluster started here: the engine process starts Ray with two emulated
     HPUs declared, and stops it when it shuts down."""
-    before = ray_processes()
+    mark = uuid.uuid4().hex
     result = run_child(
         generate_code('tensor_parallel_size=2, distributed_executor_backend="ray"'),
-        child_env(RAY_ADDRESS=None),
+        child_env(RAY_ADDRESS=None, **{RAY_MARK: mark}),
     )
     assert tokens_printed(result) == reference_tokens
     deadline = time.monotonic() + 60  # Ray's agents notice their raylet is gone
-    while ray_processes() - before and time.monotonic() < deadline:
+    while ray_processes(mark) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not ray_processes() - before, "the engine left a Ray cluster running"
+    assert not ray_processes(mark), "the engine left a Ray cluster running"
 
 
 @pytest.fixture
