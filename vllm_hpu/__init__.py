@@ -9,9 +9,14 @@ PLATFORM_CLS = "vllm_hpu.platform.HpuPlatform"
 
 
 def register() -> str | None:
-    """The platform's dotted class path when Gaudi or emulation is there, else None."""
-    from vllm_hpu import device
+    """The platform's dotted class path when Gaudi or emulation is there, else None.
 
+    Either way it lets vLLM take ``--device hpu`` / ``device="hpu"`` and check it,
+    since vLLM calls this as it is imported, before it builds any ``EngineArgs``.
+    """
+    from vllm_hpu import device, patches
+
+    patches.accept_device_option()
     if device.hpu_available() or device.is_emulation():
         return PLATFORM_CLS
     return None
@@ -19,9 +24,11 @@ def register() -> str | None:
 
 def register_ops() -> None:
     """Register custom-op overrides and the attention backend (idempotent)."""
+    from vllm_hpu import device, patches
+
+    patches.accept_device_option()
     if register() is None:
         return
-    from vllm_hpu import device, patches
 
     if device.is_emulation():
         patches.apply_emulation_patches()

@@ -78,6 +78,22 @@ def graph_compilations() -> int:
     return count
 
 
+def cpu_fallbacks() -> dict[str, int] | None:
+    """Operators that fell back to the host so far, by name, from the bridge's
+    counters; None in emulation, where every operator runs on the host."""
+    if not hpu_available():
+        return None
+    metrics = importlib.import_module("habana_frameworks.torch.hpu.metrics")
+    stats = dict(metrics.metric_global("cpu_fallback").stats())
+    return {str(op): int(n) for op, n in dict(stats.get("FallbackOps", {})).items()}
+
+
+def emulated_ray_resources(num_devices: int) -> dict[str, float] | None:
+    """Resources a Ray node started here must declare: Ray counts Gaudi cards
+    itself, but finds none in emulation, so the emulated ones are named."""
+    return None if hpu_available() else {"HPU": float(num_devices)}
+
+
 def is_lazy() -> bool:
     return hpu_available() and get_envs().pt_hpu_lazy_mode == "1"
 

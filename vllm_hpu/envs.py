@@ -64,10 +64,14 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
-def _var(name: str, parse: Parser, default: Any, doc: str) -> Any:
-    return dataclasses.field(
-        default=default, metadata={"env": name, "parse": parse, "doc": doc}
-    )
+def _var(name: str, parse: Parser, default: Any, doc: str, no_effect: str = "") -> Any:
+    metadata = {"env": name, "parse": parse, "doc": doc, "no_effect": no_effect}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _no_effect(name: str, reason: str, parse: Parser = _bool) -> Any:
+    """A reference Gaudi variable accepted (and checked) that does nothing here."""
+    return _var(name, parse, None, f"no effect: {reason}", no_effect=reason)
 
 
 def _bucket_var(phase: str, dim: str, part: str) -> Any:
@@ -237,6 +241,75 @@ class HpuEnvs:
         "hpu_profile",
         "folder for VLLM_PROFILER_ENABLED traces (trace_rank<N>_<pid>.json)",
     )
+    # Counted from the bridge's counters on Gaudi; emulation runs every op on the
+    # host, so it has no fallbacks to count and says so once.
+    log_step_cpu_fallbacks: bool = _var(
+        "VLLM_HPU_LOG_STEP_CPU_FALLBACKS",
+        _bool,
+        False,
+        "log the operators that fell back to the host in a step, when any did",
+    )
+    log_step_cpu_fallbacks_all: bool = _var(
+        "VLLM_HPU_LOG_STEP_CPU_FALLBACKS_ALL",
+        _bool,
+        False,
+        "log the host fallbacks of every step",
+    )
+    # Lazy mode only: a graph ends every N decoder layers instead of once per pass.
+    config_hidden_layers: int | None = _var(
+        "VLLM_CONFIG_HIDDEN_LAYERS",
+        _positive_int,
+        None,
+        "lazy mode: close the graph (mark_step) every N decoder layers; unset: one "
+        "graph per forward pass",
+    )
+    # The reference's newer name for the spacing; VLLM_EXPONENTIAL_BUCKETING wins.
+    bucketing_strategy: str | None = _var(
+        "VLLM_BUCKETING_STRATEGY",
+        _choice("exp", "lin"),
+        None,
+        "exp: exponential buckets, lin: linear (VLLM_EXPONENTIAL_BUCKETING in the "
+        "reference's newer name)",
+    )
+    # Accepted from the reference Gaudi plugin; each logs once why it does nothing.
+    handle_topk_duplicates: bool | None = _no_effect(
+        "VLLM_HANDLE_TOPK_DUPLICATES",
+        "always so here: vLLM's sampler keeps every token tied with the k-th logit",
+    )
+    delayed_sampling: bool | None = _no_effect(
+        "VLLM_DELAYED_SAMPLING",
+        "delayed sampling comes with async scheduling, which the HPU runner does "
+        "not support yet: every step samples before the next one is scheduled",
+    )
+    prompt_use_flex_attention: bool | None = _no_effect(
+        "VLLM_PROMPT_USE_FLEX_ATTENTION",
+        "prompt attention runs fused SDPA (VLLM_PROMPT_USE_FUSEDSDPA) or plain "
+        "matmuls; there is no flex attention path",
+    )
+    t_compile_dynamic_shapes: bool | None = _no_effect(
+        "VLLM_T_COMPILE_DYNAMIC_SHAPES",
+        "torch.compile always compiles static shapes, one graph per bucket",
+    )
+    disable_mark_scales_as_const: bool | None = _no_effect(
+        "VLLM_DISABLE_MARK_SCALES_AS_CONST",
+        "FP8 scales are never marked as graph constants here",
+    )
+    # The reference README raises these for slow FP8 compiles; vLLM 0.32 dropped them.
+    engine_iteration_timeout_s: int | None = _no_effect(
+        "VLLM_ENGINE_ITERATION_TIMEOUT_S",
+        "vLLM 0.32 dropped it; VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS bounds a step",
+        _positive_int,
+    )
+    rpc_timeout: int | None = _no_effect(
+        "VLLM_RPC_TIMEOUT",
+        "vLLM 0.32 dropped it; VLLM_ENGINE_READY_TIMEOUT_S bounds the engine start",
+        _positive_int,
+    )
+    contiguous_pa: bool | None = _no_effect(
+        "VLLM_CONTIGUOUS_PA",
+        "flat paged attention gathers the blocks of a batch wherever they lie; "
+        "there is no contiguous-cache variant",
+    )
 
 
 def read_envs(environ: Mapping[str, str]) -> HpuEnvs:
@@ -246,7 +319,33 @@ def read_envs(environ: Mapping[str, str]) -> HpuEnvs:
         raw = environ.get(field.metadata["env"], "")
         if raw != "":
             values[field.name] = field.metadata["parse"](field.metadata["env"], raw)
+    _apply_bucketing_strategy(values)
     return HpuEnvs(**values)
+
+
+def _apply_bucketing_strategy(values: dict[str, Any]) -> None:
+    """VLLM_BUCKETING_STRATEGY sets the spacing unless VLLM_EXPONENTIAL_BUCKETING
+    does; set both, they must agree."""
+    strategy = values.get("bucketing_strategy")
+    if strategy is None:
+        return
+    exponential = strategy == "exp"
+    explicit = values.setdefault("exponential_bucketing", exponential)
+    if explicit != exponential:
+        raise ValueError(
+            f"VLLM_BUCKETING_STRATEGY={strategy} contradicts "
+            f"VLLM_EXPONENTIAL_BUCKETING={int(explicit)}: set only one of them."
+        )
+
+
+def no_effect_notes(envs: HpuEnvs) -> list[str]:
+    """One line per reference Gaudi variable that is set but does nothing here."""
+    return [
+        f"{field.metadata['env']} is accepted but has no effect: "
+        f"{field.metadata['no_effect']}."
+        for field in dataclasses.fields(HpuEnvs)
+        if field.metadata["no_effect"] and getattr(envs, field.name) is not None
+    ]
 
 
 @functools.cache
@@ -276,6 +375,13 @@ def unknown_vllm_variables(environ: Mapping[str, str], known: set[str]) -> list[
         for name in environ
         if name.startswith("VLLM_") and name not in known and name not in ours
     )
+
+
+def default_multiproc_method(method: str) -> str:
+    """vLLM's own VLLM_WORKER_MULTIPROC_METHOD, set to ``method`` unless the user
+    chose one; the method in force. vLLM reads it from the environment, so this
+    is the one variable the plugin writes (as vLLM's CPU and XPU platforms do)."""
+    return os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", method)
 
 
 def process_environ() -> Mapping[str, str]:

@@ -1,18 +1,28 @@
 """The one place where the plugin changes code it does not own.
 
-Why: vLLM's model loader and shutdown call ``torch.accelerator.empty_cache``,
-``synchronize`` and ``empty_host_cache`` unconditionally; on a CPU-only torch they
-raise "Cannot access accelerator device when none is available". vLLM skips them
-only for its own CPU platform (``vllm/v1/worker/cpu_model_runner.py``).
-How: in CPU emulation, and only when torch reports no accelerator, those three
-functions become no-ops, which is what they mean on a machine without one.
-Upstream change that removes this: vLLM guarding those calls with
-``torch.accelerator.is_available()``.
+Each patch says why it exists, how it works, and which upstream change removes it.
 """
 
+import argparse
 import functools
+import importlib.abc
+import importlib.util
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import torch
+
+# -- 1. torch.accelerator calls in CPU emulation ------------------------------------
+# Why: vLLM's model loader and shutdown call ``torch.accelerator.empty_cache``,
+# ``synchronize`` and ``empty_host_cache`` unconditionally; on a CPU-only torch they
+# raise "Cannot access accelerator device when none is available". vLLM skips them
+# only for its own CPU platform (``vllm/v1/worker/cpu_model_runner.py``).
+# How: in CPU emulation, and only when torch reports no accelerator, those three
+# functions become no-ops, which is what they mean on a machine without one.
+# Upstream change that removes it: vLLM guarding those calls with
+# ``torch.accelerator.is_available()``.
 
 
 def _noop(*args: object, **kwargs: object) -> None:
@@ -27,3 +37,129 @@ def apply_emulation_patches() -> None:
     for name in ("empty_cache", "synchronize", "empty_host_cache"):
         if hasattr(torch.accelerator, name):
             setattr(torch.accelerator, name, _noop)
+
+
+# -- 2. --device / device= ----------------------------------------------------------
+# Why: Gaudi users run ``vllm serve <model> --device hpu`` and ``LLM(model,
+# device="hpu")``, as the reference Gaudi README says; vLLM 0.32 dropped ``device``
+# from ``EngineArgs``, so the first is an "ambiguous option" and the second a
+# TypeError. ``LLM(**kwargs)`` reaches ``EngineArgs(**kwargs)`` before vLLM loads any
+# general plugin, so only the platform entry point (run whenever vLLM picks its
+# platform, at import) comes early enough, and it runs whether or not we are active.
+# How: once ``vllm.engine.arg_utils`` has been imported, ``EngineArgs`` and
+# ``AsyncEngineArgs`` take a ``device`` keyword and ``EngineArgs.add_cli_args`` adds
+# ``--device``; both check the value (``check_device``) and drop it: the platform is
+# already chosen by then. ``from_cli_args`` copies only dataclass fields.
+# Upstream change that removes it: ``device`` back in ``EngineArgs`` (vLLM < 0.11
+# had it, checked against the platform).
+ARG_UTILS = "vllm.engine.arg_utils"
+PATCHED = "_vllm_hpu_accepts_device"
+DEVICE_HELP = (
+    "Kept for Gaudi users' commands: 'hpu' checks that the HPU plugin runs (on a "
+    "Gaudi, or on the CPU with VLLM_HPU_EMULATION=1); vLLM picks the platform itself."
+)
+
+
+def check_device(value: str | None) -> None:
+    """Accept the device a user named if it is the platform vLLM runs on."""
+    from vllm_hpu import register
+
+    if value in (None, "auto"):
+        return
+    active = register() is not None
+    if value == "hpu" and not active:
+        raise ValueError(
+            "--device hpu: no Gaudi found (the Habana bridge reports no HPU device). "
+            "To run the HPU plugin on the CPU, set VLLM_HPU_EMULATION=1."
+        )
+    if value != "hpu" and active:
+        raise ValueError(
+            f"--device {value}: vLLM runs on the HPU plugin here (a Gaudi, or "
+            "VLLM_HPU_EMULATION=1); pass --device hpu or leave the option out."
+        )
+    if value != "hpu":
+        raise ValueError(
+            f"--device {value}: vLLM 0.32 has no --device option and picks its "
+            "platform itself; the HPU plugin only reads --device hpu. Leave it out."
+        )
+
+
+def _device_argument(value: str) -> str:
+    try:
+        check_device(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
+def _with_device_keyword(init: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, device: str | None = None, **kwargs: Any):
+        check_device(device)
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+def _with_device_option(add_cli_args: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    @functools.wraps(add_cli_args)
+    def wrapped(parser: Any) -> Any:
+        parser.add_argument("--device", type=_device_argument, help=DEVICE_HELP)
+        try:
+            return add_cli_args(parser)
+        except RuntimeError:
+            # With no platform at all vLLM cannot build its parser ("Failed to
+            # infer device type"); a --device on the command line is answered
+            # first, so --device hpu says that no Gaudi was found.
+            parser.parse_known_args()
+            raise
+
+    return wrapped
+
+
+def _patch_engine_args(arg_utils: ModuleType) -> None:
+    if getattr(arg_utils, PATCHED, False):
+        return
+    setattr(arg_utils, PATCHED, True)
+    for cls in (arg_utils.EngineArgs, arg_utils.AsyncEngineArgs):
+        cls.__init__ = _with_device_keyword(cls.__init__)
+    engine_args = arg_utils.EngineArgs
+    engine_args.add_cli_args = staticmethod(  # type: ignore[method-assign]
+        _with_device_option(engine_args.add_cli_args)
+    )
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Applies ``patch`` to module ``name`` right after it has been executed."""
+
+    def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
+        self.name = name
+        self.patch = patch
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module: ModuleType) -> None:
+            exec_module(module)
+            self.patch(module)
+
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+def accept_device_option() -> None:
+    """Idempotent; safe to call while vLLM is being imported. Called from the
+    platform entry point, and again from the general plugin, which vLLM's CLI
+    loads before building its parser (at import, ``arg_utils`` may be half-run)."""
+    arg_utils = sys.modules.get(ARG_UTILS)
+    if arg_utils is None:
+        if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
+            sys.meta_path.insert(0, _PatchAfterImport(ARG_UTILS, _patch_engine_args))
+    elif hasattr(arg_utils, "AsyncEngineArgs"):
+        _patch_engine_args(arg_utils)

@@ -115,13 +115,41 @@ class HpuPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
-        envs.get_envs()  # 0. a malformed variable stops start-up here
+        _check_envs()  # 0. a malformed variable stops start-up here
         _use_our_worker(vllm_config)  # 1.
         _set_block_size(vllm_config)  # 2.
         _disable_vllm_compilation(vllm_config)  # 3.
         _set_dtype(vllm_config)  # 4.
         _disable_unsupported_scheduling(vllm_config)  # 5.
         _reject_unsupported_features(vllm_config)  # 6.
+        _spawn_processes()  # 7.
+        _use_hpu_ray_executor(vllm_config)  # 8.
+
+
+def _check_envs() -> None:
+    """Parse every variable now; name the reference's ones that do nothing here."""
+    for note in envs.no_effect_notes(envs.get_envs()):
+        logger.info_once(note)
+
+
+def _spawn_processes() -> None:
+    """Engine and worker processes start with spawn, as on vLLM's CPU backend: a
+    process forked after torch ran work (a thread pool started) can hang."""
+    if envs.default_multiproc_method("spawn") != "spawn":
+        logger.warning_once(
+            "VLLM_WORKER_MULTIPROC_METHOD is not spawn: an engine forked from a "
+            "process that already ran torch work can hang at start-up."
+        )
+
+
+def _use_hpu_ray_executor(vllm_config: "VllmConfig") -> None:
+    """Ray's executor, starting Ray with the emulated HPUs declared and failing at
+    once when the cluster has too few HPUs (vLLM would wait 30 minutes)."""
+    parallel_config = vllm_config.parallel_config
+    if parallel_config.distributed_executor_backend == "ray":
+        from vllm_hpu.ray_cluster import hpu_ray_executor
+
+        parallel_config.distributed_executor_backend = hpu_ray_executor()
 
 
 def _use_our_worker(vllm_config: "VllmConfig") -> None:

@@ -24,6 +24,7 @@ from vllm_hpu.envs import get_envs
 from vllm_hpu.metrics import HpuMetrics
 from vllm_hpu.worker import pipeline
 from vllm_hpu.worker.compile_stats import StepCompilations
+from vllm_hpu.worker.fallback_stats import StepFallbacks
 from vllm_hpu.worker.memory import MemorySplit, split_memory
 from vllm_hpu.worker.model_runner import HpuModelRunner
 from vllm_hpu.worker.warmup import warm_up_model
@@ -48,6 +49,9 @@ class HpuWorker(WorkerBase):
         envs = get_envs()
         self.compilations = StepCompilations(
             envs.log_step_graph_compilation, envs.log_step_graph_compilation_all
+        )
+        self.fallbacks = StepFallbacks(
+            envs.log_step_cpu_fallbacks, envs.log_step_cpu_fallbacks_all
         )
         self.metrics: HpuMetrics | None = None
 
@@ -141,7 +145,7 @@ class HpuWorker(WorkerBase):
         stage = self.runner.stage
         if scheduler_output.total_num_scheduled_tokens and not stage.is_first:
             received = pipeline.receive()
-        with self.compilations.step():
+        with self.compilations.step(), self.fallbacks.step():
             output = self.runner.execute_model(scheduler_output, received)
         if self.metrics is not None:
             self.metrics.observe_step()

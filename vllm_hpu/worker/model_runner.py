@@ -44,6 +44,7 @@ from vllm_hpu.worker.inputs import (
     build_prompt_pass,
     split_prefills,
 )
+from vllm_hpu.worker.layer_split import split_graph_every
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.request_states import RequestStates
 
@@ -127,6 +128,7 @@ class HpuModelRunner:
             # Compilers lower the layers as vLLM defines them: inductor cannot
             # take oneDNN's packed weights as graph inputs.
             device.prepare_weights(self.model)
+        split_graph_every(self.model, get_envs().config_hidden_layers)
         logger.info(
             "Loading model weights took %.2f s and %.4f GiB of device memory",
             time.perf_counter() - started,
