@@ -107,6 +107,47 @@ MODEL_SPECS = {
     ),
 }
 
+# Mixture-of-experts models: 4 experts, top-2, expert sizes that divide by 2 for
+# tensor parallelism. Qwen2-MoE has a gated shared expert and keeps the top-k
+# weights as they are; Qwen3-MoE renormalises them, as Mixtral does.
+NUM_EXPERTS = 4
+NUM_EXPERTS_PER_TOK = 2
+MOE_INTERMEDIATE_SIZE = 128
+MOE_SPECS = {
+    "tiny-mixtral": (
+        "mixtral",
+        {
+            **GQA_SHAPE,
+            "intermediate_size": MOE_INTERMEDIATE_SIZE,
+            "num_local_experts": NUM_EXPERTS,
+            "num_experts_per_tok": NUM_EXPERTS_PER_TOK,
+            "sliding_window": None,
+        },
+    ),
+    "tiny-qwen2-moe": (
+        "qwen2_moe",
+        {
+            **GQA_SHAPE,
+            "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+            "shared_expert_intermediate_size": INTERMEDIATE_SIZE,
+            "num_experts": NUM_EXPERTS,
+            "num_experts_per_tok": NUM_EXPERTS_PER_TOK,
+            "norm_topk_prob": False,
+        },
+    ),
+    "tiny-qwen3-moe": (
+        "qwen3_moe",
+        {
+            **GQA_SHAPE,
+            "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+            "num_experts": NUM_EXPERTS,
+            "num_experts_per_tok": NUM_EXPERTS_PER_TOK,
+            "norm_topk_prob": True,
+        },
+    ),
+}
+MODEL_SPECS.update(MOE_SPECS)
+
 PASSAGES = [
     "The capital of France is Paris. The capital of Italy is Rome. "
     "The capital of Japan is Tokyo, and the capital of Spain is Madrid.",
