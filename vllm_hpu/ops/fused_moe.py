@@ -6,7 +6,7 @@ router logits and runs the experts itself (``ops/moe.py``); what it cannot run i
 refused when the model is loaded, naming the option or model to change.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
@@ -72,13 +72,18 @@ def check_moe_layers(model: torch.nn.Module) -> None:
 
 
 def routing_of(layer: RoutedExperts) -> MoeRouting:
+    """The layer's routing as vLLM's own routers read it: groups only with grouped
+    top-k, and the scaling factor only where they apply it (grouped or biased
+    routing; the plain top-k router leaves it to the model)."""
+    grouped = layer.use_grouped_topk
+    biased = layer.e_score_correction_bias is not None
     return MoeRouting(
         top_k=layer.top_k,
         renormalize=layer.renormalize,
         scoring_func=layer.scoring_func,
-        num_expert_group=layer.num_expert_group,
-        topk_group=layer.topk_group,
-        routed_scaling_factor=layer.routed_scaling_factor,
+        num_expert_group=layer.num_expert_group if grouped else None,
+        topk_group=layer.topk_group if grouped else None,
+        routed_scaling_factor=layer.routed_scaling_factor if grouped or biased else 1.0,
         e_score_correction_bias=layer.e_score_correction_bias,
         custom_routing_function=layer.custom_routing_function,
     )
@@ -119,8 +124,8 @@ class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         """Shared experts, if any, are run by vLLM's MoE runner around this call."""
         return fused_experts(
             x,
-            layer.w13_weight,
-            layer.w2_weight,
+            cast(torch.Tensor, layer.w13_weight),
+            cast(torch.Tensor, layer.w2_weight),
             topk_weights,
             topk_ids,
             layer.activation.value,

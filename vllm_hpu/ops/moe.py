@@ -4,6 +4,13 @@ Every shape is fixed by the (bucketed) token count, so one graph serves a bucket
 whatever the routing; Gaudi runs its fused kernel from ``device.py`` instead.
 """
 
+# Why token-to-expert (experts_grouped) over dense (experts_dense): both have static
+# shapes, but dense runs every expert on every token, num_experts / top_k times the
+# work (4x for Mixtral). benchmarks/ops.py, 64 tokens, 8 experts, top 2, hidden
+# 1024, intermediate 3584, 2 CPU threads: float32 56 ms vs 104 ms dense (315 ms for a
+# per-token loop), bfloat16 9.5 ms vs 18.5 ms (107 ms). Dense stays for the sizes
+# torch's grouped GEMM refuses.
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,7 +80,9 @@ def _gated(h: torch.Tensor, activation: str) -> torch.Tensor:
     return ACTIVATIONS[activation](gate) * up
 
 
-def grouped_mm_fits(hidden_size: int, intermediate_size: int, dtype: torch.dtype) -> bool:
+def grouped_mm_fits(
+    hidden_size: int, intermediate_size: int, dtype: torch.dtype
+) -> bool:
     """Whether the token-to-expert form's grouped GEMMs accept these sizes."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     return all(
@@ -165,5 +174,7 @@ def fused_experts(
             experts_max=w13.shape[0] - 1,
         )
     if grouped_mm_fits(w2.shape[1], w2.shape[2], hidden_states.dtype):
-        return experts_grouped(hidden_states, w13, w2, topk_weights, topk_ids, activation)
+        return experts_grouped(
+            hidden_states, w13, w2, topk_weights, topk_ids, activation
+        )
     return experts_dense(hidden_states, w13, w2, topk_weights, topk_ids, activation)

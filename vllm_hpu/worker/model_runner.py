@@ -31,8 +31,8 @@ from vllm_hpu import device
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
 from vllm_hpu.envs import get_envs
-from vllm_hpu.ops.kv_cache import allocate_kv_cache
 from vllm_hpu.ops.fused_moe import check_moe_layers
+from vllm_hpu.ops.kv_cache import allocate_kv_cache
 from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.worker import pipeline
 from vllm_hpu.worker.execution import ExecutionMode, select_mode
