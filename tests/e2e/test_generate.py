@@ -19,8 +19,9 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 32
 # One token to several 16-token blocks, with exact multiples of the block size.
 LENGTHS = [1, 5, 16, 33, 64, 100, 128, 129, 250]
-# Mixture-of-experts models: Mixtral, Qwen2-MoE (shared expert), Qwen3-MoE.
-MOE_MODELS = ["tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe"]
+# Mixture-of-experts models: Mixtral, Qwen2-MoE (gated shared expert), Qwen3-MoE,
+# GLM-4-MoE (DeepSeek-V3 routing: sigmoid, bias, groups, scale, shared expert).
+MOE_MODELS = ["tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-glm4-moe"]
 
 
 def vocab_size(name: str) -> int:

@@ -41,7 +41,9 @@ def make_routing(name: str, renormalize: bool) -> MoeRouting:
 def naive_route(logits: torch.Tensor, routing: MoeRouting) -> dict[int, float]:
     """One token: {expert: weight}, group by group, expert by expert."""
     logits = logits.float()
-    scores = logits.softmax(-1) if routing.scoring_func == "softmax" else logits.sigmoid()
+    scores = (
+        logits.softmax(-1) if routing.scoring_func == "softmax" else logits.sigmoid()
+    )
     bias = routing.e_score_correction_bias
     choice = scores + bias if bias is not None else scores
     num_groups = routing.num_expert_group or 1
