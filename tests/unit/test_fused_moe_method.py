@@ -17,6 +17,7 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 )
 
 from vllm_hpu.ops.fused_moe import HpuUnquantizedFusedMoEMethod
+from vllm_hpu.ops.moe import ACTIVATIONS
 
 
 def moe_config(**changes) -> FusedMoEConfig:
@@ -58,3 +59,20 @@ REFUSED = {
 def test_unsupported_moe_configurations_are_refused(what):
     with pytest.raises(ValueError, match=f"does not support .*{what}.*: "):
         UnquantizedFusedMoEMethod(moe_config(**REFUSED[what]))
+
+
+@pytest.mark.parametrize("activation", list(MoEActivation), ids=lambda a: a.value)
+def test_every_vllm_expert_activation_runs_or_is_refused(activation):
+    """vLLM's whole list: a new upstream activation is refused until ops/moe.py
+    computes it, never run as another one."""
+    if not activation.is_gated:
+        # vLLM itself refuses ungated experts off CUDA, XPU and ROCm.
+        with pytest.raises(NotImplementedError, match="is_act_and_mul=False"):
+            moe_config(activation=activation)
+        return
+    with set_current_vllm_config(VllmConfig()):
+        if activation.value in ACTIVATIONS:
+            UnquantizedFusedMoEMethod(moe_config(activation=activation))
+        else:
+            with pytest.raises(ValueError, match=f"'{activation.value}' expert"):
+                UnquantizedFusedMoEMethod(moe_config(activation=activation))

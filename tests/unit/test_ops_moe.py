@@ -62,13 +62,21 @@ def naive_route(logits: torch.Tensor, routing: MoeRouting) -> dict[int, float]:
     return {e: w / total * routing.routed_scaling_factor for e, w in weights.items()}
 
 
-def naive_moe(x, w13, w2, routes: list[dict[int, float]]) -> torch.Tensor:
-    """Per token, per chosen expert: silu(gate) * up, down, weighted sum."""
+NAIVE_ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def naive_moe(x, w13, w2, routes, activation: str = "silu") -> torch.Tensor:
+    """Per token, per chosen expert: act(gate) * up, down, weighted sum."""
+    act = NAIVE_ACTIVATIONS[activation]
     out = torch.zeros(x.shape, dtype=torch.float32)
     for t, route in enumerate(routes):
         for expert, weight in route.items():
             gate, up = (x[t].float() @ w13[expert].float().t()).chunk(2)
-            out[t] += weight * ((F.silu(gate) * up) @ w2[expert].float().t())
+            out[t] += weight * ((act(gate) * up) @ w2[expert].float().t())
     return out
 
 
@@ -119,15 +127,16 @@ def test_fused_experts_matches_naive_loop(name, renormalize, dtype):
     torch.testing.assert_close(out.float(), expected, **TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("activation", sorted(NAIVE_ACTIVATIONS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("form", [experts_grouped, experts_dense])
-def test_expert_forms_agree_with_naive_loop(form, dtype):
+def test_expert_forms_agree_with_naive_loop(form, dtype, activation):
     """Both forms, even when an expert gets no token or every token."""
     x, w13, w2 = random_weights(dtype)
     ids = torch.tensor([[3, 0]] * (NUM_TOKENS - 1) + [[5, 3]])
     weights = torch.rand(NUM_TOKENS, TOP_K)
-    out = form(x, w13, w2, weights, ids)
-    expected = naive_moe(x, w13, w2, as_routes(weights, ids))
+    out = form(x, w13, w2, weights, ids, activation)
+    expected = naive_moe(x, w13, w2, as_routes(weights, ids), activation)
     torch.testing.assert_close(out.float(), expected, **TOLERANCE[dtype])
 
 
