@@ -107,6 +107,64 @@ MODEL_SPECS = {
     ),
 }
 
+# Mixture-of-experts models: 4 or 8 experts, top-2, expert sizes that divide by 2 for
+# tensor parallelism. Qwen2-MoE has a gated shared expert and keeps the top-k
+# weights as they are; Qwen3-MoE renormalises them, as Mixtral does.
+NUM_EXPERTS = 4
+NUM_EXPERTS_PER_TOK = 2
+MOE_INTERMEDIATE_SIZE = 128
+MOE_SPECS = {
+    "tiny-mixtral": (
+        "mixtral",
+        {
+            **GQA_SHAPE,
+            "intermediate_size": MOE_INTERMEDIATE_SIZE,
+            "num_local_experts": NUM_EXPERTS,
+            "num_experts_per_tok": NUM_EXPERTS_PER_TOK,
+            "sliding_window": None,
+        },
+    ),
+    "tiny-qwen2-moe": (
+        "qwen2_moe",
+        {
+            **GQA_SHAPE,
+            "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+            "shared_expert_intermediate_size": INTERMEDIATE_SIZE,
+            "num_experts": NUM_EXPERTS,
+            "num_experts_per_tok": NUM_EXPERTS_PER_TOK,
+            "norm_topk_prob": False,
+        },
+    ),
+    "tiny-qwen3-moe": (
+        "qwen3_moe",
+        {
+            **GQA_SHAPE,
+            "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+            "num_experts": 2 * NUM_EXPERTS,
+            "num_experts_per_tok": NUM_EXPERTS_PER_TOK,
+            "norm_topk_prob": True,
+        },
+    ),
+    # DeepSeek-V3's routing without its MLA attention: sigmoid scores, a selection
+    # bias, 2 groups of which 1 is kept, a routed scale and a shared expert; the
+    # first layer stays dense.
+    "tiny-glm4-moe": (
+        "glm4_moe",
+        {
+            **GQA_SHAPE,
+            "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+            "n_routed_experts": 2 * NUM_EXPERTS,
+            "num_experts_per_tok": NUM_EXPERTS_PER_TOK,
+            "n_group": 2,
+            "topk_group": 1,
+            "n_shared_experts": 1,
+            "routed_scaling_factor": 2.5,
+            "first_k_dense_replace": 1,
+        },
+    ),
+}
+MODEL_SPECS.update(MOE_SPECS)
+
 PASSAGES = [
     "The capital of France is Paris. The capital of Italy is Rome. "
     "The capital of Japan is Tokyo, and the capital of Spain is Madrid.",
@@ -243,6 +301,10 @@ def init_weights(model: torch.nn.Module, seed: int) -> None:
                 mean, std = 0.0, WEIGHT_STD
             noise = torch.randn(param.shape, generator=generator) * std + mean
             param.data.copy_(noise)
+        # A router's expert-selection bias is a buffer: zero unless drawn too.
+        for name, buffer in module.named_buffers(recurse=False):
+            if name == "e_score_correction_bias":
+                buffer.copy_(torch.randn(buffer.shape, generator=generator) * std)
 
 
 def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:

@@ -16,6 +16,10 @@ TINY_MODELS = (
     "tiny-mistral",
     "tiny-opt",
     "tiny-gpt2",
+    "tiny-mixtral",
+    "tiny-qwen2-moe",
+    "tiny-qwen3-moe",
+    "tiny-glm4-moe",
 )
 SMOLLM2 = "smollm2-135m-instruct"
 

@@ -33,4 +33,5 @@ def register_ops() -> None:
     if device.is_emulation():
         patches.apply_emulation_patches()
     import vllm_hpu.attention.backend
-    import vllm_hpu.ops.custom_ops  # noqa: F401  registers the op overrides
+    import vllm_hpu.ops.custom_ops  # registers the op overrides
+    import vllm_hpu.ops.fused_moe  # noqa: F401  registers the MoE method

@@ -309,12 +309,23 @@ def fused_sdpa() -> Any | None:
     )
 
 
+def fused_moe() -> Callable[..., Any] | None:
+    """Gaudi's fused mixture-of-experts kernel (``torch.ops.hpu.mixture_of_experts``),
+    or None without Gaudi, where ``ops/moe.py`` runs the experts in plain torch."""
+    key = "torch.ops.hpu.mixture_of_experts"
+    if key not in _KERNELS:
+        kernels = torch.ops.hpu if hpu_available() else None
+        _KERNELS[key] = getattr(kernels, "mixture_of_experts", None)
+    return _KERNELS[key]
+
+
 def load_kernels() -> None:
     """Look every kernel up now, before a region is compiled: a lookup first made
     inside a compiled region would leave a guard that fails once it is made."""
     fused_rms_norm()
     fused_rotary_embedding()
     fused_sdpa()
+    fused_moe()
     fused_rotary_mode(True)
 
 

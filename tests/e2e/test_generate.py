@@ -19,6 +19,9 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 32
 # One token to several 16-token blocks, with exact multiples of the block size.
 LENGTHS = [1, 5, 16, 33, 64, 100, 128, 129, 250]
+# Mixture-of-experts models: Mixtral, Qwen2-MoE (gated shared expert), Qwen3-MoE,
+# GLM-4-MoE (DeepSeek-V3 routing: sigmoid, bias, groups, scale, shared expert).
+MOE_MODELS = ["tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-glm4-moe"]
 
 
 def vocab_size(name: str) -> int:
@@ -54,17 +57,19 @@ def test_generate_matches_hf_llama(block_size):
 
 
 @pytest.mark.parametrize(
-    "name", ["tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-opt", "tiny-gpt2"]
+    "name",
+    ["tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-opt", "tiny-gpt2", *MOE_MODELS],
 )
 def test_generate_matches_hf_other_architectures(name):
     check_against_hf(name, block_size=16)
 
 
-def test_generate_matches_hf_with_preemption():
+@pytest.mark.parametrize("name", ["tiny-llama", *MOE_MODELS[:2]])
+def test_generate_matches_hf_with_preemption(name):
     # 24 blocks of 16 tokens cannot hold the batch at once: requests get preempted
     # and recomputed, and must still continue exactly as transformers does.
     metrics = check_against_hf(
-        "tiny-llama",
+        name,
         block_size=16,
         max_model_len=352,
         num_gpu_blocks_override=24,
@@ -73,18 +78,19 @@ def test_generate_matches_hf_with_preemption():
     assert counter(metrics, "vllm:num_preemptions") > 0
 
 
-def test_generate_matches_hf_with_chunked_prompts():
+@pytest.mark.parametrize("name", ["tiny-llama", *MOE_MODELS[:2]])
+def test_generate_matches_hf_with_chunked_prompts(name):
     # A 64-token step budget splits every longer prompt into chunks.
     check_against_hf(
-        "tiny-llama",
+        name,
         block_size=16,
         max_num_batched_tokens=64,
         enable_chunked_prefill=True,
     )
 
 
-def test_generate_matches_hf_with_prefix_cache_hits():
-    name = "tiny-llama"
+@pytest.mark.parametrize("name", ["tiny-llama", *MOE_MODELS[:2]])
+def test_generate_matches_hf_with_prefix_cache_hits(name):
     shared = random_prompts([200], vocab_size(name), seed=7)[0]
     tails = random_prompts([1, 9, 40], vocab_size(name), seed=8)
     prompts = [shared + tail for tail in tails]

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 # 4 query heads, 2 KV heads, vocab 1024: every sharded dimension divides by 2.
 MODEL = "tiny-llama"
+MOE_MODEL = "tiny-mixtral"  # 4 experts of intermediate size 128
 VOCAB_SIZE = 1024
 MAX_TOKENS = 16
 # A 64-token step budget chunks the long prompt while the short ones decode, so
@@ -68,6 +69,21 @@ def test_parallel_matches_single_worker(layout, backend, single_worker_tokens, r
         **ENGINE_KWARGS,
     ) as llm:
         assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == single_worker_tokens
+
+
+@pytest.mark.timeout(300)
+def test_tensor_parallel_moe_matches_single_worker():
+    """Each rank holds half of every expert's intermediate size; the MoE layer's
+    partial sums are all-reduced into the single worker's output."""
+    with vllm_engine(model_path(MOE_MODEL), **ENGINE_KWARGS) as llm:
+        expected = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
+    with vllm_engine(
+        model_path(MOE_MODEL),
+        distributed_executor_backend="mp",
+        tensor_parallel_size=2,
+        **ENGINE_KWARGS,
+    ) as llm:
+        assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == expected
 
 
 def _worker_pids() -> list[int]:

@@ -33,6 +33,7 @@ from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
 from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
 from vllm_hpu.envs import get_envs
+from vllm_hpu.ops.fused_moe import check_moe_layers
 from vllm_hpu.ops.kv_cache import allocate_kv_cache
 from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.worker import pipeline
@@ -124,6 +125,7 @@ class HpuModelRunner:
         used_before = device.memory_used()
         with set_current_vllm_config(self.vllm_config):
             self.model = get_model(vllm_config=self.vllm_config)
+        check_moe_layers(self.model)
         if self.execution_mode is ExecutionMode.EAGER:
             # Compilers lower the layers as vLLM defines them: inductor cannot
             # take oneDNN's packed weights as graph inputs.

@@ -1,0 +1,180 @@
+"""Mixture-of-experts math in plain torch: top-k routing and the routed experts.
+
+Every shape is fixed by the (bucketed) token count, so one graph serves a bucket
+whatever the routing; Gaudi runs its fused kernel from ``device.py`` instead.
+"""
+
+# Why token-to-expert (experts_grouped) over dense (experts_dense): both have static
+# shapes, but dense runs every expert on every token, num_experts / top_k times the
+# work (4x for Mixtral). The shapes of benchmarks/ops.py (64 tokens, 8 experts, top
+# 2, hidden 1024, intermediate 3584), 2 CPU threads: float32 56 ms vs 104 ms dense
+# (315 ms for a per-token loop), bfloat16 9.5 ms vs 18.5 ms (107 ms). Dense stays
+# for the sizes torch's grouped GEMM refuses.
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from vllm.model_executor.layers.fused_moe.router.cpu_router import (
+    select_experts as vllm_select_experts,
+)
+
+from vllm_hpu import device
+
+# Activations of gated experts: act(gate) * up, with w13 holding gate then up.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+# torch's grouped GEMM on the CPU wants every stride a multiple of 16 bytes.
+GROUPED_MM_ALIGNMENT = 16
+
+
+@dataclass(frozen=True)
+class MoeRouting:
+    """How a layer picks its experts, as its model config says."""
+
+    top_k: int
+    renormalize: bool
+    scoring_func: str = "softmax"
+    num_expert_group: int | None = None
+    topk_group: int | None = None
+    routed_scaling_factor: float = 1.0
+    e_score_correction_bias: torch.Tensor | None = None
+    custom_routing_function: Callable | None = None
+
+
+def select_experts(
+    hidden_states: torch.Tensor, router_logits: torch.Tensor, routing: MoeRouting
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k experts of each token and their weights.
+
+    hidden_states: [num_tokens, hidden_size]; router_logits: [num_tokens,
+    num_experts]. Returns topk_weights: [num_tokens, top_k] float32 and topk_ids:
+    [num_tokens, top_k]. vLLM's pure-torch CPU routing; an ungrouped layer is one
+    group of all experts, which scores all experts (softmax, or sigmoid plus the
+    correction bias for selection only), keeps the top k, renormalises and scales
+    them as the config says, with no data-dependent shape.
+    """
+    grouped = routing.custom_routing_function is None
+    return vllm_select_experts(
+        hidden_states,
+        router_logits,
+        routing.top_k,
+        use_grouped_topk=grouped,
+        renormalize=routing.renormalize,
+        topk_group=routing.topk_group or 1,
+        num_expert_group=routing.num_expert_group or 1,
+        custom_routing_function=routing.custom_routing_function,
+        scoring_func=routing.scoring_func,
+        routed_scaling_factor=routing.routed_scaling_factor,
+        e_score_correction_bias=routing.e_score_correction_bias,
+    )
+
+
+def _gated(h: torch.Tensor, activation: str) -> torch.Tensor:
+    """[..., 2 * intermediate] -> [..., intermediate]: act(gate) * up."""
+    gate, up = h.chunk(2, dim=-1)
+    return ACTIVATIONS[activation](gate) * up
+
+
+def grouped_mm_fits(
+    hidden_size: int, intermediate_size: int, dtype: torch.dtype
+) -> bool:
+    """Whether the token-to-expert form's grouped GEMMs accept these sizes."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return all(
+        size * itemsize % GROUPED_MM_ALIGNMENT == 0
+        for size in (hidden_size, intermediate_size)
+    )
+
+
+def experts_grouped(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """Routed experts, token-to-expert: each (token, k) pair's row is gathered,
+    sorted by expert, and one grouped GEMM per projection runs every expert on its
+    own rows. num_tokens * top_k rows in all, whatever the routing.
+
+    hidden_states: [num_tokens, hidden_size]; w13: [num_experts, 2 * intermediate,
+    hidden_size]; w2: [num_experts, hidden_size, intermediate]; topk_weights,
+    topk_ids: [num_tokens, top_k]. Returns [num_tokens, hidden_size].
+    """
+    num_experts, top_k = w13.shape[0], topk_ids.shape[1]
+    expert_ids = topk_ids.flatten().long()  # [num_tokens * top_k]
+    order = expert_ids.argsort(stable=True)
+    token_ids = order // top_k
+    rows_per_expert = torch.zeros(
+        num_experts, dtype=torch.int32, device=expert_ids.device
+    ).scatter_add_(0, expert_ids, torch.ones_like(expert_ids, dtype=torch.int32))
+    offsets = rows_per_expert.cumsum(0, dtype=torch.int32)  # end row of each expert
+    rows = hidden_states.index_select(0, token_ids)
+    h = torch._grouped_mm(rows, w13.transpose(1, 2), offs=offsets)
+    out = torch._grouped_mm(_gated(h, activation), w2.transpose(1, 2), offs=offsets)
+    weights = topk_weights.flatten().index_select(0, order).to(out.dtype)
+    return torch.zeros_like(hidden_states).index_add_(
+        0, token_ids, out * weights.unsqueeze(1)
+    )
+
+
+def experts_dense(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """Routed experts, dense: every expert runs on every token and its output is
+    scaled by the token's routing weight for it (zero when not chosen). For sizes
+    the grouped GEMM refuses; num_experts / top_k times the work.
+
+    Shapes as :func:`experts_grouped`.
+    """
+    num_tokens, num_experts = hidden_states.shape[0], w13.shape[0]
+    dense_weights = torch.zeros(
+        num_tokens, num_experts, dtype=hidden_states.dtype, device=hidden_states.device
+    ).scatter_add_(1, topk_ids.long(), topk_weights.to(hidden_states.dtype))
+    out = torch.zeros_like(hidden_states)
+    for expert in range(num_experts):
+        h = _gated(hidden_states @ w13[expert].t(), activation)
+        out += (h @ w2[expert].t()) * dense_weights[:, expert : expert + 1]
+    return out
+
+
+def fused_experts(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """The routed experts' summed output, [num_tokens, hidden_size]: Gaudi's fused
+    MoE kernel where there is one, else the token-to-expert form, else dense.
+    Shapes as :func:`experts_grouped`."""
+    kernel = device.fused_moe()
+    if kernel is not None and activation == "silu":
+        return kernel(
+            hidden_states=hidden_states,
+            expert_routing_table=topk_ids.long(),
+            router_weights=topk_weights.to(hidden_states.dtype),
+            w12=list(w13.unbind(0)),
+            w3=list(w2.unbind(0)),
+            permuted_weights=True,
+            activation=activation,
+            experts_min=0,
+            experts_max=w13.shape[0] - 1,
+        )
+    if grouped_mm_fits(w2.shape[1], w2.shape[2], hidden_states.dtype):
+        return experts_grouped(
+            hidden_states, w13, w2, topk_weights, topk_ids, activation
+        )
+    return experts_dense(hidden_states, w13, w2, topk_weights, topk_ids, activation)
