@@ -16,6 +16,8 @@ TINY_MODELS = (
     "tiny-mistral",
     "tiny-opt",
     "tiny-gpt2",
+    "tiny-deepseek-v2",
+    "tiny-deepseek-v2-moe",
 )
 SMOLLM2 = "smollm2-135m-instruct"
 
