@@ -142,6 +142,9 @@ MLA_SPECS = {
             "n_shared_experts": 1,
             "moe_intermediate_size": 128,
             "topk_method": "greedy",
+            # vLLM always routes DeepSeek through grouped top-k: one group of all.
+            "n_group": 1,
+            "topk_group": 1,
             "norm_topk_prob": False,
         },
     ),

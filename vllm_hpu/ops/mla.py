@@ -61,9 +61,7 @@ def latent_decode_attention(
     key's latent part."""
     block_size = blocks.block_bias.shape[1]
     keys = gather_blocks_by_head(cache.unsqueeze(1), blocks.block_list, block_size)
-    return flat_block_attention(
-        query, keys, keys[..., :kv_lora_rank], blocks, scale
-    )
+    return flat_block_attention(query, keys, keys[..., :kv_lora_rank], blocks, scale)
 
 
 def gather_latent_context(
