@@ -67,16 +67,18 @@ def workload() -> list[list[list[int]]]:
     ]
 
 
-def test_warmup_leaves_nothing_to_compile_and_matches_eager(hpu_env, vllm_log):
+# tiny-deepseek-v2: MLA layers on the latent cache warm up and replay alike.
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-deepseek-v2"])
+def test_warmup_leaves_nothing_to_compile_and_matches_eager(name, hpu_env, vllm_log):
     hpu_env(**SMALL_BUCKETS)
-    with vllm_engine(model_dir("tiny-llama"), enforce_eager=True, **ENGINE) as llm:
+    with vllm_engine(model_dir(name), enforce_eager=True, **ENGINE) as llm:
         eager = [vllm_greedy(llm, batch, MAX_TOKENS) for batch in workload()]
         beyond = random_prompts([110, 110], 1024, 5)
         beyond_eager = [vllm_greedy(llm, [p], MAX_TOKENS)[0] for p in beyond]
     assert not any("[Warmup]" in m for m in vllm_log.take())
 
     hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
-    with vllm_engine(model_dir("tiny-llama"), enforce_eager=False, **ENGINE) as llm:
+    with vllm_engine(model_dir(name), enforce_eager=False, **ENGINE) as llm:
         warmed = compilations()
         assert warmed > 0
         for batch, expected in zip(workload(), eager, strict=True):

@@ -116,7 +116,10 @@ def test_latent_decode_attention_matches_naive(case: MlaCase) -> None:
     layout, cache, latents = latent_layout(rng, seq_lens, case)
     fill_cache(layout, [n - 1 for n in seq_lens], case.block_size)
     weights = make_weights(case, gen)
-    seqs = [SeqLayout(t, n - 1, 1) for t, n in zip(layout.block_tables, seq_lens)]
+    seqs = [
+        SeqLayout(t, n - 1, 1)
+        for t, n in zip(layout.block_tables, seq_lens, strict=True)
+    ]
     geometry = CacheGeometry(case.block_size, layout.num_blocks, case.dtype, CPU)
     used = sum(len(t) for t in layout.block_tables)
     metadata = build_decode_metadata(seqs, batch_size + 1, used + 3, geometry)
@@ -163,12 +166,13 @@ def test_latent_prompt_attention_matches_naive(
         rng.choice([0, case.block_size, rng.randint(1, 40)]) for _ in range(batch_size)
     ]
     queries = [rng.randint(1, 40) for _ in range(batch_size)]
-    seq_lens = [c + q for c, q in zip(contexts, queries)]
+    seq_lens = [c + q for c, q in zip(contexts, queries, strict=True)]
     layout, cache, latents = latent_layout(rng, seq_lens, case)
     fill_cache(layout, contexts, case.block_size)
     weights = make_weights(case, gen)
     seqs = [
-        SeqLayout(t, c, q) for t, c, q in zip(layout.block_tables, contexts, queries)
+        SeqLayout(t, c, q)
+        for t, c, q in zip(layout.block_tables, contexts, queries, strict=True)
     ]
     geometry = CacheGeometry(case.block_size, layout.num_blocks, case.dtype, CPU)
     query_len = max(queries) + rng.randint(0, 5)
@@ -178,7 +182,7 @@ def test_latent_prompt_attention_matches_naive(
     )
     latent = torch.randn(batch_size + 1, query_len, rank + rope, generator=gen)
     latent = latent.to(case.dtype)
-    for i, (c, q) in enumerate(zip(contexts, queries)):
+    for i, (c, q) in enumerate(zip(contexts, queries, strict=True)):
         latent[i, :q] = latents[i][c:]
     write_latent_to_cache(
         cache, metadata.slot_mapping, *latent.flatten(0, 1).split([rank, rope], -1)
@@ -201,7 +205,7 @@ def test_latent_prompt_attention_matches_naive(
 
     assert out.shape == (batch_size + 1, query_len, NUM_HEADS, v_dim)
     assert torch.isfinite(out).all(), f"{case}: non-finite output (padding rows?)"
-    for i, (c, q) in enumerate(zip(contexts, queries)):
+    for i, (c, q) in enumerate(zip(contexts, queries, strict=True)):
         expected = naive_mla(query[i, :q], latents[i], weights, scale)
         torch.testing.assert_close(
             out[i, :q].float(),

@@ -13,6 +13,7 @@ from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
 from vllm_hpu.attention.backend import HpuAttentionBackend
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
+from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.mla import (
     LatentExpansion,
     gather_latent_context,
@@ -67,6 +68,12 @@ def check_mla_supported(attn_selector_config: "AttentionSelectorConfig") -> None
             config.kv_cache_dtype not in (None, "auto"),
             f"kv_cache_dtype={config.kv_cache_dtype}",
             "use --kv-cache-dtype auto",
+        ),
+        (
+            get_envs().compile_fullgraph,
+            "VLLM_T_COMPILE_FULLGRAPH=1 (vLLM's MLA layer multiplies into a "
+            "transposed out= tensor, which splits the compiled graph)",
+            "unset VLLM_T_COMPILE_FULLGRAPH",
         ),
         (
             not HpuMLABackend.supports_block_size(config.block_size),
