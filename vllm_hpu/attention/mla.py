@@ -11,7 +11,7 @@ import torch
 from vllm.v1.attention.backend import AttentionLayer, AttentionType, MLAAttentionImpl
 from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
-from vllm_hpu.attention.backend import HpuAttentionBackend
+from vllm_hpu.attention.backend import BLOCK_SIZE_MULTIPLE, HpuAttentionBackend
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.mla import (
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 
 class HpuMLABackend(HpuAttentionBackend):
-    """Block sizes, dtypes and registration as :class:`HpuAttentionBackend`."""
+    """Block sizes, dtypes and the name (CUSTOM) of :class:`HpuAttentionBackend`;
+    the platform hands it out by class path for layers with ``use_mla``."""
 
     @staticmethod
     def get_impl_cls() -> type["HpuMLAImpl"]:  # type: ignore[override]
@@ -78,7 +79,7 @@ def check_mla_supported(attn_selector_config: "AttentionSelectorConfig") -> None
         (
             not HpuMLABackend.supports_block_size(config.block_size),
             f"block size {config.block_size}",
-            "use a --block-size that is a multiple of 16",
+            f"use a --block-size that is a multiple of {BLOCK_SIZE_MULTIPLE}",
         ),
     ]
     for unsupported, what, fix in problems:
