@@ -165,6 +165,50 @@ MOE_SPECS = {
 }
 MODEL_SPECS.update(MOE_SPECS)
 
+# DeepSeek-V2-style multi-head latent attention (MLA): a small latent
+# (kv_lora_rank) cached per token plus a shared rotary key part. Default rope
+# (no yarn) so that vLLM and transformers rotate alike. first_k_dense_replace
+# = NUM_LAYERS keeps every MLP dense; the "-moe" variant routes layer 1 through
+# experts with a shared expert (V2's softmax top-k, no renormalisation) and
+# projects the query through a low-rank q_lora_rank as DeepSeek-V3 does.
+MLA_SHAPE = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": HIDDEN_SIZE,
+    "intermediate_size": INTERMEDIATE_SIZE,
+    "num_hidden_layers": NUM_LAYERS,
+    "num_attention_heads": NUM_HEADS,
+    "num_key_value_heads": NUM_HEADS,
+    "kv_lora_rank": 64,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 32,
+    "first_k_dense_replace": NUM_LAYERS,
+    "max_position_embeddings": MAX_POSITIONS,
+    "initializer_range": WEIGHT_STD,
+}
+MLA_SPECS = {
+    "tiny-deepseek-v2": ("deepseek_v2", MLA_SHAPE),
+    "tiny-deepseek-v2-moe": (
+        "deepseek_v2",
+        {
+            **MLA_SHAPE,
+            "q_lora_rank": 96,
+            "first_k_dense_replace": 1,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 128,
+            "topk_method": "greedy",
+            # vLLM always routes DeepSeek through grouped top-k: one group of all.
+            "n_group": 1,
+            "topk_group": 1,
+            "norm_topk_prob": False,
+        },
+    ),
+}
+MODEL_SPECS.update(MLA_SPECS)
+
 PASSAGES = [
     "The capital of France is Paris. The capital of Italy is Rome. "
     "The capital of Japan is Tokyo, and the capital of Spain is Madrid.",

@@ -20,6 +20,8 @@ TINY_MODELS = (
     "tiny-qwen2-moe",
     "tiny-qwen3-moe",
     "tiny-glm4-moe",
+    "tiny-deepseek-v2",
+    "tiny-deepseek-v2-moe",
 )
 SMOLLM2 = "smollm2-135m-instruct"
 

@@ -14,6 +14,10 @@ from vllm_hpu import device, envs
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
+    from vllm.v1.attention.backends.mla.prefill.selector import (
+        MLAPrefillSelectorConfig,
+    )
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
@@ -22,6 +26,7 @@ logger = init_logger("vllm.hpu.platform")
 DEFAULT_BLOCK_SIZE = 128
 WORKER_CLS = "vllm_hpu.worker.hpu_worker.HpuWorker"
 ATTN_BACKEND_CLS = "vllm_hpu.attention.backend.HpuAttentionBackend"
+MLA_BACKEND_CLS = "vllm_hpu.attention.mla.HpuMLABackend"
 
 
 class HpuPlatform(Platform):
@@ -51,10 +56,23 @@ class HpuPlatform(Platform):
         attn_selector_config: "AttentionSelectorConfig",
         num_heads: int | None = None,
     ) -> str:
+        if attn_selector_config.use_mla:
+            from vllm_hpu.attention.mla import check_mla_supported
+
+            check_mla_supported(attn_selector_config)
+            return MLA_BACKEND_CLS
         from vllm_hpu.attention.backend import check_supported
 
         check_supported(attn_selector_config)
         return ATTN_BACKEND_CLS
+
+    @classmethod
+    def get_mla_prefill_backend_cls(
+        cls, mla_selector_config: "MLAPrefillSelectorConfig"
+    ) -> "type[MLAPrefillBackend]":
+        from vllm_hpu.attention.mla import HpuMLAPrefillBackend
+
+        return HpuMLAPrefillBackend
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:

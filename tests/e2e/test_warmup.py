@@ -67,8 +67,9 @@ def workload() -> list[list[list[int]]]:
     ]
 
 
-# The MoE layers' routing and experts keep static shapes too.
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral"])
+# MoE routing and experts, and MLA layers on the latent cache, keep static
+# shapes too: they warm up and replay alike.
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral", "tiny-deepseek-v2-moe"])
 def test_warmup_leaves_nothing_to_compile_and_matches_eager(name, hpu_env, vllm_log):
     hpu_env(**SMALL_BUCKETS)
     with vllm_engine(model_dir(name), enforce_eager=True, **ENGINE) as llm:

@@ -52,7 +52,6 @@ def test_attention_backend_accepts_plain_decoder() -> None:
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        ({"use_mla": True}, "MLA"),
         ({"use_sparse": True}, "sparse"),
         ({"has_sink": True}, "sinks"),
         ({"attn_type": AttentionType.ENCODER_ONLY}, "encoder_only"),

@@ -84,7 +84,6 @@ def check_supported(attn_selector_config: "AttentionSelectorConfig") -> None:
     """Raise a ValueError naming what this backend lacks and how to avoid it."""
     config = attn_selector_config
     problems = [
-        (config.use_mla, "MLA attention", "use a model without MLA"),
         (config.use_sparse, "sparse attention", "use a dense-attention model"),
         (config.has_sink, "attention sinks", "use a model without sinks"),
         (

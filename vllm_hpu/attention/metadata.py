@@ -49,6 +49,28 @@ class HpuAttentionMetadata(AttentionMetadata):
             self.block_list, self.block_groups, self.block_mapping, self.block_bias
         )
 
+    # Read by vLLM's MLAAttention.forward_impl to split a pass into prompt
+    # tokens (MHA) and decode tokens (MQA): each of our passes is one or the other.
+    @property
+    def num_actual_tokens(self) -> int:
+        return self.slot_mapping.shape[0]
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return 0 if self.is_prompt else self.num_actual_tokens
+
+    @property
+    def num_decodes(self) -> int:
+        return self.num_decode_tokens
+
+    @property
+    def num_prefills(self) -> int:
+        return self.attn_bias.shape[0] if self.attn_bias is not None else 0
+
+    @property
+    def decode(self) -> DecodeBlocks | None:
+        return None if self.is_prompt else self.decode_blocks()
+
 
 _PADDING_ROW = SeqLayout(block_table=[], num_computed_tokens=0, num_scheduled_tokens=0)
 

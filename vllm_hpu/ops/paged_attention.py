@@ -57,17 +57,31 @@ def paged_attention(
     Returns [bs, num_heads, head_size] in query's dtype. Grouped-query heads share
     one K/V block through the head-group axis, never by repeating K/V.
     """
+    block_size = blocks.block_bias.shape[1]
+    keys = gather_blocks_by_head(key_cache, blocks.block_list, block_size)
+    values = gather_blocks_by_head(value_cache, blocks.block_list, block_size)
+    return flat_block_attention(query, keys, values, blocks, scale)
+
+
+def flat_block_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    blocks: DecodeBlocks,
+    scale: float,
+) -> torch.Tensor:
+    """The flat kernel on gathered blocks. keys: [P, num_kv_heads, block_size,
+    head_size]; values: [P, num_kv_heads, block_size, value_size] (a value may be
+    a slice of its key, as MLA's latent is). Returns [bs, num_heads, value_size]."""
     bs, num_heads, head_size = query.shape
-    num_blocks, block_size = blocks.block_bias.shape
-    num_kv_heads = key_cache.shape[1]
+    num_blocks = blocks.block_bias.shape[0]
+    num_kv_heads = keys.shape[1]
     group = num_heads // num_kv_heads
     acc_dtype = score_dtype(query.dtype)
 
     # batch2block: each block gets its row's query.
     q = torch.matmul(blocks.block_mapping, (query * scale).reshape(bs, -1))
     q = q.view(num_blocks, num_kv_heads, group, head_size)
-    keys = gather_blocks_by_head(key_cache, blocks.block_list, block_size)
-    values = gather_blocks_by_head(value_cache, blocks.block_list, block_size)
 
     scores = torch.matmul(q, keys.to(q.dtype).transpose(-1, -2)).to(
         acc_dtype
@@ -93,4 +107,4 @@ def paged_attention(
 
     # block2batch: sum each row's rescaled blocks; padding blocks have no column.
     out = torch.matmul(blocks.block_mapping.t(), block_out.view(num_blocks, -1))
-    return out.view(bs, num_heads, head_size)
+    return out.view(bs, num_heads, values.shape[-1])

@@ -21,7 +21,12 @@ from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.model_loader import get_model
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    MLAAttentionSpec,
+)
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, SamplerOutput
 from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
@@ -35,6 +40,7 @@ from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.fused_moe import check_moe_layers
 from vllm_hpu.ops.kv_cache import allocate_kv_cache
+from vllm_hpu.ops.mla import allocate_latent_cache
 from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.worker import pipeline
 from vllm_hpu.worker.execution import ExecutionMode, select_mode
@@ -87,7 +93,8 @@ class HpuModelRunner:
             self.model_config.enforce_eager,
             device.model_compile_backend(),
         )
-        self.kv_caches: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Per layer: (key_cache, value_cache), or one latent cache for MLA.
+        self.kv_caches: dict[str, Any] = {}
         self.cache: CacheGeometry | None = None
         self._pending: _PendingStep | None = None
         # Set by warmup (worker/warmup.py): what runs the buckets given graphs.
@@ -169,15 +176,8 @@ class HpuModelRunner:
             spec = group.kv_cache_spec
             assert isinstance(spec, AttentionSpec)
             for name in group.layer_names:
-                self.kv_caches[name] = allocate_kv_cache(
-                    num_blocks,
-                    spec.block_size,
-                    spec.num_kv_heads,
-                    spec.head_size,
-                    spec.dtype,
-                    self.device,
-                )
-                layers[name].bind_kv_cache(self.kv_caches[name])  # type: ignore[arg-type]
+                self.kv_caches[name] = _allocate_kv_cache(spec, num_blocks, self.device)
+                layers[name].bind_kv_cache(self.kv_caches[name])
         block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
         assert block_size == self.block_size, (
             f"KV block size changed from {self.block_size} to {block_size} after "
@@ -220,20 +220,14 @@ class HpuModelRunner:
         self._forward(forward_pass, *self._stage_inputs([forward_pass], None))
         device.synchronize()
         for layer in self._attention_layers().values():
-            layer.bind_kv_cache(torch.tensor([]))
+            # 2-D: an MLA layer squeezes dim 1 of what it is given.
+            layer.bind_kv_cache(torch.empty(0, 1))
 
     def _bind_scratch_kv_cache(self) -> None:
         for name, spec in self.get_kv_cache_spec().items():
             assert isinstance(spec, AttentionSpec)
-            cache = allocate_kv_cache(
-                1,
-                spec.block_size,
-                spec.num_kv_heads,
-                spec.head_size,
-                spec.dtype,
-                self.device,
-            )
-            self._attention_layers()[name].bind_kv_cache(cache)  # type: ignore[arg-type]
+            cache = _allocate_kv_cache(spec, 1, self.device)
+            self._attention_layers()[name].bind_kv_cache(cache)
 
     def start_step_trace(self) -> None:
         """Record step shapes from now on (after warmup), if asked to."""
@@ -368,8 +362,11 @@ class HpuModelRunner:
     ) -> Any:
         """Run the model on one padded pass; returns hidden states [num_tokens, H]
         on the last pipeline stage, IntermediateTensors on the others."""
-        attn_metadata = dict.fromkeys(
-            self._attention_layers(), forward_pass.attn_metadata
+        layer_names = self._attention_layers()
+        attn_metadata = dict.fromkeys(layer_names, forward_pass.attn_metadata)
+        # MLA layers write their cache before attending, from this mapping.
+        slot_mapping = dict.fromkeys(
+            layer_names, forward_pass.attn_metadata.slot_mapping
         )
         phase = "prompt" if forward_pass.is_prompt else "decode"
         graphed = (phase, forward_pass.bucket) in self.graphed_buckets
@@ -377,7 +374,10 @@ class HpuModelRunner:
         with (
             self.profiler.span("forward", phase=phase, bucket=forward_pass.bucket),
             set_forward_context(
-                attn_metadata, self.vllm_config, num_tokens=forward_pass.num_tokens
+                attn_metadata,
+                self.vllm_config,
+                num_tokens=forward_pass.num_tokens,
+                slot_mapping=slot_mapping,
             ),
         ):
             hidden = model(
@@ -444,3 +444,22 @@ class HpuModelRunner:
             logprobs=logprobs.tolists() if logprobs is not None else None,
             prompt_logprobs_dict=self.prompt_logprobs.finish(pending.scheduler_output),
         )
+
+
+def _allocate_kv_cache(
+    spec: AttentionSpec, num_blocks: int, torch_device: torch.device
+) -> Any:
+    """A layer's flat caches: (key_cache, value_cache), or for MLA one latent
+    cache of kv_lora_rank + qk_rope_head_dim per token (spec.head_size)."""
+    if isinstance(spec, MLAAttentionSpec):
+        return allocate_latent_cache(
+            num_blocks, spec.block_size, spec.head_size, spec.dtype, torch_device
+        )
+    return allocate_kv_cache(
+        num_blocks,
+        spec.block_size,
+        spec.num_kv_heads,
+        spec.head_size,
+        spec.dtype,
+        torch_device,
+    )

@@ -1,0 +1,224 @@
+"""HpuMLABackend: vLLM's MLAAttention layers (DeepSeek-V2/V3) on a flat latent cache.
+
+vLLM's ``MLAAttention.forward_impl`` absorbs W_UK into decode queries and projects
+decode outputs through W_UV itself; our impl writes the latent cache, runs prompt
+tokens as MHA over expanded latents and decode tokens as flat MQA (``ops/mla.py``).
+"""
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.v1.attention.backend import AttentionLayer, AttentionType, MLAAttentionImpl
+from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
+
+from vllm_hpu.attention.backend import BLOCK_SIZE_MULTIPLE, HpuAttentionBackend
+from vllm_hpu.attention.metadata import HpuAttentionMetadata
+from vllm_hpu.envs import get_envs
+from vllm_hpu.ops.mla import (
+    LatentExpansion,
+    gather_latent_context,
+    latent_cache_shape,
+    latent_decode_attention,
+    latent_prompt_attention,
+    write_latent_to_cache,
+)
+
+if TYPE_CHECKING:
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+
+class HpuMLABackend(HpuAttentionBackend):
+    """Block sizes, dtypes and the name (CUSTOM) of :class:`HpuAttentionBackend`;
+    the platform hands it out by class path for layers with ``use_mla``."""
+
+    @staticmethod
+    def get_impl_cls() -> type["HpuMLAImpl"]:  # type: ignore[override]
+        return HpuMLAImpl
+
+    @classmethod
+    def is_mla(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return []  # any kv_lora_rank + qk_rope_head_dim: the ops take every size
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = "auto",
+    ) -> tuple[int, ...]:
+        """One latent row per token; one extra block is the padding dummy."""
+        return latent_cache_shape(num_blocks, block_size, head_size)
+
+
+def check_mla_supported(attn_selector_config: "AttentionSelectorConfig") -> None:
+    """Raise a ValueError naming what the MLA backend lacks and how to avoid it."""
+    config = attn_selector_config
+    problems = [
+        (config.use_sparse, "sparse MLA (DeepSeek-V3.2)", "use a dense MLA model"),
+        (
+            config.has_sliding_window,
+            "sliding-window MLA",
+            "use a model without a sliding window",
+        ),
+        (
+            config.kv_cache_dtype not in (None, "auto"),
+            f"kv_cache_dtype={config.kv_cache_dtype}",
+            "use --kv-cache-dtype auto",
+        ),
+        (
+            get_envs().compile_fullgraph,
+            "VLLM_T_COMPILE_FULLGRAPH=1 (vLLM's MLA layer multiplies into a "
+            "transposed out= tensor, which splits the compiled graph)",
+            "unset VLLM_T_COMPILE_FULLGRAPH",
+        ),
+        (
+            not HpuMLABackend.supports_block_size(config.block_size),
+            f"block size {config.block_size}",
+            f"use a --block-size that is a multiple of {BLOCK_SIZE_MULTIPLE}",
+        ),
+    ]
+    for unsupported, what, fix in problems:
+        if unsupported:
+            raise ValueError(f"The HPU MLA backend does not support {what}: {fix}.")
+
+
+class HpuMLAPrefillBackend(MLAPrefillBackend):
+    """What vLLM's MLAAttention asks the platform for: its prefill kernel is only
+    called by vLLM's own ``MLACommonImpl.forward_mha``, which we replace, so this
+    names the path prompts take and refuses to be driven any other way."""
+
+    supported_dtypes = HpuAttentionBackend.supported_dtypes
+
+    @staticmethod
+    def get_name() -> str:
+        return "HPU_PROMPT_ATTENTION"
+
+    def run_prefill_new_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("HpuMLAImpl.forward_mha runs MLA prompts itself")
+
+    def run_prefill_context_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("HpuMLAImpl.forward_mha runs MLA prompts itself")
+
+
+class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
+    """Latent cache writes, prompt MHA with cached context, flat decode MQA."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes: list[float] | None,
+        sliding_window: int | None,
+        kv_cache_dtype: str,
+        logits_soft_cap: float | None,
+        attn_type: str,
+        kv_sharing_target_layer_name: str | None,
+        **mla_args: Any,
+    ) -> None:
+        _refuse_unsupported(
+            alibi_slopes=alibi_slopes,
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
+            kv_sharing_target_layer_name=kv_sharing_target_layer_name,
+            indexer=mla_args.pop("indexer", None),
+            attn_type=None if attn_type == AttentionType.DECODER else attn_type,
+        )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_lora_rank: int = mla_args["kv_lora_rank"]
+        self.kv_b_proj = mla_args["kv_b_proj"]
+        self.expand = LatentExpansion(
+            kv_b_proj=self._kv_b_proj,
+            num_heads=num_heads,
+            kv_lora_rank=self.kv_lora_rank,
+            qk_nope_head_dim=mla_args["qk_nope_head_dim"],
+            v_head_dim=mla_args["v_head_dim"],
+        )
+
+    def _kv_b_proj(self, kv_c: torch.Tensor) -> torch.Tensor:
+        return self.kv_b_proj(kv_c)[0]  # vLLM's linear layers return (out, bias)
+
+    def do_kv_cache_update(
+        self,
+        kv_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_cache_dtype: str,
+        k_scale: torch.Tensor,
+    ) -> None:
+        write_latent_to_cache(kv_cache, slot_mapping, kv_c_normed, k_pe)
+
+    def forward_mha(
+        self,
+        q: torch.Tensor,
+        kv_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: HpuAttentionMetadata,
+        k_scale: torch.Tensor,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+    ) -> None:
+        """A prompt pass: q [bs * q, N, P + R]; output [bs * q, N * V]."""
+        if output_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported")
+        attn_bias = attn_metadata.attn_bias
+        assert attn_bias is not None
+        batch_size, _, query_len, num_keys = attn_bias.shape
+        latent = torch.cat((kv_c_normed, k_pe.flatten(1)), dim=-1)
+        past_latent = None
+        if attn_metadata.block_list is not None:
+            # Shapes, not values: C = blocks per row, B = past keys per block.
+            num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
+            block_size = (num_keys - query_len) // num_context_blocks
+            past_latent = gather_latent_context(
+                kv_c_and_k_pe_cache, attn_metadata.block_list, batch_size, block_size
+            )
+        out = latent_prompt_attention(
+            q.view(batch_size, query_len, *q.shape[1:]),
+            latent.view(batch_size, query_len, -1),
+            past_latent,
+            attn_bias,
+            self.scale,
+            self.expand,
+        )
+        output.copy_(out.reshape(output.shape))
+
+    def forward_mqa(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: HpuAttentionMetadata,
+        layer: AttentionLayer,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A decode pass: q is (q_nope absorbed into latent space [bs, N, L],
+        q_pe [bs, N, R]); returns the latent output [bs, N, L] and no LSE."""
+        query = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
+        out = latent_decode_attention(
+            query,
+            kv_c_and_k_pe_cache,
+            attn_metadata.decode_blocks(),
+            self.scale,
+            self.kv_lora_rank,
+        )
+        return out, None
+
+
+def _refuse_unsupported(**settings: object) -> None:
+    for name, value in settings.items():
+        if value is not None:
+            raise ValueError(
+                f"The HPU MLA backend does not support {name}={value!r}; "
+                "use a model without it."
+            )

@@ -1,0 +1,134 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) on one flat latent cache per layer.
+
+A cache row is ``[kv_c (kv_lora_rank) ; k_pe (qk_rope_head_dim)]`` of a token.
+Decode attends in latent space (MQA: one head, the latent is also the value);
+prompts expand the latent through ``kv_b_proj`` into per-head keys and values.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vllm_hpu.ops.kv_cache import gather_blocks, gather_blocks_by_head
+from vllm_hpu.ops.paged_attention import DecodeBlocks, flat_block_attention
+from vllm_hpu.ops.prompt_attention import prompt_attention
+
+
+def latent_cache_shape(
+    num_blocks: int, block_size: int, latent_size: int
+) -> tuple[int, int]:
+    """``((num_blocks + 1) * block_size, latent_size)``: one extra dummy block."""
+    return ((num_blocks + 1) * block_size, latent_size)
+
+
+def allocate_latent_cache(
+    num_blocks: int,
+    block_size: int,
+    latent_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """A zeroed flat latent cache (see :func:`latent_cache_shape`)."""
+    shape = latent_cache_shape(num_blocks, block_size, latent_size)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def write_latent_to_cache(
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_c_normed: torch.Tensor,
+    k_pe: torch.Tensor,
+) -> None:
+    """cache[slot_mapping[i]] = [kv_c_normed[i] ; k_pe[i]]; kv_c_normed:
+    [num_tokens, kv_lora_rank]; k_pe: [num_tokens, 1, rope] or [num_tokens, rope]."""
+    latent = torch.cat((kv_c_normed, k_pe.flatten(1)), dim=-1)
+    cache.index_copy_(0, slot_mapping, latent.to(cache.dtype))
+
+
+def latent_decode_attention(
+    query: torch.Tensor,
+    cache: torch.Tensor,
+    blocks: DecodeBlocks,
+    scale: float,
+    kv_lora_rank: int,
+) -> torch.Tensor:
+    """Flat decode attention in latent space. query: [bs, num_heads, kv_lora_rank
+    + rope] (the no-rope part already absorbed through W_UK); cache: [slots,
+    kv_lora_rank + rope]. Returns [bs, num_heads, kv_lora_rank], still to be
+    projected through W_UV. The blocks are gathered once: the value is the
+    key's latent part."""
+    block_size = blocks.block_bias.shape[1]
+    keys = gather_blocks_by_head(cache.unsqueeze(1), blocks.block_list, block_size)
+    return flat_block_attention(query, keys, keys[..., :kv_lora_rank], blocks, scale)
+
+
+def gather_latent_context(
+    cache: torch.Tensor, block_list: torch.Tensor, batch_size: int, block_size: int
+) -> torch.Tensor:
+    """Context blocks ``block_list`` [bs * C] (row-major, padding -> dummy block)
+    -> their latent rows, [bs, C * block_size, kv_lora_rank + rope]."""
+    blocks = gather_blocks(cache, block_list, block_size)
+    return blocks.reshape(batch_size, -1, cache.shape[-1])
+
+
+@dataclass(frozen=True)
+class LatentExpansion:
+    """How a layer turns cached latents into per-head keys and values."""
+
+    kv_b_proj: Callable[[torch.Tensor], torch.Tensor]  # [T, L] -> [T, N * (P + V)]
+    num_heads: int
+    kv_lora_rank: int  # L
+    qk_nope_head_dim: int  # P
+    v_head_dim: int  # V
+
+    def __call__(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """latent: [..., L + R] -> key [..., N, P + R] (the rope part shared by
+        every head), value [..., N, V]."""
+        lead = latent.shape[:-1]
+        kv_c, k_pe = latent.split(
+            [self.kv_lora_rank, latent.shape[-1] - self.kv_lora_rank], dim=-1
+        )
+        kv = self.kv_b_proj(kv_c.reshape(-1, self.kv_lora_rank))
+        kv = kv.view(*lead, self.num_heads, -1)
+        k_nope, value = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+        k_pe = k_pe.unsqueeze(-2).expand(*lead, self.num_heads, k_pe.shape[-1])
+        return torch.cat((k_nope, k_pe), dim=-1), value
+
+
+def _pad_head(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Zero-pad the last dim to ``size``: zeros add nothing to scores or values."""
+    return F.pad(x, (0, size - x.shape[-1])) if x.shape[-1] < size else x
+
+
+def latent_prompt_attention(
+    query: torch.Tensor,
+    latent: torch.Tensor,
+    past_latent: torch.Tensor | None,
+    attn_bias: torch.Tensor,
+    scale: float,
+    expand: LatentExpansion,
+) -> torch.Tensor:
+    """Prompt attention over expanded latents. query: [bs, q, N, P + R]; latent:
+    [bs, q, L + R] of the current tokens; past_latent: [bs, K, L + R] from
+    :func:`gather_latent_context` or None; attn_bias: [bs, 1, q, K + q].
+    Returns [bs, q, N, V].
+
+    Query, key and value go to :func:`prompt_attention` at one head size (the
+    fused kernel wants that), the smaller padded with zeros as Gaudi does."""
+    key, value = expand(latent)
+    size = max(query.shape[-1], value.shape[-1])
+    past_kv = None
+    if past_latent is not None:
+        past_key, past_value = expand(past_latent)
+        past_kv = (_pad_head(past_key, size), _pad_head(past_value, size))
+    out = prompt_attention(
+        _pad_head(query, size),
+        _pad_head(key, size),
+        _pad_head(value, size),
+        attn_bias,
+        scale,
+        past_kv,
+    )
+    return out[..., : expand.v_head_dim]
