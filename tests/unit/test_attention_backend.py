@@ -49,6 +49,11 @@ def test_attention_backend_accepts_plain_decoder() -> None:
     check_supported(_config(block_size=None, kv_cache_dtype=None, dtype=torch.float32))
 
 
+@pytest.mark.parametrize("head_size", [32, 40, 72, 136, 256])
+def test_attention_backend_accepts_windows_and_head_sizes(head_size: int) -> None:
+    check_supported(_config(head_size=head_size, has_sliding_window=True))
+
+
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
@@ -57,9 +62,10 @@ def test_attention_backend_accepts_plain_decoder() -> None:
         ({"has_sink": True}, "sinks"),
         ({"attn_type": AttentionType.ENCODER_ONLY}, "encoder_only"),
         ({"use_non_causal": True}, "non-causal"),
-        ({"has_sliding_window": True}, "sliding-window"),
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype=fp8"),
-        ({"head_size": 72}, "head size 72"),
+        ({"head_size": 36}, "head size 36"),
+        ({"head_size": 24}, "head size 24"),
+        ({"head_size": 264}, "head size 264"),
         ({"block_size": 24}, "block size 24"),
     ],
 )

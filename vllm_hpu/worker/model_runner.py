@@ -29,6 +29,7 @@ from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
+from vllm_hpu.attention.windows import full_attention_spec, layer_windows
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.kv_cache import allocate_kv_cache
@@ -40,6 +41,7 @@ from vllm_hpu.worker.inputs import (
     ScheduledSeq,
     build_decode_pass,
     build_prompt_pass,
+    decode_num_blocks,
     split_prefills,
 )
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
@@ -148,7 +150,7 @@ class HpuModelRunner:
                     f"Layer {name} needs a {type(spec).__name__} cache, which the HPU "
                     "plugin does not support: only decoder attention models run here."
                 )
-            specs[name] = spec
+            specs[name] = full_attention_spec(spec, self.block_size)
         return specs
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
@@ -178,11 +180,14 @@ class HpuModelRunner:
         logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
 
     def _geometry(self, num_blocks: int) -> CacheGeometry:
+        windows = layer_windows(self._attention_layers().values())
         return CacheGeometry(
             block_size=self.block_size,
             num_blocks=num_blocks,
             dtype=self.dtype,
             device=self.device,
+            sliding_windows=tuple(sorted({w for w in windows if w is not None})),
+            full_attention=None in windows or not windows,
         )
 
     @torch.no_grad()
@@ -320,7 +325,7 @@ class HpuModelRunner:
             forward_pass = build_decode_pass(
                 decodes, self.buckets, token_ids, self.cache
             )
-            num_blocks = sum(-(-s.end // self.block_size) for s in decodes)
+            num_blocks = decode_num_blocks(decodes, self.cache)
             self.buckets.stats.record_decode(
                 forward_pass.bucket, len(decodes), num_blocks
             )
