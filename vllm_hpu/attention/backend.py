@@ -6,7 +6,7 @@ Registered as AttentionBackendEnum.CUSTOM at import (idempotent: a dict entry).
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from vllm.config import get_current_vllm_config
+from vllm.config import get_current_vllm_config_or_none
 from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -178,12 +178,13 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
         self.num_heads = num_heads
         self.head_size = head_size
         self.num_kv_heads = num_kv_heads or num_heads
+        self.scale = float(scale)
         self.sliding_window = _binding_window(sliding_window)
         self.alibi_slopes: torch.Tensor | None = None
         if alibi_slopes is not None:
             self.alibi_slopes = torch.tensor(alibi_slopes, dtype=torch.float32)
         self.scoring = Scoring(
-            float(scale),
+            self.scale,
             logits_soft_cap,
             use_fused=_use_fused(head_size, logits_soft_cap, alibi_slopes),
         )
@@ -281,10 +282,11 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
 def _binding_window(sliding_window: int | None) -> int | None:
     """The layer's window, or None where it can never bind (no shorter than the
     model's length): such a layer is full attention."""
-    model_config = get_current_vllm_config().model_config
-    if sliding_window is None or model_config is None:
+    config = get_current_vllm_config_or_none()
+    if sliding_window is None or config is None or config.model_config is None:
         return sliding_window
-    return sliding_window if sliding_window < model_config.max_model_len else None
+    max_model_len = config.model_config.max_model_len
+    return sliding_window if sliding_window < max_model_len else None
 
 
 def _use_fused(
