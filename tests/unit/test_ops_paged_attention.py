@@ -20,7 +20,6 @@ from vllm_hpu.attention.metadata import (
     CacheGeometry,
     SeqLayout,
     build_decode_metadata,
-    decode_block_count,
 )
 from vllm_hpu.ops.kv_cache import write_to_cache
 from vllm_hpu.ops.paged_attention import (
@@ -129,7 +128,7 @@ def _check_decode(case: DecodeCase, variant: Variant) -> None:
     ]
     padded_batch = case.batch_size + rng.randint(0, 2)
     windows = (variant.sliding_window,) if variant.sliding_window else ()
-    # A windowed model alone: the bucket counts only blocks inside the window.
+    # A windowed model alone: no full-attention layout is built.
     geometry = CacheGeometry(
         case.block_size,
         layout.num_blocks,
@@ -138,7 +137,7 @@ def _check_decode(case: DecodeCase, variant: Variant) -> None:
         sliding_windows=windows,
         full_attention=not windows,
     )
-    used_blocks = sum(decode_block_count(seq, geometry) for seq in seqs)
+    used_blocks = sum(len(t) for t in layout.block_tables)
     metadata = build_decode_metadata(
         seqs, padded_batch, used_blocks + rng.randint(0, 5), geometry
     )

@@ -208,22 +208,14 @@ def decode_block_range(
     return start // block_size, _cdiv(seq_len, block_size), start
 
 
-def decode_block_count(seq: SeqLayout, cache: CacheGeometry) -> int:
-    """Blocks one decode row adds to a bucket's P: those of its widest layer, so
-    a model whose every layer is windowed reads a bounded number of blocks."""
-    window = None
-    if not cache.full_attention and cache.sliding_windows:
-        window = max(cache.sliding_windows)
-    first, end, _ = decode_block_range(seq, cache.block_size, window)
-    return end - first
-
-
 def _window_capacity(
     num_blocks: int, batch_size: int, sliding_window: int | None, block_size: int
 ) -> int:
     """Padded block count of a layout: the bucket's P, or for a window fewer,
     since W keys span at most cdiv(W - 1, B) + 1 blocks per row (fixed per
-    bucket, so graph shapes stay static)."""
+    bucket, so graph shapes stay static). Buckets count every block of a row, as
+    for full attention, so that warmup's sequences land on every bucket; a
+    windowed layer's work is bounded by this capacity, not by P."""
     if sliding_window is None:
         return num_blocks
     per_row = _cdiv(sliding_window - 1, block_size) + 1

@@ -69,7 +69,8 @@ def paged_attention(
 
     query: [bs, num_heads, head_size]; caches: [slots, num_kv_heads, head_size].
     Returns [bs, num_heads, head_size] in query's dtype. Grouped-query heads share
-    one K/V block through the head-group axis, never by repeating K/V.
+    one K/V block through the head-group axis, never by repeating K/V. Scores are
+    scaled, soft-capped (``scoring``), then biased (``blocks.block_bias``).
     """
     bs, num_heads, head_size = query.shape
     num_blocks, block_size = blocks.block_bias.shape[0], blocks.block_bias.shape[-1]

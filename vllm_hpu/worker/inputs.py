@@ -17,7 +17,6 @@ from vllm_hpu.attention.metadata import (
     SeqLayout,
     build_decode_metadata,
     build_prompt_metadata,
-    decode_block_count,
 )
 from vllm_hpu.bucketing import Bucket, HpuBucketManager
 
@@ -200,11 +199,6 @@ def build_prompt_pass(
     )
 
 
-def decode_num_blocks(seqs: list[ScheduledSeq], cache: CacheGeometry) -> int:
-    """The flat blocks a decode pass of ``seqs`` reads (before bucket padding)."""
-    return sum(decode_block_count(s.layout, cache) for s in seqs)
-
-
 def build_decode_pass(
     seqs: list[ScheduledSeq],
     buckets: HpuBucketManager,
@@ -212,7 +206,7 @@ def build_decode_pass(
     cache: CacheGeometry,
 ) -> ForwardPass:
     """A decode pass: one new token per seq, attending over its paged blocks."""
-    num_blocks = decode_num_blocks(seqs, cache)
+    num_blocks = sum(_cdiv(s.end, cache.block_size) for s in seqs)
     bucket = buckets.find_decode_bucket(len(seqs), num_blocks)
     input_ids = np.zeros(bucket.batch_size, dtype=np.int64)
     positions = np.zeros_like(input_ids)

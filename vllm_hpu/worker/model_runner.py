@@ -41,7 +41,6 @@ from vllm_hpu.worker.inputs import (
     ScheduledSeq,
     build_decode_pass,
     build_prompt_pass,
-    decode_num_blocks,
     split_prefills,
 )
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
@@ -325,7 +324,7 @@ class HpuModelRunner:
             forward_pass = build_decode_pass(
                 decodes, self.buckets, token_ids, self.cache
             )
-            num_blocks = decode_num_blocks(decodes, self.cache)
+            num_blocks = sum(-(-s.end // self.block_size) for s in decodes)
             self.buckets.stats.record_decode(
                 forward_pass.bucket, len(decodes), num_blocks
             )
