@@ -175,10 +175,10 @@ ALL_SPECS = {**MODEL_SPECS, **VARIANT_SPECS}
 # every norm). With tied embeddings the current token's own embedding can drown
 # the layers, and every continuation repeats one token: Gemma scales embeddings
 # by sqrt(hidden_size) (larger norms, which also make its soft-cap bind), Bloom
-# normalises them right away (a small embedding norm).
+# normalises them right away (an embedding norm with weights around 0).
 NORM_MEANS = {
     ("tiny-gemma2", ""): 9.0,
-    ("tiny-bloom", "word_embeddings_layernorm"): 0.03,
+    ("tiny-bloom", "word_embeddings_layernorm"): 0.0,
 }
 
 PASSAGES = [
