@@ -17,6 +17,7 @@ from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_m
 from vllm_hpu.ops.kv_cache import allocate_kv_cache, gather_blocks
 from vllm_hpu.ops.moe import MoeRouting, experts_dense, fused_experts, select_experts
 from vllm_hpu.ops.paged_attention import paged_attention
+from vllm_hpu.ops.score_mods import Scoring
 
 BATCH_SIZE, CONTEXT, BLOCK_SIZE = 64, 1024, 128
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE = 32, 8, 128
@@ -140,7 +141,7 @@ def time_attention(name: str, dtype: torch.dtype, iters: int) -> None:
     id_tables = [torch.tensor(t) for t in tables]
 
     flat = measure(
-        lambda: paged_attention(query, key_cache, value_cache, blocks, scale),
+        lambda: paged_attention(query, key_cache, value_cache, blocks, Scoring(scale)),
         iters,
     )
     naive = measure(

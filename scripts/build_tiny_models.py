@@ -209,6 +209,80 @@ MLA_SPECS = {
 }
 MODEL_SPECS.update(MLA_SPECS)
 
+# Attention variants (sliding windows, soft-capping, ALiBi, small heads), each
+# checked against transformers end to end. Windows are far shorter than the
+# test prompts so that they bind, and not multiples of 16-token blocks.
+WINDOW = 40
+VARIANT_SPECS = {
+    "tiny-mistral-sw": ("mistral", {**GQA_SHAPE, "sliding_window": 32}),
+    "tiny-phi3-sw": (
+        "phi3",
+        {
+            **GQA_SHAPE,
+            "sliding_window": WINDOW,
+            "original_max_position_embeddings": MAX_POSITIONS,
+        },
+    ),
+    # Alternate windowed and global layers; a soft-cap low enough to bind.
+    "tiny-gemma2": (
+        "gemma2",
+        {
+            **GQA_SHAPE,
+            "query_pre_attn_scalar": HEAD_DIM,
+            "sliding_window": WINDOW,
+            "attn_logit_softcapping": 30.0,
+            "final_logit_softcapping": 30.0,
+        },
+    ),
+    "tiny-bloom": (
+        "bloom",
+        {
+            "vocab_size": VOCAB_SIZE,
+            "hidden_size": HIDDEN_SIZE,
+            "n_layer": NUM_LAYERS,
+            "n_head": NUM_HEADS,
+            "initializer_range": WEIGHT_STD,
+        },
+    ),
+    # Falcon-RW's layout: ALiBi instead of rotary embeddings.
+    "tiny-falcon-alibi": (
+        "falcon",
+        {
+            "vocab_size": VOCAB_SIZE,
+            "hidden_size": HIDDEN_SIZE,
+            "num_hidden_layers": NUM_LAYERS,
+            "num_attention_heads": NUM_HEADS,
+            "alibi": True,
+            "bias": True,
+            "multi_query": False,
+            "parallel_attn": False,
+            "new_decoder_architecture": False,
+            "max_position_embeddings": MAX_POSITIONS,
+            "initializer_range": WEIGHT_STD,
+        },
+    ),
+    "tiny-llama-h32": (
+        "llama",
+        {
+            **GQA_SHAPE,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 32,
+        },
+    ),
+    "tiny-llama-h40": ("llama", {**GQA_SHAPE, "head_dim": 40}),
+}
+MODEL_SPECS.update(VARIANT_SPECS)
+# Norm weights other than ~1, per (model, part of the norm's module name; "" for
+# every norm). With tied embeddings the current token's own embedding can drown
+# the layers, and every continuation repeats one token: Gemma scales embeddings
+# by sqrt(hidden_size) (larger norms, which also make its soft-cap bind), Bloom
+# normalises them right away (an embedding norm with weights around 0).
+NORM_MEANS = {
+    ("tiny-gemma2", ""): 9.0,
+    ("tiny-bloom", "word_embeddings_layernorm"): 0.0,
+}
+
 PASSAGES = [
     "The capital of France is Paris. The capital of Italy is Rome. "
     "The capital of Japan is Tokyo, and the capital of Spain is Madrid.",
@@ -326,19 +400,25 @@ def special_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
     }
 
 
-def init_weights(model: torch.nn.Module, seed: int) -> None:
+def init_weights(
+    model: torch.nn.Module, seed: int, norm_means: dict[str, float]
+) -> None:
     """Draw every parameter from one seeded generator in module order; norm
-    weights stay near 1 so activations keep their scale."""
+    weights stay near 1 (or ``norm_means[part of the module name]``) so
+    activations keep their scale."""
     generator = torch.Generator().manual_seed(seed)
     done: set[int] = set()
-    for module in model.modules():
+    for module_name, module in model.named_modules():
         is_norm = "Norm" in type(module).__name__
+        norm_mean = next(
+            (mean for part, mean in norm_means.items() if part in module_name), 1.0
+        )
         for name, param in module.named_parameters(recurse=False):
             if id(param) in done:
                 continue
             done.add(id(param))
             if is_norm and name == "weight":
-                mean, std = 1.0, NORM_STD
+                mean, std = norm_mean, NORM_STD
             elif param.dim() == 1:
                 mean, std = 0.0, BIAS_STD
             else:
@@ -357,7 +437,8 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
     token_ids = special_token_ids(tokenizer)
     config = AutoConfig.for_model(model_type, **shape, **token_ids, dtype="float32")
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    init_weights(model, SEED + zlib.crc32(name.encode()))
+    norm_means = {part: mean for (n, part), mean in NORM_MEANS.items() if n == name}
+    init_weights(model, SEED + zlib.crc32(name.encode()), norm_means)
     im_end_id = tokenizer.token_to_id(IM_END)
     model.generation_config = GenerationConfig(
         **{**token_ids, "eos_token_id": [token_ids["eos_token_id"], im_end_id]}

@@ -9,6 +9,16 @@ from pathlib import Path
 import pytest
 from conftest import MODELS_DIR
 
+# Attention variants: sliding windows, soft-capping, ALiBi, head sizes 32 and 40.
+VARIANT_MODELS = (
+    "tiny-mistral-sw",
+    "tiny-phi3-sw",
+    "tiny-gemma2",
+    "tiny-bloom",
+    "tiny-falcon-alibi",
+    "tiny-llama-h32",
+    "tiny-llama-h40",
+)
 TINY_MODELS = (
     "tiny-llama",
     "tiny-qwen2",
@@ -22,6 +32,7 @@ TINY_MODELS = (
     "tiny-glm4-moe",
     "tiny-deepseek-v2",
     "tiny-deepseek-v2-moe",
+    *VARIANT_MODELS,
 )
 SMOLLM2 = "smollm2-135m-instruct"
 

@@ -28,12 +28,20 @@ def random_prompts(
 
 @torch.no_grad()
 def hf_greedy(
-    model_dir: str, prompts: list[list[int]], max_tokens: int, dtype: torch.dtype
+    model_dir: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    dtype: torch.dtype,
+    attn_implementation: str | None = None,
 ) -> list[list[int]]:
-    """Greedy continuations by transformers, one sequence at a time (no padding)."""
+    """Greedy continuations by transformers, one sequence at a time (no padding).
+    ``attn_implementation="eager"`` where torch's SDPA cannot express the model's
+    attention (Gemma 2's soft-capping)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype, attn_implementation=attn_implementation
+    ).eval()
     outputs = []
     for prompt in prompts:
         input_ids = torch.tensor([prompt])

@@ -1,5 +1,7 @@
 """The backend's contract with vLLM: name, registration, block sizes, refusals."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from vllm.v1.attention.backend import AttentionType
@@ -8,7 +10,11 @@ from vllm.v1.attention.selector import AttentionSelectorConfig
 
 from vllm_hpu import platform
 from vllm_hpu.attention import backend
-from vllm_hpu.attention.backend import HpuAttentionBackend, check_supported
+from vllm_hpu.attention.backend import (
+    HpuAttentionBackend,
+    HpuAttentionImpl,
+    check_supported,
+)
 
 
 def _config(**overrides: object) -> AttentionSelectorConfig:
@@ -49,6 +55,11 @@ def test_attention_backend_accepts_plain_decoder() -> None:
     check_supported(_config(block_size=None, kv_cache_dtype=None, dtype=torch.float32))
 
 
+@pytest.mark.parametrize("head_size", [32, 40, 72, 136, 256])
+def test_attention_backend_accepts_windows_and_head_sizes(head_size: int) -> None:
+    check_supported(_config(head_size=head_size, has_sliding_window=True))
+
+
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
@@ -56,9 +67,10 @@ def test_attention_backend_accepts_plain_decoder() -> None:
         ({"has_sink": True}, "sinks"),
         ({"attn_type": AttentionType.ENCODER_ONLY}, "encoder_only"),
         ({"use_non_causal": True}, "non-causal"),
-        ({"has_sliding_window": True}, "sliding-window"),
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype=fp8"),
-        ({"head_size": 72}, "head size 72"),
+        ({"head_size": 36}, "head size 36"),
+        ({"head_size": 24}, "head size 24"),
+        ({"head_size": 264}, "head size 264"),
         ({"block_size": 24}, "block size 24"),
     ],
 )
@@ -74,3 +86,33 @@ def test_attention_backend_selected_by_platform() -> None:
         AttentionBackendEnum.CUSTOM, _config()
     )
     assert path == platform.ATTN_BACKEND_CLS
+
+
+@pytest.mark.parametrize(("window", "binding"), [(63, 63), (64, None), (4096, None)])
+def test_attention_impl_window_that_cannot_bind_is_full_attention(
+    window: int, binding: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mistral's 4096 window with max_model_len 64 never hides a key.
+    config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64))
+    monkeypatch.setattr(backend, "get_current_vllm_config_or_none", lambda: config)
+    impl = HpuAttentionImpl(4, 64, 0.125, 2, sliding_window=window)
+    assert impl.sliding_window == binding
+
+
+@pytest.mark.parametrize(
+    ("head_size", "soft_cap", "alibi", "fused"),
+    [
+        (64, None, None, True),
+        (40, None, None, False),
+        (64, 30.0, None, False),
+        (64, None, [0.5, 0.25, 0.125, 0.0625], False),
+    ],
+)
+def test_attention_impl_decides_fused_prompt_kernel(
+    head_size: int, soft_cap: float | None, alibi: list[float] | None, fused: bool
+) -> None:
+    impl = HpuAttentionImpl(
+        4, head_size, 0.125, 2, alibi_slopes=alibi, logits_soft_cap=soft_cap
+    )
+    assert impl.scoring.use_fused == fused
+    assert impl.scoring.logits_soft_cap == soft_cap

@@ -1,11 +1,12 @@
 """vLLM's own Attention layer driven through our backend: prefill, decodes, then a
-prompt chunk with cached context, each against naive per-sequence attention."""
+prompt chunk with cached context, each against naive per-sequence attention;
+plain, and with the sliding window, soft-cap and ALiBi vLLM's models pass it."""
 
 import random
 
 import pytest
 import torch
-from test_ops_reference import naive_attention, tolerance
+from test_ops_reference import PLAIN, Variant, alibi_slopes, naive_attention, tolerance
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.forward_context import set_forward_context
 from vllm.model_executor.layers.attention import Attention
@@ -28,12 +29,21 @@ BLOCK_SIZE, NUM_BLOCKS = 16, 24
 class Driver:
     """One Attention layer plus the growing K/V/Q history of each sequence."""
 
-    def __init__(self, dtype: torch.dtype, seed: int) -> None:
+    def __init__(self, dtype: torch.dtype, seed: int, variant: Variant) -> None:
         self.config = VllmConfig()
         self.dtype = dtype
+        self.variant = variant
+        slopes = alibi_slopes(NUM_HEADS).tolist() if variant.alibi else None
         with set_current_vllm_config(self.config):
             self.layer = Attention(
-                NUM_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5, NUM_KV_HEADS, prefix=LAYER_NAME
+                NUM_HEADS,
+                HEAD_SIZE,
+                HEAD_SIZE**-0.5,
+                NUM_KV_HEADS,
+                alibi_slopes=slopes,
+                prefix=LAYER_NAME,
+                logits_soft_cap=variant.logits_soft_cap,
+                per_layer_sliding_window=variant.sliding_window,
             )
         self.layer.kv_cache = allocate_kv_cache(
             NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE, dtype, torch.device("cpu")
@@ -43,8 +53,9 @@ class Driver:
         self.tables = [ids[:8], ids[8:16]]
         self.keys: list[torch.Tensor] = [torch.empty(0, NUM_KV_HEADS, HEAD_SIZE)] * 2
         self.values = list(self.keys)
+        windows = (variant.sliding_window,) if variant.sliding_window else ()
         self.geometry = CacheGeometry(
-            BLOCK_SIZE, NUM_BLOCKS, dtype, torch.device("cpu")
+            BLOCK_SIZE, NUM_BLOCKS, dtype, torch.device("cpu"), windows
         )
 
     def step(
@@ -78,6 +89,7 @@ class Driver:
                 self.keys[i].to(self.dtype),
                 self.values[i].to(self.dtype),
                 HEAD_SIZE**-0.5,
+                self.variant,
             )
             torch.testing.assert_close(
                 out[i, :n].float(),
@@ -93,9 +105,21 @@ class Driver:
         ]
 
 
+@pytest.mark.parametrize(
+    "variant",
+    [
+        PLAIN,
+        Variant(sliding_window=21),
+        Variant(logits_soft_cap=3.0),
+        Variant(alibi=True),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_layer_prefill_decode_then_context_prompt(dtype: torch.dtype) -> None:
-    driver = Driver(dtype, seed=7)
+def test_attention_layer_prefill_decode_then_context_prompt(
+    dtype: torch.dtype, variant: Variant
+) -> None:
+    driver = Driver(dtype, seed=7, variant=variant)
     assert isinstance(driver.layer.impl, HpuAttentionImpl)
 
     prompt = [37, 16]

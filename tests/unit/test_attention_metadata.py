@@ -92,3 +92,33 @@ def test_metadata_decode_flat_layout() -> None:
 def test_metadata_refuses_buckets_too_small(build, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_metadata_decode_layout_per_window() -> None:
+    # Windowed and global layers in one model (Gemma 2): the full layout keeps
+    # every block; a window of 5 reads only the blocks holding the last 5 keys.
+    cache = CacheGeometry(4, DUMMY, torch.float32, torch.device("cpu"), (5,), True)
+    seqs = [SeqLayout([4, 0, 8], 8, 1), SeqLayout([6], 1, 1)]  # seq_lens 9 and 2
+    meta = build_decode_metadata(seqs, 3, 6, cache)
+    assert meta.decode_blocks().block_list.tolist() == [4, 0, 8, 6, DUMMY, DUMMY]
+    windowed = meta.decode_blocks(5)
+    # Keys 4..8 of row 0 sit in its blocks 1 and 2; capacity min(6, 3 * 3).
+    assert windowed.block_list.tolist() == [0, 8, 6, DUMMY, DUMMY, DUMMY]
+    visible = (windowed.block_bias == 0).int().tolist()
+    assert visible[:3] == [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
+    assert windowed.block_offsets.tolist()[:3] == [-4, 0, -1]
+
+
+def test_metadata_prompt_window_mask() -> None:
+    cache = CacheGeometry(4, DUMMY, torch.float32, torch.device("cpu"), (2,), True)
+    # Two cached tokens, three new ones: query t (position 2 + t) sees keys
+    # at positions 1 + t and 2 + t only.
+    meta = build_prompt_metadata([SeqLayout([3, 5], 2, 3)], 1, 3, 1, cache)
+    visible = (meta.prompt_bias(2)[0, 0] == 0).int().tolist()
+    assert visible == [
+        [0, 1, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 0, 0, 1, 1],
+    ]
+    assert meta.key_positions is not None
+    assert meta.key_positions.tolist() == [[0, 1, 2, 3, 2, 3, 4]]

@@ -1,15 +1,33 @@
-"""Flat paged decode attention (with its metadata builder) vs naive attention."""
+"""Flat paged decode attention (with its metadata builder) vs naive attention,
+plain and with sliding windows, logit soft-capping and ALiBi."""
 
 import random
 from dataclasses import dataclass
 
 import pytest
 import torch
-from test_ops_reference import fill_cache, naive_attention, random_layout, tolerance
+from test_ops_reference import (
+    PLAIN,
+    Variant,
+    alibi_slopes,
+    fill_cache,
+    naive_attention,
+    random_layout,
+    tolerance,
+)
 
-from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_metadata
+from vllm_hpu.attention.metadata import (
+    CacheGeometry,
+    SeqLayout,
+    build_decode_metadata,
+)
 from vllm_hpu.ops.kv_cache import write_to_cache
-from vllm_hpu.ops.paged_attention import paged_attention
+from vllm_hpu.ops.paged_attention import (
+    DecodeBlocks,
+    blocks_with_alibi,
+    paged_attention,
+)
+from vllm_hpu.ops.score_mods import Scoring
 
 NUM_CASES = 48
 
@@ -59,6 +77,43 @@ def _seq_lens(rng: random.Random, count: int, block_size: int) -> list[int]:
 
 @pytest.mark.parametrize("case", _cases(), ids=str)
 def test_paged_attention_matches_naive(case: DecodeCase) -> None:
+    _check_decode(case, PLAIN)
+
+
+# Windows below, at and above the block size (16) and the sequence lengths
+# (1 .. 64 tokens), aligned to blocks and not; soft-cap; ALiBi.
+VARIANTS = [
+    Variant(sliding_window=1),
+    Variant(sliding_window=5),
+    Variant(sliding_window=16),
+    Variant(sliding_window=17),
+    Variant(sliding_window=40),
+    Variant(sliding_window=64),
+    Variant(sliding_window=1000),
+    Variant(logits_soft_cap=2.0),
+    Variant(sliding_window=20, logits_soft_cap=2.0),
+    Variant(alibi=True),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_paged_attention_variants_match_naive(
+    variant: Variant, dtype: torch.dtype
+) -> None:
+    for seed in range(3):
+        case = DecodeCase(
+            seed=seed,
+            block_size=16,
+            group=[1, 2, 4][seed],
+            head_size=[64, 40, 32][seed],
+            dtype=dtype,
+            batch_size=[1, 5, 12][seed],
+        )
+        _check_decode(case, variant)
+
+
+def _check_decode(case: DecodeCase, variant: Variant) -> None:
     rng = random.Random(case.seed)
     num_kv_heads = rng.choice([1, 2])
     num_heads = num_kv_heads * case.group
@@ -72,10 +127,17 @@ def test_paged_attention_matches_naive(case: DecodeCase) -> None:
         for table, n in zip(layout.block_tables, seq_lens, strict=True)
     ]
     padded_batch = case.batch_size + rng.randint(0, 2)
-    used_blocks = sum(len(t) for t in layout.block_tables)
+    windows = (variant.sliding_window,) if variant.sliding_window else ()
+    # A windowed model alone: no full-attention layout is built.
     geometry = CacheGeometry(
-        case.block_size, layout.num_blocks, case.dtype, torch.device("cpu")
+        case.block_size,
+        layout.num_blocks,
+        case.dtype,
+        torch.device("cpu"),
+        sliding_windows=windows,
+        full_attention=not windows,
     )
+    used_blocks = sum(len(t) for t in layout.block_tables)
     metadata = build_decode_metadata(
         seqs, padded_batch, used_blocks + rng.randint(0, 5), geometry
     )
@@ -90,20 +152,35 @@ def test_paged_attention_matches_naive(case: DecodeCase) -> None:
     write_to_cache(layout.key_cache, metadata.slot_mapping, new_kv[0])
     write_to_cache(layout.value_cache, metadata.slot_mapping, new_kv[1])
     scale = case.head_size**-0.5
+    blocks = metadata.decode_blocks(variant.sliding_window)
+    _assert_reads_only_visible_blocks(blocks, layout.num_blocks)
+    if variant.alibi:
+        blocks = blocks_with_alibi(blocks, alibi_slopes(num_heads))
 
     out = paged_attention(
-        query, layout.key_cache, layout.value_cache, metadata.decode_blocks(), scale
+        query,
+        layout.key_cache,
+        layout.value_cache,
+        blocks,
+        Scoring(scale, variant.logits_soft_cap, use_fused=False),
     )
 
     assert out.shape == query.shape and out.dtype == case.dtype
     assert torch.isfinite(out).all(), f"{case}: non-finite output"
     for i, n in enumerate(seq_lens):
         expected = naive_attention(
-            query[i : i + 1], layout.keys[i], layout.values[i], scale
+            query[i : i + 1], layout.keys[i], layout.values[i], scale, variant
         )
         torch.testing.assert_close(
             out[i : i + 1].float(),
             expected,
             **tolerance(case.dtype),
-            msg=lambda m, i=i, n=n: f"{case} row {i} (seq_len {n}): {m}",
+            msg=lambda m, i=i, n=n: f"{case} {variant} row {i} (seq_len {n}): {m}",
         )
+
+
+def _assert_reads_only_visible_blocks(blocks: DecodeBlocks, dummy: int) -> None:
+    """Every real block in the list has a visible token: none fell out."""
+    real = blocks.block_list != dummy
+    visible = (blocks.block_bias == 0).any(-1)
+    assert visible[real].all(), "a block outside the window is read"

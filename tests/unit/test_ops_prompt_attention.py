@@ -2,7 +2,8 @@
 
 Each case builds the metadata with build_prompt_metadata and writes the current
 tokens through its slot_mapping first, as the attention impl does. Cases run with
-the fused kernel (torch's, in emulation) and with VLLM_PROMPT_USE_FUSEDSDPA=0.
+the fused kernel (torch's, in emulation) and with VLLM_PROMPT_USE_FUSEDSDPA=0,
+plain and with sliding windows, logit soft-capping and ALiBi.
 """
 
 import random
@@ -11,12 +12,25 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from test_ops_reference import fill_cache, naive_attention, random_layout, tolerance
+from test_ops_reference import (
+    PLAIN,
+    Variant,
+    alibi_slopes,
+    fill_cache,
+    naive_attention,
+    random_layout,
+    tolerance,
+)
 
 from vllm_hpu import device, envs
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_prompt_metadata
 from vllm_hpu.ops.kv_cache import write_to_cache
-from vllm_hpu.ops.prompt_attention import gather_context, prompt_attention
+from vllm_hpu.ops.prompt_attention import (
+    bias_with_alibi,
+    gather_context,
+    prompt_attention,
+)
+from vllm_hpu.ops.score_mods import Scoring
 
 NUM_CASES = 40
 
@@ -85,6 +99,46 @@ def fused_sdpa(request, monkeypatch) -> Iterator[bool]:
 @pytest.mark.parametrize("case", _cases(), ids=str)
 def test_prompt_attention_matches_naive(case: PromptCase, fused_sdpa: bool) -> None:
     assert (device.fused_sdpa() is not None) == fused_sdpa
+    _check_prompt(case, PLAIN, use_fused=True)
+
+
+# Windows below, at and above the block size (16) and the context + query
+# lengths (1 .. 64 tokens), aligned to blocks and not; soft-cap; ALiBi.
+VARIANTS = [
+    Variant(sliding_window=1),
+    Variant(sliding_window=5),
+    Variant(sliding_window=16),
+    Variant(sliding_window=17),
+    Variant(sliding_window=40),
+    Variant(sliding_window=1000),
+    Variant(logits_soft_cap=2.0),
+    Variant(sliding_window=20, logits_soft_cap=2.0),
+    Variant(alibi=True),
+    Variant(sliding_window=9, alibi=True),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_prompt_attention_variants_match_naive(
+    variant: Variant, dtype: torch.dtype, fused_sdpa: bool
+) -> None:
+    for seed in range(2):
+        case = PromptCase(
+            seed=seed,
+            block_size=16,
+            group=[1, 4][seed],
+            head_size=[40, 64][seed],
+            dtype=dtype,
+            batch_size=[3, 6][seed],
+            with_context=True,
+        )
+        # The impl's choice: soft-cap and ALiBi always take the plain path.
+        plain_only = variant.logits_soft_cap is not None or variant.alibi
+        _check_prompt(case, variant, use_fused=not plain_only)
+
+
+def _check_prompt(case: PromptCase, variant: Variant, use_fused: bool) -> None:
     rng = random.Random(case.seed)
     num_kv_heads = rng.choice([1, 2])
     num_heads = num_kv_heads * case.group
@@ -104,8 +158,13 @@ def test_prompt_attention_matches_naive(case: PromptCase, fused_sdpa: bool) -> N
     context_blocks += (
         rng.randint(0 if context_blocks else 1, 2) if case.with_context else 0
     )
+    windows = (variant.sliding_window,) if variant.sliding_window else ()
     geometry = CacheGeometry(
-        case.block_size, layout.num_blocks, case.dtype, torch.device("cpu")
+        case.block_size,
+        layout.num_blocks,
+        case.dtype,
+        torch.device("cpu"),
+        sliding_windows=windows,
     )
     metadata = build_prompt_metadata(
         seqs, batch_size, query_len, context_blocks, geometry
@@ -129,20 +188,26 @@ def test_prompt_attention_matches_naive(case: PromptCase, fused_sdpa: bool) -> N
             batch_size,
             case.block_size,
         )
-    assert metadata.attn_bias is not None
+    attn_bias = metadata.prompt_bias(variant.sliding_window)
+    if variant.alibi:
+        slopes = alibi_slopes(num_heads)
+        attn_bias = bias_with_alibi(attn_bias, metadata.query_key_distance(), slopes)
     scale = case.head_size**-0.5
+    scoring = Scoring(scale, variant.logits_soft_cap, use_fused)
 
-    out = prompt_attention(query, key, value, metadata.attn_bias, scale, past_kv)
+    out = prompt_attention(query, key, value, attn_bias, scoring, past_kv)
 
     assert out.shape == query.shape and out.dtype == case.dtype
     assert torch.isfinite(out).all(), f"{case}: non-finite output (padding rows?)"
     for i, (c, q) in enumerate(zip(contexts, queries, strict=True)):
         expected = naive_attention(
-            query[i, :q], layout.keys[i], layout.values[i], scale
+            query[i, :q], layout.keys[i], layout.values[i], scale, variant
         )
         torch.testing.assert_close(
             out[i, :q].float(),
             expected,
             **tolerance(case.dtype),
-            msg=lambda m, i=i, c=c, q=q: f"{case} row {i} (ctx {c}, q {q}): {m}",
+            msg=lambda m, i=i, c=c, q=q: (
+                f"{case} {variant} row {i} (ctx {c}, q {q}): {m}"
+            ),
         )

@@ -4,6 +4,7 @@ The reference loops over sequences in Python and is checked here against torch's
 own scaled_dot_product_attention, so the op tests compare with a trusted oracle.
 """
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -19,19 +20,55 @@ def tolerance(dtype: torch.dtype) -> dict[str, float]:
     return {"atol": 2e-2, "rtol": 2e-2}
 
 
+@dataclass(frozen=True)
+class Variant:
+    """What a layer adds to plain causal attention."""
+
+    sliding_window: int | None = None  # keys within the last W positions only
+    logits_soft_cap: float | None = None
+    alibi: bool = False  # slopes from alibi_slopes(num_heads)
+
+    def __str__(self) -> str:
+        parts = [f"W{self.sliding_window}"] if self.sliding_window else []
+        parts += [f"cap{self.logits_soft_cap}"] if self.logits_soft_cap else []
+        return "-".join(parts + (["alibi"] if self.alibi else [])) or "plain"
+
+
+PLAIN = Variant()
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """The ALiBi paper's geometric slopes (power-of-two head counts)."""
+    start = 2 ** (-8 / num_heads)
+    return torch.tensor([start ** (h + 1) for h in range(num_heads)])
+
+
 def naive_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    variant: Variant = PLAIN,
 ) -> torch.Tensor:
     """One sequence. query: [n, H, D] for the last n positions; key, value: [L, KVH,
-    D] for all L positions. Causal softmax attention in fp32 -> [n, H, D]."""
+    D] for all L positions. Causal softmax attention in fp32 -> [n, H, D], with
+    the variant's window, soft-cap and ALiBi written out position by position."""
     n, num_heads, _ = query.shape
     length, num_kv_heads, _ = key.shape
     group = num_heads // num_kv_heads
     k = key.float().repeat_interleave(group, dim=1)
     v = value.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", query.float() * scale, k)
-    positions = torch.arange(length - n, length)[:, None]
-    scores = scores.masked_fill(torch.arange(length)[None, :] > positions, -torch.inf)
+    if variant.logits_soft_cap:
+        scores = torch.tanh(scores / variant.logits_soft_cap) * variant.logits_soft_cap
+    query_pos = torch.arange(length - n, length)[:, None]
+    key_pos = torch.arange(length)[None, :]
+    if variant.alibi:
+        scores = scores + alibi_slopes(num_heads)[:, None, None] * (key_pos - query_pos)
+    hidden = key_pos > query_pos
+    if variant.sliding_window:
+        hidden |= query_pos - key_pos >= variant.sliding_window
+    scores = scores.masked_fill(hidden, -torch.inf)
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
@@ -106,3 +143,45 @@ def test_ops_reference_matches_torch_sdpa(group: int, n: int) -> None:
     ).transpose(0, 1)
     actual = naive_attention(query, key, value, 0.3)
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize("window", [None, 1, 4, 16, 40])
+def test_ops_reference_window_and_alibi_match_torch_sdpa(
+    window: int | None, alibi: bool
+) -> None:
+    gen = torch.Generator().manual_seed(7)
+    n, length, num_heads, head_size = 9, 30, 4, 32
+    query = torch.randn(n, num_heads, head_size, generator=gen)
+    key = torch.randn(length, num_heads, head_size, generator=gen)
+    value = torch.randn(length, num_heads, head_size, generator=gen)
+    slopes = alibi_slopes(num_heads).tolist()
+    mask = torch.full((num_heads, n, length), -torch.inf)
+    for h in range(num_heads):
+        for t in range(n):
+            q_pos = length - n + t
+            for k_pos in range(q_pos + 1):
+                if window is None or q_pos - k_pos < window:
+                    mask[h, t, k_pos] = slopes[h] * (k_pos - q_pos) if alibi else 0.0
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(0, 1),
+        key.transpose(0, 1),
+        value.transpose(0, 1),
+        attn_mask=mask,
+        scale=0.3,
+    ).transpose(0, 1)
+    actual = naive_attention(query, key, value, 0.3, Variant(window, None, alibi))
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_ops_reference_soft_cap_by_hand() -> None:
+    # One query, two keys, head size 1: weights are the softmax of the capped
+    # scores tanh(s / cap) * cap, s = scale * q * k.
+    query = torch.tensor([[[2.0]]])
+    key = torch.tensor([[[3.0]], [[-1.0]]])
+    value = torch.tensor([[[1.0]], [[0.0]]])
+    cap = 1.5
+    s0, s1 = (math.tanh(2.0 * k / cap) * cap for k in (3.0, -1.0))
+    expected = math.exp(s0) / (math.exp(s0) + math.exp(s1))
+    actual = naive_attention(query, key, value, 1.0, Variant(logits_soft_cap=cap))
+    assert actual.item() == pytest.approx(expected, rel=1e-6)

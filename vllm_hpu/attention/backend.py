@@ -6,6 +6,8 @@ Registered as AttentionBackendEnum.CUSTOM at import (idempotent: a dict entry).
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from vllm.config import get_current_vllm_config_or_none
+from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionImpl,
@@ -17,10 +19,21 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
+from vllm_hpu import device
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
 from vllm_hpu.ops.kv_cache import kv_cache_shape, write_to_cache
-from vllm_hpu.ops.paged_attention import paged_attention
-from vllm_hpu.ops.prompt_attention import gather_context, prompt_attention
+from vllm_hpu.ops.paged_attention import (
+    DecodeBlocks,
+    blocks_with_alibi,
+    paged_attention,
+)
+from vllm_hpu.ops.prompt_attention import (
+    bias_with_alibi,
+    fused_unsupported_reason,
+    gather_context,
+    prompt_attention,
+)
+from vllm_hpu.ops.score_mods import Scoring
 
 if TYPE_CHECKING:
     from vllm.config.cache import CacheDType
@@ -28,7 +41,11 @@ if TYPE_CHECKING:
 
 BLOCK_SIZE_MULTIPLE = 16
 PREFERRED_BLOCK_SIZE = 128  # platform.DEFAULT_BLOCK_SIZE: Gaudi's MME tile
-SUPPORTED_HEAD_SIZES = [64, 80, 96, 112, 128, 192, 256]
+# The flat kernels are plain torch: any head size runs; the fused prompt kernel
+# takes fewer (ops.prompt_attention.FUSED_SDPA_HEAD_SIZES), the rest run plain.
+SUPPORTED_HEAD_SIZES = list(range(32, 257, 8))
+
+logger = init_logger("vllm.hpu.attention")
 
 
 class HpuAttentionBackend(AttentionBackend):
@@ -93,11 +110,6 @@ def check_supported(attn_selector_config: "AttentionSelectorConfig") -> None:
         ),
         (config.use_non_causal, "non-causal attention", "unset use_non_causal"),
         (
-            config.has_sliding_window,
-            "sliding-window attention",
-            "use a model without a sliding window",
-        ),
-        (
             config.kv_cache_dtype not in (None, "auto"),
             f"kv_cache_dtype={config.kv_cache_dtype}",
             "use --kv-cache-dtype auto",
@@ -105,7 +117,7 @@ def check_supported(attn_selector_config: "AttentionSelectorConfig") -> None:
         (
             not HpuAttentionBackend.supports_head_size(config.head_size),
             f"head size {config.head_size}",
-            f"use a model with head size in {SUPPORTED_HEAD_SIZES}",
+            "use a model whose head size is a multiple of 8 from 32 to 256",
         ),
         (
             not HpuAttentionBackend.supports_block_size(config.block_size),
@@ -156,12 +168,7 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
         kv_sharing_target_layer_name: str | None = None,
         **unsupported: Any,
     ) -> None:
-        for name, value in (
-            ("alibi_slopes", alibi_slopes),
-            ("sliding_window", sliding_window),
-            ("logits_soft_cap", logits_soft_cap),
-            *unsupported.items(),
-        ):
+        for name, value in unsupported.items():
             if value is not None:
                 raise ValueError(
                     f"The HPU attention backend does not support {name}; "
@@ -169,8 +176,17 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
                 )
         self.num_heads = num_heads
         self.head_size = head_size
-        self.scale = float(scale)
         self.num_kv_heads = num_kv_heads or num_heads
+        self.scale = float(scale)
+        self.sliding_window = _binding_window(sliding_window)
+        self.alibi_slopes: torch.Tensor | None = None
+        if alibi_slopes is not None:
+            self.alibi_slopes = torch.tensor(alibi_slopes, dtype=torch.float32)
+        self.scoring = Scoring(
+            self.scale,
+            logits_soft_cap,
+            use_fused=_use_fused(head_size, logits_soft_cap, alibi_slopes),
+        )
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
@@ -201,8 +217,9 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
         if attn_metadata.is_prompt:
             result = self._prompt(query, key, value, kv_cache, attn_metadata)
         else:
+            blocks = self._decode_blocks(attn_metadata)
             result = paged_attention(
-                query, key_cache, value_cache, attn_metadata.decode_blocks(), self.scale
+                query, key_cache, value_cache, blocks, self.scoring
             )
         output.copy_(result.reshape(output.shape))
         return output
@@ -216,8 +233,8 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
         attn_metadata: HpuAttentionMetadata,
     ) -> torch.Tensor:
         """Unflatten the padded [bs * q] tokens and attend, with context if any."""
-        assert attn_metadata.attn_bias is not None
-        batch_size, _, query_len, num_keys = attn_metadata.attn_bias.shape
+        attn_bias = attn_metadata.prompt_bias(self.sliding_window)
+        batch_size, _, query_len, num_keys = attn_bias.shape
         past_kv = None
         if attn_metadata.block_list is not None:
             # Shapes, not values: C = blocks per row, B = past keys per block.
@@ -231,10 +248,61 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
             query.view(batch_size, query_len, *query.shape[1:]),
             key.view(batch_size, query_len, *key.shape[1:]),
             value.view(batch_size, query_len, *value.shape[1:]),
-            attn_metadata.attn_bias,
-            self.scale,
+            self._with_alibi(attn_bias, attn_metadata),
+            self.scoring,
             past_kv,
         )
+
+    def _slopes(self, on: torch.device) -> torch.Tensor:
+        assert self.alibi_slopes is not None
+        if self.alibi_slopes.device != on:  # once: the slopes follow the model
+            self.alibi_slopes = self.alibi_slopes.to(on)
+        return self.alibi_slopes
+
+    def _with_alibi(
+        self, attn_bias: torch.Tensor, attn_metadata: HpuAttentionMetadata
+    ) -> torch.Tensor:
+        """[bs, 1, q, K] mask -> [bs, num_heads, q, K] fp32 with ALiBi (if any)."""
+        if self.alibi_slopes is None:
+            return attn_bias
+        slopes = self._slopes(attn_bias.device)
+        distance = attn_metadata.query_key_distance()
+        return bias_with_alibi(attn_bias, distance, slopes)
+
+    def _decode_blocks(self, attn_metadata: HpuAttentionMetadata) -> DecodeBlocks:
+        """This layer's flat blocks (its window's), with ALiBi in the bias."""
+        blocks = attn_metadata.decode_blocks(self.sliding_window)
+        if self.alibi_slopes is None:
+            return blocks
+        slopes = self._slopes(blocks.block_bias.device)
+        return blocks_with_alibi(blocks, slopes)
+
+
+def _binding_window(sliding_window: int | None) -> int | None:
+    """The layer's window, or None where it can never bind (no shorter than the
+    model's length): such a layer is full attention."""
+    config = get_current_vllm_config_or_none()
+    if sliding_window is None or config is None or config.model_config is None:
+        return sliding_window
+    max_model_len = config.model_config.max_model_len
+    return sliding_window if sliding_window < max_model_len else None
+
+
+def _use_fused(
+    head_size: int, logits_soft_cap: float | None, alibi_slopes: list[float] | None
+) -> bool:
+    """Whether this layer may run the fused prompt kernel; when it may not while
+    the kernel is on, the start-up log says why."""
+    reason = fused_unsupported_reason(
+        head_size, logits_soft_cap, alibi_slopes is not None
+    )
+    if reason and device.fused_sdpa() is not None:
+        logger.info_once(
+            "Prompt attention of layers with %s runs the plain path: the fused "
+            "kernel does not take it.",
+            reason,
+        )
+    return not reason
 
 
 def register() -> None:

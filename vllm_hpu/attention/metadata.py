@@ -5,7 +5,7 @@ keeps opaque_attention_op() False; no vllm._C needed), which reads
 forward_context.attn_metadata[layer_name]: the runner maps every layer to one object.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from vllm.v1.attention.backend import AttentionMetadata
@@ -26,6 +26,10 @@ class CacheGeometry:
     num_blocks: int  # real blocks; the dummy block's id is num_blocks
     dtype: torch.dtype  # model dtype (for masks / mappings)
     device: torch.device
+    # Distinct windows of the sliding-window layers (each gets its own decode
+    # blocks and prompt mask), and whether some layer attends to every token.
+    sliding_windows: tuple[int, ...] = ()
+    full_attention: bool = True
 
 
 @dataclass
@@ -35,19 +39,28 @@ class HpuAttentionMetadata(AttentionMetadata):
     is_prompt: bool
     slot_mapping: torch.Tensor  # [num_tokens] long; padding -> the dummy block
     # Prompt: [bs * C] context blocks, row-major (None when C == 0).
-    # Decode: [P] blocks of all rows (see DecodeBlocks).
     block_list: torch.Tensor | None = None
-    block_groups: torch.Tensor | None = None  # decode [P] long; padding -> bs
-    block_mapping: torch.Tensor | None = None  # decode [P, bs]
-    block_bias: torch.Tensor | None = None  # decode [P, block_size]
     attn_bias: torch.Tensor | None = None  # prompt [bs, 1, q, C * block_size + q]
+    key_positions: torch.Tensor | None = None  # prompt [bs, C * block_size + q]
+    window_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt
+    # Decode: the flat blocks per sliding window (None: full attention).
+    decode: dict[int | None, DecodeBlocks] = field(default_factory=dict)
 
-    def decode_blocks(self) -> DecodeBlocks:
-        assert self.block_list is not None and self.block_groups is not None
-        assert self.block_mapping is not None and self.block_bias is not None
-        return DecodeBlocks(
-            self.block_list, self.block_groups, self.block_mapping, self.block_bias
-        )
+    def decode_blocks(self, sliding_window: int | None = None) -> DecodeBlocks:
+        return self.decode[sliding_window]
+
+    def prompt_bias(self, sliding_window: int | None = None) -> torch.Tensor:
+        """[bs, 1, q, K]: the mask of a layer with this window (None: full)."""
+        if sliding_window is None:
+            assert self.attn_bias is not None
+            return self.attn_bias
+        return self.window_bias[sliding_window]
+
+    def query_key_distance(self) -> torch.Tensor:
+        """[bs, q, K]: key position minus query position (prompt; for ALiBi)."""
+        assert self.key_positions is not None and self.attn_bias is not None
+        query_positions = self.key_positions[:, -self.attn_bias.shape[2] :]
+        return self.key_positions[:, None, :] - query_positions[:, :, None]
 
     # Read by vLLM's MLAAttention.forward_impl to split a pass into prompt
     # tokens (MHA) and decode tokens (MQA): each of our passes is one or the other.
@@ -108,13 +121,25 @@ def _prompt_slot_mapping(
     return slots.flatten()
 
 
-def _prompt_attn_bias(
+def _prompt_key_positions(
+    rows: list[SeqLayout], query_len: int, num_context_blocks: int, cache: CacheGeometry
+) -> torch.Tensor:
+    """[bs, C*B + q]: position of every key; context blocks start at position 0
+    and the current tokens follow each row's own context."""
+    past = torch.arange(num_context_blocks * cache.block_size)
+    context = torch.tensor([row.num_computed_tokens for row in rows])
+    current = context[:, None] + torch.arange(query_len)[None, :]
+    keys = torch.cat((past.expand(len(rows), -1), current), dim=1)
+    return keys.to(cache.device)
+
+
+def _prompt_allowed(
     rows: list[SeqLayout],
     query_len: int,
     num_context_blocks: int,
     cache: CacheGeometry,
 ) -> torch.Tensor:
-    """[bs, 1, q, C*B + q]: key k is visible to query t when it is a cached
+    """[bs, q, C*B + q] bool: key k is visible to query t when it is a cached
     context token (k < ctx) or a current token c <= t of the request; the
     diagonal is always visible so padded rows stay finite."""
     past_len = num_context_blocks * cache.block_size
@@ -127,9 +152,26 @@ def _prompt_attn_bias(
     current = keys - past_len
     causal = (current >= 0) & (current <= queries)  # [q, K]
     real = (current[None, :] < length[:, None])[:, None, :] | (current == queries)
-    allowed = past_ok[:, None, :] | (causal[None] & real)
-    bias = torch.zeros(allowed.shape, dtype=cache.dtype, device=cache.device)
+    return past_ok[:, None, :] | (causal[None] & real)
+
+
+def _as_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[bs, q, K] bool -> [bs, 1, q, K] additive mask (0 or -inf)."""
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return bias.masked_fill_(~allowed, float("-inf")).unsqueeze(1)
+
+
+def _window_biases(
+    allowed: torch.Tensor, key_positions: torch.Tensor, cache: CacheGeometry
+) -> dict[int, torch.Tensor]:
+    """Per window W, the mask that also hides keys W or more positions before
+    the query (the diagonal, distance 0, stays visible)."""
+    query_len = allowed.shape[1]
+    distance = key_positions[:, -query_len:, None] - key_positions[:, None, :]
+    return {
+        window: _as_bias(allowed & (distance < window), cache.dtype)
+        for window in cache.sliding_windows
+    }
 
 
 def _context_block_list(
@@ -158,83 +200,141 @@ def build_prompt_metadata(
     """Metadata of a prompt pass over ``batch_size * query_len`` tokens.
 
     Cost: O(batch_size * max blocks per request) Python list work, a handful of
-    host tensor ops on [bs, q], and a [bs, q, C*B + q] mask made on the device.
+    host tensor ops on [bs, q], and a [bs, q, C*B + q] mask made on the device
+    (one more per sliding window).
     """
     rows = _pad_batch(seqs, batch_size)
     block_list = None
     if num_context_blocks > 0:
         block_list = _context_block_list(rows, num_context_blocks, cache)
     slot_mapping = _prompt_slot_mapping(rows, query_len, cache)
+    allowed = _prompt_allowed(rows, query_len, num_context_blocks, cache)
+    key_positions = _prompt_key_positions(rows, query_len, num_context_blocks, cache)
     return HpuAttentionMetadata(
         is_prompt=True,
         slot_mapping=slot_mapping.to(cache.device),
         block_list=block_list,
-        attn_bias=_prompt_attn_bias(rows, query_len, num_context_blocks, cache),
+        attn_bias=_as_bias(allowed, cache.dtype),
+        key_positions=key_positions,
+        window_bias=_window_biases(allowed, key_positions, cache),
     )
+
+
+def decode_block_range(
+    seq: SeqLayout, block_size: int, sliding_window: int | None
+) -> tuple[int, int, int]:
+    """(first block, end block, first visible position) of the keys that the
+    decode token of ``seq`` attends: the last ``sliding_window`` positions, or all."""
+    seq_len = seq.num_computed_tokens + 1
+    start = 0 if sliding_window is None else max(0, seq_len - sliding_window)
+    return start // block_size, _cdiv(seq_len, block_size), start
+
+
+def _window_capacity(
+    num_blocks: int, batch_size: int, sliding_window: int | None, block_size: int
+) -> int:
+    """Padded block count of a layout: the bucket's P, or for a window fewer,
+    since W keys span at most cdiv(W - 1, B) + 1 blocks per row (fixed per
+    bucket, so graph shapes stay static). Buckets count every block of a row, as
+    for full attention, so that warmup's sequences land on every bucket; a
+    windowed layer's work is bounded by this capacity, not by P."""
+    if sliding_window is None:
+        return num_blocks
+    per_row = _cdiv(sliding_window - 1, block_size) + 1
+    return min(num_blocks, batch_size * per_row)
+
+
+@dataclass
+class _FlatBlocks:
+    """Per flat block: physical id, row, visible token range, key offset."""
+
+    block_list: list[int] = field(default_factory=list)
+    block_groups: list[int] = field(default_factory=list)
+    block_start: list[int] = field(default_factory=list)  # first visible slot
+    block_usage: list[int] = field(default_factory=list)  # end of visible slots
+    block_offsets: list[int] = field(default_factory=list)
+
+    def add_row(
+        self, row: int, seq: SeqLayout, block_size: int, window: int | None
+    ) -> None:
+        first, end, start = decode_block_range(seq, block_size, window)
+        query_position = seq.num_computed_tokens
+        for j in range(first, end):
+            block_position = j * block_size
+            self.block_list.append(seq.block_table[j])
+            self.block_groups.append(row)
+            self.block_start.append(max(start - block_position, 0))
+            end_slot = seq.num_computed_tokens + 1 - block_position
+            self.block_usage.append(min(end_slot, block_size))
+            self.block_offsets.append(block_position - query_position)
+
+    def pad(self, count: int, batch_size: int, dummy_block: int) -> None:
+        """Padding blocks read the dummy block for the sink row, one token each."""
+        self.block_list += [dummy_block] * count
+        self.block_groups += [batch_size] * count
+        self.block_start += [0] * count
+        self.block_usage += [1] * count
+        self.block_offsets += [0] * count
 
 
 def build_decode_metadata(
     seqs: list[SeqLayout], batch_size: int, num_blocks: int, cache: CacheGeometry
 ) -> HpuAttentionMetadata:
     """Metadata of a decode pass of ``batch_size`` tokens over ``num_blocks`` (P)
-    flat blocks (spec section 2).
+    flat blocks (spec section 2), one layout per sliding window (and one for
+    full attention): a windowed layer reads only the blocks inside its window.
 
-    Cost: O(P + batch_size) Python list work, four host-to-device copies and a few
-    small device ops ([P, block_size] bias, [P, bs] one-hot).
+    Cost per layout: O(P + batch_size) Python list work, a few host-to-device
+    copies and small device ops ([P, block_size] bias, [P, bs] one-hot).
     """
     rows = _pad_batch(seqs, batch_size)
     block_size, dummy_block = cache.block_size, cache.num_blocks
-    block_list: list[int] = []
-    block_groups: list[int] = []
-    block_usage: list[int] = []
-    slots: list[int] = []
-    for i, seq in enumerate(seqs):
-        seq_len = seq.num_computed_tokens + 1
-        n = _cdiv(seq_len, block_size)
-        block_list += seq.block_table[:n]
-        block_groups += [i] * n
-        block_usage += [block_size] * (n - 1) + [seq_len - (n - 1) * block_size]
-        pos = seq.num_computed_tokens
-        slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
-    if len(block_list) > num_blocks:
-        raise ValueError(
-            f"decode batch needs {len(block_list)} blocks but num_blocks={num_blocks};"
-            " pick a larger bucket."
-        )
-    pad = num_blocks - len(block_list)
+    slots = [
+        seq.block_table[seq.num_computed_tokens // block_size] * block_size
+        + seq.num_computed_tokens % block_size
+        for seq in seqs
+    ]
     slots += [
         dummy_block * block_size + i % block_size for i in range(len(seqs), len(rows))
     ]
-    return _decode_metadata(
-        slots,
-        block_list + [dummy_block] * pad,
-        block_groups + [batch_size] * pad,
-        block_usage + [1] * pad,
-        cache,
-    )
-
-
-def _decode_metadata(
-    slots: list[int],
-    block_list: list[int],
-    block_groups: list[int],
-    block_usage: list[int],
-    cache: CacheGeometry,
-) -> HpuAttentionMetadata:
-    batch_size = len(slots)
-    groups = torch.tensor(block_groups, dtype=torch.long).to(cache.device)
-    usage = torch.tensor(block_usage, dtype=torch.long).to(cache.device)
-    offsets = torch.arange(cache.block_size, device=cache.device)
-    bias = torch.zeros(
-        (len(block_list), cache.block_size), dtype=cache.dtype, device=cache.device
-    )
-    bias.masked_fill_(offsets[None, :] >= usage[:, None], float("-inf"))
-    mapping = torch.nn.functional.one_hot(groups, batch_size + 1)[:, :batch_size]
+    windows: list[int | None] = [None] if cache.full_attention else []
+    windows += cache.sliding_windows
+    decode = {}
+    for window in windows:
+        flat = _FlatBlocks()
+        for i, seq in enumerate(seqs):
+            flat.add_row(i, seq, block_size, window)
+        capacity = _window_capacity(num_blocks, batch_size, window, block_size)
+        if len(flat.block_list) > capacity:
+            raise ValueError(
+                f"decode batch needs {len(flat.block_list)} blocks but "
+                f"num_blocks={num_blocks}; pick a larger bucket."
+            )
+        flat.pad(capacity - len(flat.block_list), batch_size, dummy_block)
+        decode[window] = _decode_blocks(flat, batch_size, cache)
     return HpuAttentionMetadata(
         is_prompt=False,
         slot_mapping=torch.tensor(slots, dtype=torch.long).to(cache.device),
-        block_list=torch.tensor(block_list, dtype=torch.long).to(cache.device),
+        decode=decode,
+    )
+
+
+def _decode_blocks(
+    flat: _FlatBlocks, batch_size: int, cache: CacheGeometry
+) -> DecodeBlocks:
+    def to_device(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long).to(cache.device)
+
+    groups = to_device(flat.block_groups)
+    start, usage = to_device(flat.block_start), to_device(flat.block_usage)
+    offsets = torch.arange(cache.block_size, device=cache.device)[None, :]
+    hidden = (offsets >= usage[:, None]) | (offsets < start[:, None])
+    bias = torch.zeros(hidden.shape, dtype=cache.dtype, device=cache.device)
+    mapping = torch.nn.functional.one_hot(groups, batch_size + 1)[:, :batch_size]
+    return DecodeBlocks(
+        block_list=to_device(flat.block_list),
         block_groups=groups,
         block_mapping=mapping.to(cache.dtype),
-        block_bias=bias,
+        block_bias=bias.masked_fill_(hidden, float("-inf")),
+        block_offsets=to_device(flat.block_offsets),
     )

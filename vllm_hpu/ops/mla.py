@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from vllm_hpu.ops.kv_cache import gather_blocks, gather_blocks_by_head
 from vllm_hpu.ops.paged_attention import DecodeBlocks, flat_block_attention
 from vllm_hpu.ops.prompt_attention import prompt_attention
+from vllm_hpu.ops.score_mods import Scoring
 
 
 def latent_cache_shape(
@@ -61,7 +62,8 @@ def latent_decode_attention(
     key's latent part."""
     block_size = blocks.block_bias.shape[1]
     keys = gather_blocks_by_head(cache.unsqueeze(1), blocks.block_list, block_size)
-    return flat_block_attention(query, keys, keys[..., :kv_lora_rank], blocks, scale)
+    latent = keys[..., :kv_lora_rank]
+    return flat_block_attention(query, keys, latent, blocks, Scoring(scale))
 
 
 def gather_latent_context(
@@ -128,7 +130,7 @@ def latent_prompt_attention(
         _pad_head(key, size),
         _pad_head(value, size),
         attn_bias,
-        scale,
+        Scoring(scale),
         past_kv,
     )
     return out[..., : expand.v_head_dim]

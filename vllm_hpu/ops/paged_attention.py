@@ -4,11 +4,12 @@ A long and a short sequence in one batch do not pad each other: shapes depend
 only on (batch_size, num_blocks P, block_size), which is what Gaudi graphs need.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from vllm_hpu.ops.kv_cache import gather_blocks_by_head
+from vllm_hpu.ops.score_mods import Scoring, alibi_bias, soft_cap
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -18,13 +19,26 @@ class DecodeBlocks:
     """The flat block layout of a decode batch of ``bs`` rows and ``P`` blocks.
 
     Padding blocks read the dummy block, belong to the sink row ``bs`` and have
-    one valid token, so every block has a finite maximum score.
+    one valid token, so every block has a finite maximum score. A windowed layer
+    gets its own layout: only blocks inside the window, and -inf before its start.
     """
 
     block_list: torch.Tensor  # [P] long: physical block id
     block_groups: torch.Tensor  # [P] long: owning batch row; padding -> bs
     block_mapping: torch.Tensor  # [P, bs] one-hot of block_groups, sink dropped
-    block_bias: torch.Tensor  # [P, block_size]: 0 for valid tokens, -inf after
+    # [P, block_size] (or [P, num_heads, block_size] with ALiBi): 0 for valid
+    # tokens, -inf for tokens past the end or before the window.
+    block_bias: torch.Tensor
+    block_offsets: torch.Tensor  # [P] long: block's first key position - query's
+
+
+def blocks_with_alibi(blocks: DecodeBlocks, slopes: torch.Tensor) -> DecodeBlocks:
+    """The blocks with ALiBi in their bias, now per head: [P, num_heads, B] fp32.
+    slopes: [num_heads] fp32 on the blocks' device."""
+    bias = blocks.block_bias
+    slots = torch.arange(bias.shape[-1], device=bias.device)
+    distance = blocks.block_offsets[:, None] + slots[None, :]
+    return replace(blocks, block_bias=bias[:, None, :] + alibi_bias(slopes, distance))
 
 
 def score_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -49,7 +63,7 @@ def paged_attention(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     blocks: DecodeBlocks,
-    scale: float,
+    scoring: Scoring,
 ) -> torch.Tensor:
     """One query token per row against its sequence's cached blocks.
 
@@ -57,10 +71,10 @@ def paged_attention(
     Returns [bs, num_heads, head_size] in query's dtype. Grouped-query heads share
     one K/V block through the head-group axis, never by repeating K/V.
     """
-    block_size = blocks.block_bias.shape[1]
+    block_size = blocks.block_bias.shape[-1]
     keys = gather_blocks_by_head(key_cache, blocks.block_list, block_size)
     values = gather_blocks_by_head(value_cache, blocks.block_list, block_size)
-    return flat_block_attention(query, keys, values, blocks, scale)
+    return flat_block_attention(query, keys, values, blocks, scoring)
 
 
 def flat_block_attention(
@@ -68,25 +82,30 @@ def flat_block_attention(
     keys: torch.Tensor,
     values: torch.Tensor,
     blocks: DecodeBlocks,
-    scale: float,
+    scoring: Scoring,
 ) -> torch.Tensor:
     """The flat kernel on gathered blocks. keys: [P, num_kv_heads, block_size,
     head_size]; values: [P, num_kv_heads, block_size, value_size] (a value may be
-    a slice of its key, as MLA's latent is). Returns [bs, num_heads, value_size]."""
+    a slice of its key, as MLA's latent is). Returns [bs, num_heads, value_size].
+    Scores are scaled, soft-capped (``scoring``), then biased (``block_bias``)."""
     bs, num_heads, head_size = query.shape
-    num_blocks = blocks.block_bias.shape[0]
+    num_blocks, block_size = blocks.block_bias.shape[0], blocks.block_bias.shape[-1]
     num_kv_heads = keys.shape[1]
     group = num_heads // num_kv_heads
     acc_dtype = score_dtype(query.dtype)
 
     # batch2block: each block gets its row's query.
-    q = torch.matmul(blocks.block_mapping, (query * scale).reshape(bs, -1))
+    q = torch.matmul(blocks.block_mapping, (query * scoring.scale).reshape(bs, -1))
     q = q.view(num_blocks, num_kv_heads, group, head_size)
 
     scores = torch.matmul(q, keys.to(q.dtype).transpose(-1, -2)).to(
         acc_dtype
     )  # [P, KVH, G, B]
-    scores = scores + blocks.block_bias.to(acc_dtype).view(num_blocks, 1, 1, -1)
+    scores = soft_cap(scores, scoring.logits_soft_cap)
+    bias_heads = (num_kv_heads, group) if blocks.block_bias.dim() == 3 else (1, 1)
+    scores = scores + blocks.block_bias.to(acc_dtype).view(
+        num_blocks, *bias_heads, block_size
+    )
     block_max = scores.amax(dim=-1, keepdim=True)
     probs = torch.exp(scores - block_max)
     block_sum = probs.sum(dim=-1, keepdim=True)

@@ -10,6 +10,33 @@ import torch
 from vllm_hpu import device
 from vllm_hpu.ops.kv_cache import gather_blocks
 from vllm_hpu.ops.paged_attention import score_dtype
+from vllm_hpu.ops.score_mods import Scoring, alibi_bias, soft_cap
+
+# Head sizes the fused kernel (Gaudi's FusedSDPA) is validated with; any other
+# size runs the plain path.
+FUSED_SDPA_HEAD_SIZES = (64, 80, 96, 112, 128, 192, 256)
+
+
+def fused_unsupported_reason(
+    head_size: int, logits_soft_cap: float | None, has_alibi: bool
+) -> str:
+    """What keeps a layer off the fused prompt kernel ('' when nothing does): the
+    one place that decides, at start-up, which layers take the plain path."""
+    if head_size not in FUSED_SDPA_HEAD_SIZES:
+        return f"head size {head_size} (fused: {list(FUSED_SDPA_HEAD_SIZES)})"
+    if logits_soft_cap is not None:
+        return "logit soft-capping"
+    if has_alibi:  # a 16-bit mask would round ALiBi's large biases
+        return "ALiBi (its bias must stay in fp32)"
+    return ""
+
+
+def bias_with_alibi(
+    attn_bias: torch.Tensor, distance: torch.Tensor, slopes: torch.Tensor
+) -> torch.Tensor:
+    """attn_bias [bs, 1, q, K] plus ALiBi -> [bs, num_heads, q, K] fp32.
+    distance: [bs, q, K] key minus query position; slopes: [num_heads] fp32."""
+    return attn_bias + alibi_bias(slopes, distance)
 
 
 def gather_context(
@@ -33,12 +60,13 @@ def prompt_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attn_bias: torch.Tensor,
-    scale: float,
+    scoring: Scoring,
     past_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """query: [bs, q, num_heads, head_size]; key, value: [bs, q, num_kv_heads,
-    head_size]; attn_bias: [bs, 1, q, K] with K = past tokens + q; past_kv from
-    :func:`gather_context` or None. Returns [bs, q, num_heads, head_size].
+    head_size]; attn_bias: [bs, 1 or num_heads, q, K] with K = past tokens + q;
+    past_kv from :func:`gather_context` or None. Returns [bs, q, num_heads,
+    head_size].
 
     Every query row, padding included, may see at least itself (the mask allows
     the diagonal), so padded rows come out finite. With context the query is
@@ -47,10 +75,12 @@ def prompt_attention(
     if past_kv is not None:
         key = torch.cat((past_kv[0], key), dim=1)
         value = torch.cat((past_kv[1], value), dim=1)
-    fused = device.fused_sdpa()
+    fused = device.fused_sdpa() if scoring.use_fused else None
     if fused is not None:
-        return _fused_prompt_attention(fused, query, key, value, attn_bias, scale)
-    return _naive_prompt_attention(query, key, value, attn_bias, scale)
+        return _fused_prompt_attention(
+            fused, query, key, value, attn_bias, scoring.scale
+        )
+    return _naive_prompt_attention(query, key, value, attn_bias, scoring)
 
 
 def _naive_prompt_attention(
@@ -58,7 +88,7 @@ def _naive_prompt_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attn_bias: torch.Tensor,
-    scale: float,
+    scoring: Scoring,
 ) -> torch.Tensor:
     """Softmax attention with grouped-query heads folded into the query axis,
     so K/V of a kv head are shared by its group without being repeated."""
@@ -66,14 +96,19 @@ def _naive_prompt_attention(
     num_keys, num_kv_heads = key.shape[1], key.shape[2]
     group = num_heads // num_kv_heads
     # [bs, KVH, G * q, D]: heads of one group are adjacent in vLLM's layout.
-    q = (query * scale).view(bs, q_len, num_kv_heads, group, head_size)
+    q = (query * scoring.scale).view(bs, q_len, num_kv_heads, group, head_size)
     q = q.permute(0, 2, 3, 1, 4).reshape(bs, num_kv_heads, group * q_len, head_size)
     k = key.to(query.dtype).permute(0, 2, 3, 1)  # [bs, KVH, D, K]
     v = value.to(query.dtype).transpose(1, 2)  # [bs, KVH, K, D]
 
     scores = torch.matmul(q, k).to(score_dtype(query.dtype))
     scores = scores.view(bs, num_kv_heads, group, q_len, num_keys)
-    scores = scores + attn_bias.to(scores.dtype).unsqueeze(1)
+    scores = soft_cap(scores, scoring.logits_soft_cap)
+    if attn_bias.shape[1] == num_heads:  # per-head bias (ALiBi)
+        bias = attn_bias.unflatten(1, (num_kv_heads, group))
+    else:
+        bias = attn_bias.unsqueeze(1)
+    scores = scores + bias.to(scores.dtype)
     probs = torch.softmax(scores, dim=-1).to(query.dtype)
     out = torch.matmul(probs.view(bs, num_kv_heads, group * q_len, num_keys), v)
     out = out.view(bs, num_kv_heads, group, q_len, head_size).permute(0, 3, 1, 2, 4)

@@ -35,6 +35,7 @@ from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
+from vllm_hpu.attention.windows import full_attention_spec, layer_windows
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
 from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
 from vllm_hpu.envs import get_envs
@@ -165,7 +166,7 @@ class HpuModelRunner:
                     f"Layer {name} needs a {type(spec).__name__} cache, which the HPU "
                     "plugin does not support: only decoder attention models run here."
                 )
-            specs[name] = spec
+            specs[name] = full_attention_spec(spec, self.block_size)
         return specs
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
@@ -188,11 +189,14 @@ class HpuModelRunner:
         logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
 
     def _geometry(self, num_blocks: int) -> CacheGeometry:
+        windows = layer_windows(self._attention_layers().values())
         return CacheGeometry(
             block_size=self.block_size,
             num_blocks=num_blocks,
             dtype=self.dtype,
             device=self.device,
+            sliding_windows=tuple(sorted({w for w in windows if w is not None})),
+            full_attention=None in windows or not windows,
         )
 
     @torch.no_grad()

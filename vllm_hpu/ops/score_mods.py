@@ -1,0 +1,34 @@
+"""What attention layers change in raw scores besides the mask: the softmax scale,
+logit soft-capping (Gemma 2) and ALiBi position biases (Bloom, Falcon)."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How a layer turns ``q . k`` into the scores its softmax sees."""
+
+    scale: float
+    logits_soft_cap: float | None = None  # scores -> tanh(scores / cap) * cap
+    use_fused: bool = True  # False: the fused prompt kernel cannot run this layer
+
+    def __post_init__(self) -> None:
+        if self.use_fused and self.logits_soft_cap is not None:
+            raise ValueError("the fused prompt kernel has no logit soft-capping")
+
+
+def soft_cap(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Squash scaled scores into (-cap, cap); applied before any bias or mask."""
+    if cap is None:
+        return scores
+    return torch.tanh(scores / cap) * cap
+
+
+def alibi_bias(slopes: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+    """Per-head linear bias, made per pass for the keys it attends (never a full
+    [heads, seq, seq] table). slopes: [num_heads] fp32; distance: [N, ...] key
+    position minus query position -> [N, num_heads, ...] fp32."""
+    shape = (1, -1) + (1,) * (distance.dim() - 1)
+    return slopes.view(shape) * distance.unsqueeze(1).to(slopes.dtype)
