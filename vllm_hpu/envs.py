@@ -264,7 +264,7 @@ class HpuEnvs:
         "graph per forward pass",
     )
     # The reference's newer name for the spacing; VLLM_EXPONENTIAL_BUCKETING wins.
-    bucketing_strategy: str | None = _var(
+    reference_bucketing_strategy: str | None = _var(
         "VLLM_BUCKETING_STRATEGY",
         _choice("exp", "lin"),
         None,
@@ -326,7 +326,7 @@ def read_envs(environ: Mapping[str, str]) -> HpuEnvs:
 def _apply_bucketing_strategy(values: dict[str, Any]) -> None:
     """VLLM_BUCKETING_STRATEGY sets the spacing unless VLLM_EXPONENTIAL_BUCKETING
     does; set both, they must agree."""
-    strategy = values.get("bucketing_strategy")
+    strategy = values.get("reference_bucketing_strategy")
     if strategy is None:
         return
     exponential = strategy == "exp"

@@ -44,10 +44,10 @@ class HpuAttentionMetadata(AttentionMetadata):
     key_positions: torch.Tensor | None = None  # prompt [bs, C * block_size + q]
     window_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt
     # Decode: the flat blocks per sliding window (None: full attention).
-    decode: dict[int | None, DecodeBlocks] = field(default_factory=dict)
+    decode_by_window: dict[int | None, DecodeBlocks] = field(default_factory=dict)
 
     def decode_blocks(self, sliding_window: int | None = None) -> DecodeBlocks:
-        return self.decode[sliding_window]
+        return self.decode_by_window[sliding_window]
 
     def prompt_bias(self, sliding_window: int | None = None) -> torch.Tensor:
         """[bs, 1, q, K]: the mask of a layer with this window (None: full)."""
@@ -315,7 +315,7 @@ def build_decode_metadata(
     return HpuAttentionMetadata(
         is_prompt=False,
         slot_mapping=torch.tensor(slots, dtype=torch.long).to(cache.device),
-        decode=decode,
+        decode_by_window=decode,
     )
 
 
