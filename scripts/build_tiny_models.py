@@ -18,6 +18,7 @@ from tokenizers.trainers import BpeTrainer
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     GenerationConfig,
     PreTrainedTokenizerFast,
 )
@@ -106,6 +107,16 @@ MODEL_SPECS = {
         },
     ),
 }
+
+# ---- Pooling models (issue 18) ----------------------------------------------
+# A sequence-classification head on the tiny Llama: vLLM runs it as
+# LlamaForSequenceClassification (LLM.classify) with last-token pooling.
+NUM_LABELS = 3
+SEQUENCE_CLASSIFIERS = {
+    "tiny-llama-classify": ("llama", {**GQA_SHAPE, "num_labels": NUM_LABELS}),
+}
+MODEL_SPECS.update(SEQUENCE_CLASSIFIERS)
+# ------------------------------------------------------------------------------
 
 PASSAGES = [
     "The capital of France is Paris. The capital of Italy is Rome. "
@@ -250,6 +261,11 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
     model_type, shape = MODEL_SPECS[name]
     token_ids = special_token_ids(tokenizer)
     config = AutoConfig.for_model(model_type, **shape, **token_ids, dtype="float32")
+    if name in SEQUENCE_CLASSIFIERS:
+        classifier = AutoModelForSequenceClassification.from_config(config)
+        init_weights(classifier, SEED + zlib.crc32(name.encode()))
+        classifier.save_pretrained(out_dir)
+        return
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     init_weights(model, SEED + zlib.crc32(name.encode()))
     im_end_id = tokenizer.token_to_id(IM_END)

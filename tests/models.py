@@ -17,6 +17,8 @@ TINY_MODELS = (
     "tiny-opt",
     "tiny-gpt2",
 )
+# Built by the set-up too, but with a classification head: they do not generate.
+POOLING_MODELS = ("tiny-llama-classify",)
 SMOLLM2 = "smollm2-135m-instruct"
 
 

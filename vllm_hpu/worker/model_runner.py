@@ -42,6 +42,7 @@ from vllm_hpu.worker.inputs import (
     build_prompt_pass,
     split_prefills,
 )
+from vllm_hpu.worker.pooling import StepPooler
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.request_states import RequestStates
 
@@ -66,6 +67,7 @@ class HpuModelRunner:
         scheduler_config = vllm_config.scheduler_config
         self.max_num_tokens = scheduler_config.max_num_batched_tokens
         self.block_size = vllm_config.cache_config.block_size
+        self.is_pooling_model = self.model_config.runner_type == "pooling"
         self.input_batch = self._make_input_batch()
         self.states = RequestStates(self.input_batch, torch_device)
         self.prompt_logprobs = PromptLogprobs(self.states)
@@ -75,6 +77,7 @@ class HpuModelRunner:
         )
         # vLLM's model classes add methods (compute_logits) beyond nn.Module.
         self.model: Any = None
+        self.pooler: StepPooler | None = None  # set by load_model for pooling
         dtype = self.model_config.dtype
         assert isinstance(dtype, torch.dtype), "vLLM resolves the dtype first"
         self.dtype = dtype
@@ -106,8 +109,9 @@ class HpuModelRunner:
             block_sizes=[self.block_size],
             max_num_blocks_per_req=[-(-max_model_len // self.block_size)],
             logitsprocs=build_logitsprocs(
-                self.vllm_config, self.device, False, False, ()
+                self.vllm_config, self.device, False, self.is_pooling_model, ()
             ),
+            is_pooling_model=self.is_pooling_model,
         )
 
     # ---- lifecycle -------------------------------------------------------
@@ -121,6 +125,13 @@ class HpuModelRunner:
             # Compilers lower the layers as vLLM defines them: inductor cannot
             # take oneDNN's packed weights as graph inputs.
             device.prepare_weights(self.model)
+        if self.is_pooling_model:
+            self.pooler = StepPooler(
+                self.input_batch,
+                self.model,
+                self.model_config.get_hidden_size(),
+                self.dtype,
+            )
         logger.info(
             "Loading model weights took %.2f s and %.4f GiB of device memory",
             time.perf_counter() - started,
@@ -236,6 +247,8 @@ class HpuModelRunner:
         """Run the step's passes. ``intermediate_tensors``: what the previous
         pipeline stage sent for this step; warmup runs without it."""
         with self.profiler.span("prepare"):
+            if self.pooler is not None:
+                self.pooler.prepare_new_requests(scheduler_output)
             self.states.update(scheduler_output)
             if not scheduler_output.total_num_scheduled_tokens:
                 return EMPTY_MODEL_RUNNER_OUTPUT
@@ -245,6 +258,8 @@ class HpuModelRunner:
             return pipeline.join(
                 [self._forward(p, x) for p, x in zip(passes, inputs, strict=True)]
             )
+        if self.pooler is not None:
+            return self._pool(scheduler_output, passes, inputs)
         num_reqs = self.input_batch.num_reqs
         hidden_size = self.model_config.get_hidden_size()
         last_hidden = torch.empty(
@@ -263,6 +278,20 @@ class HpuModelRunner:
             discard_rows=self._rows_inside_prompt(scheduler_output),
         )
         return None
+
+    def _pool(
+        self,
+        scheduler_output: SchedulerOutput,
+        passes: list[ForwardPass],
+        inputs: Sequence[IntermediateTensors | None],
+    ) -> ModelRunnerOutput:
+        """Pooling models answer in execute_model: there is nothing to sample."""
+        assert self.pooler is not None
+        self.pooler.begin(scheduler_output)
+        for forward_pass, stage_input in zip(passes, inputs, strict=True):
+            self.pooler.collect(forward_pass, self._forward(forward_pass, stage_input))
+        with self.profiler.span("pool"):
+            return self.pooler.finish()
 
     def _stage_inputs(
         self, passes: list[ForwardPass], received: IntermediateTensors | None
@@ -303,8 +332,13 @@ class HpuModelRunner:
         """Prompt chunks in bucketed batches, then one decode batch."""
         assert self.cache is not None, "initialize_kv_cache() first"
         seqs = self._scheduled_seqs(scheduler_output)
-        decodes = [s for s in seqs if s.layout.num_scheduled_tokens == 1]
-        prompts = [s for s in seqs if s.layout.num_scheduled_tokens > 1]
+        # Pooling models never decode: a one-token prompt (or last chunk) runs
+        # as a prompt pass, so only prompt buckets are ever used.
+        min_prompt_tokens = 1 if self.is_pooling_model else 2
+        decodes = [s for s in seqs if s.layout.num_scheduled_tokens < min_prompt_tokens]
+        prompts = [
+            s for s in seqs if s.layout.num_scheduled_tokens >= min_prompt_tokens
+        ]
         token_ids = self.input_batch.token_ids_cpu
         passes = []
         batches = split_prefills(

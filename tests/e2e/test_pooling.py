@@ -1,0 +1,121 @@
+"""Pooling models on the plugin (``runner="pooling"``) against transformers.
+
+Embeddings are the model's final hidden states pooled (last token or mean) and
+L2-normalised, as vLLM's embed pooler does; classification is the sequence
+classifier's softmax. Prompts of mixed lengths run in one batch, padded to buckets.
+"""
+
+import pytest
+import torch
+from models import model_path
+from transformers import AutoModel, AutoModelForSequenceClassification
+
+from e2e.harness import random_prompts, vllm_engine
+
+MODEL = "tiny-llama"
+CLASSIFIER = "tiny-llama-classify"
+VOCAB_SIZE = 1024
+MAX_MODEL_LEN = 256
+BLOCK_SIZE = 128  # the platform's default
+# One-token, within one block, across blocks (block size 128), near the limit.
+PROMPT_LENGTHS = [1, 7, 40, 129, 200]
+MIN_COSINE = 0.9999
+
+
+@torch.no_grad()
+def hf_embeddings(prompts: list[list[int]], pooling_type: str) -> list[torch.Tensor]:
+    """transformers' final hidden states, pooled, one prompt at a time."""
+    model = AutoModel.from_pretrained(model_path(MODEL), dtype=torch.float32).eval()
+    pooled = []
+    for prompt in prompts:
+        hidden = model(input_ids=torch.tensor([prompt])).last_hidden_state[0]
+        vector = hidden[-1] if pooling_type == "LAST" else hidden.mean(dim=0)
+        pooled.append(torch.nn.functional.normalize(vector, dim=0))
+    return pooled
+
+
+def assert_embeddings_match(
+    actual: list[list[float]], expected: list[torch.Tensor]
+) -> None:
+    assert len(actual) == len(expected)
+    for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
+        cosine = torch.nn.functional.cosine_similarity(
+            torch.tensor(got), want, dim=0
+        ).item()
+        assert cosine > MIN_COSINE, f"prompt {index}: cosine {cosine}"
+
+
+@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN"])
+def test_embed_equals_transformers(pooling_type: str) -> None:
+    from vllm.config import PoolerConfig
+
+    prompts = random_prompts(PROMPT_LENGTHS, VOCAB_SIZE, seed=1)
+    with vllm_engine(
+        model_path(MODEL),
+        runner="pooling",
+        pooler_config=PoolerConfig(pooling_type=pooling_type),
+        max_model_len=MAX_MODEL_LEN,
+    ) as llm:
+        assert set(llm.llm_engine.get_supported_tasks()) == {"embed", "token_embed"}
+        outputs = llm.embed([{"prompt_token_ids": p} for p in prompts])
+    actual = [o.outputs.embedding for o in outputs]
+    assert_embeddings_match(actual, hf_embeddings(prompts, pooling_type))
+
+
+def test_embed_last_token_with_chunked_prompts_and_prefix_hits() -> None:
+    """Last-token pooling takes prompts split across steps and prompts starting
+    after cached blocks (vLLM keeps chunked prefill and prefix caching on for
+    it): only the step finishing a prompt pools it."""
+    prompts = random_prompts(PROMPT_LENGTHS, VOCAB_SIZE, seed=2)
+    with vllm_engine(
+        model_path(MODEL),
+        runner="pooling",
+        max_model_len=MAX_MODEL_LEN,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+    ) as llm:
+        inputs = [{"prompt_token_ids": p} for p in prompts]
+        first = [o.outputs.embedding for o in llm.embed(inputs)]
+        # The same prompts again: their full blocks are now prefix-cache hits.
+        outputs = llm.embed(inputs)
+        again = [o.outputs.embedding for o in outputs]
+    assert [o.num_cached_tokens for o in outputs] == [
+        (n - 1) // BLOCK_SIZE * BLOCK_SIZE for n in PROMPT_LENGTHS
+    ]
+    expected = hf_embeddings(prompts, "LAST")
+    assert_embeddings_match(first, expected)
+    assert_embeddings_match(again, expected)
+
+
+def test_mean_pooling_refuses_chunked_prefill() -> None:
+    from vllm.config import PoolerConfig
+
+    with (
+        pytest.raises(ValueError, match="MEAN pooling cannot pool"),
+        vllm_engine(
+            model_path(MODEL),
+            runner="pooling",
+            pooler_config=PoolerConfig(pooling_type="MEAN"),
+            max_model_len=MAX_MODEL_LEN,
+            enable_chunked_prefill=True,
+        ),
+    ):
+        pass
+
+
+@torch.no_grad()
+def test_classify_equals_transformers() -> None:
+    prompts = random_prompts(PROMPT_LENGTHS, VOCAB_SIZE, seed=3)
+    path = model_path(CLASSIFIER)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, dtype=torch.float32
+    ).eval()
+    expected = [
+        model(input_ids=torch.tensor([p])).logits[0].softmax(dim=0) for p in prompts
+    ]
+    with vllm_engine(path, max_model_len=MAX_MODEL_LEN) as llm:
+        assert "classify" in llm.llm_engine.get_supported_tasks()
+        outputs = llm.classify([{"prompt_token_ids": p} for p in prompts])
+    for output, want in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(torch.tensor(output.outputs.probs), want)

@@ -1,0 +1,100 @@
+"""Pooling models (``--runner pooling``): embeddings and scores from prompt passes.
+
+The model's own pooler (vLLM's) wants a step's scheduled tokens packed in batch-row
+order; our passes are padded to buckets, so the real tokens are gathered first.
+"""
+
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.model_executor.models.interfaces_base import is_pooling_model
+from vllm.tasks import PoolingTask
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.worker.gpu_input_batch import InputBatch
+
+from vllm_hpu.worker.inputs import ForwardPass
+
+
+def supported_pooling_tasks(model: Any) -> list[PoolingTask]:
+    """What the loaded model's pooler can do (embed, classify, ...)."""
+    if not is_pooling_model(model):
+        return []
+    return list(model.pooler.get_supported_tasks())
+
+
+class StepPooler:
+    """Packs one step's hidden states, pass by pass, and pools them at the end."""
+
+    def __init__(
+        self, input_batch: InputBatch, model: Any, hidden_size: int, dtype: torch.dtype
+    ) -> None:
+        self.input_batch = input_batch
+        self.model = model
+        self.hidden_size = hidden_size
+        self.dtype = dtype
+        self._packed: torch.Tensor | None = None
+        self._offsets: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._num_scheduled: np.ndarray = np.zeros(0, dtype=np.int64)
+
+    def prepare_new_requests(self, scheduler_output: SchedulerOutput) -> None:
+        """Let the pooler adjust each new request's parameters for its task
+        (e.g. ask for the prompt token ids), as vLLM's GPU runner does."""
+        for new_req in scheduler_output.scheduled_new_reqs:
+            params = new_req.pooling_params
+            if params is None or params.task is None:
+                raise ValueError(
+                    f"Request {new_req.req_id} reached a pooling model without a "
+                    "pooling task: use LLM.embed / LLM.classify or /v1/embeddings."
+                )
+            self.model.pooler.get_pooling_updates(params.task).apply(params)
+
+    def begin(self, scheduler_output: SchedulerOutput) -> None:
+        """Room for every scheduled token of the step, rows in InputBatch order."""
+        req_ids = self.input_batch.req_ids
+        counts = [scheduler_output.num_scheduled_tokens[r] for r in req_ids]
+        self._num_scheduled = np.array(counts, dtype=np.int64)
+        self._offsets = np.concatenate(([0], np.cumsum(self._num_scheduled)[:-1]))
+        self._packed = torch.empty(
+            (int(self._num_scheduled.sum()), self.hidden_size),
+            dtype=self.dtype,
+            device=self.input_batch.device,
+        )
+
+    def collect(self, forward_pass: ForwardPass, hidden: torch.Tensor) -> None:
+        """Copy the real tokens of one padded pass into the packed tensor."""
+        assert self._packed is not None, "begin() first"
+        sources, targets = [], []
+        for first, seq in zip(
+            forward_pass.first_token_indices, forward_pass.seqs, strict=True
+        ):
+            count = seq.layout.num_scheduled_tokens
+            sources.append(np.arange(first, first + count))
+            targets.append(np.arange(count) + self._offsets[seq.row])
+        device = hidden.device
+        self._packed[torch.from_numpy(np.concatenate(targets)).to(device)] = (
+            hidden.index_select(0, torch.from_numpy(np.concatenate(sources)).to(device))
+        )
+
+    def finish(self) -> ModelRunnerOutput:
+        """Run the pooler; a request whose prompt is not complete yet gets None."""
+        packed, self._packed = self._packed, None
+        assert packed is not None, "begin() first"
+        batch = self.input_batch
+        num_reqs = batch.num_reqs
+        metadata = batch.get_pooling_metadata()
+        seq_lens = batch.num_computed_tokens_cpu[:num_reqs] + self._num_scheduled
+        metadata.build_pooling_cursor(
+            self._num_scheduled, torch.from_numpy(seq_lens), device=packed.device
+        )
+        pooled = self.model.pooler(hidden_states=packed, pooling_metadata=metadata)
+        finished = metadata.get_pooling_cursor().get_finished_mask()
+        return ModelRunnerOutput(
+            req_ids=list(batch.req_ids),
+            req_id_to_index=dict(batch.req_id_to_index),
+            pooler_output=[
+                output.cpu() if done and output is not None else None
+                for output, done in zip(pooled, finished, strict=True)
+            ],
+        )
