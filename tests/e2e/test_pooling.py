@@ -8,9 +8,11 @@ classifier's softmax. Prompts of mixed lengths run in one batch, padded to bucke
 import pytest
 import torch
 from models import model_path
+from torch._dynamo.utils import counters
 from transformers import AutoModel, AutoModelForSequenceClassification
 
 from e2e.harness import random_prompts, vllm_engine
+from vllm_hpu import envs
 
 MODEL = "tiny-llama"
 CLASSIFIER = "tiny-llama-classify"
@@ -20,6 +22,21 @@ BLOCK_SIZE = 128  # the platform's default
 # One-token, within one block, across blocks (block size 128), near the limit.
 PROMPT_LENGTHS = [1, 7, 40, 129, 200]
 MIN_COSINE = 0.9999
+# Compiled emulation over six prompt buckets: batch 1, 2 x query 32, 64, 96.
+SMALL_BUCKETS = {
+    "VLLM_PROMPT_SEQ_BUCKET_MIN": "32",
+    "VLLM_PROMPT_SEQ_BUCKET_STEP": "32",
+    "VLLM_PROMPT_SEQ_BUCKET_MAX": "96",
+    "VLLM_HPU_COMPILE_BACKEND": "eager",
+}
+SMALL_ENGINE = dict(
+    block_size=16,
+    max_model_len=128,
+    max_num_seqs=2,
+    max_num_batched_tokens=192,
+    enable_prefix_caching=False,
+    enable_chunked_prefill=False,
+)
 
 
 @torch.no_grad()
@@ -119,3 +136,32 @@ def test_classify_equals_transformers() -> None:
         outputs = llm.classify([{"prompt_token_ids": p} for p in prompts])
     for output, want in zip(outputs, expected, strict=True):
         torch.testing.assert_close(torch.tensor(output.outputs.probs), want)
+
+
+@pytest.fixture
+def small_compiled_buckets(monkeypatch):
+    """Plugin variables for one test; the plugin reads them once per process."""
+    for name, value in SMALL_BUCKETS.items():
+        monkeypatch.setenv(name, value)
+    envs.get_envs.cache_clear()
+    yield
+    monkeypatch.undo()
+    envs.get_envs.cache_clear()
+
+
+def test_warmup_covers_the_pooling_path(small_compiled_buckets, vllm_log) -> None:
+    """Warmup runs every prompt bucket through the pooler and no decode bucket
+    (pooling models never decode); serving inside the ranges compiles nothing."""
+    prompts = random_prompts([1, 5, 31, 60, 90], VOCAB_SIZE, seed=4)
+    with vllm_engine(
+        model_path(MODEL), runner="pooling", enforce_eager=False, **SMALL_ENGINE
+    ) as llm:
+        before = counters["stats"]["unique_graphs"]
+        assert before > 0
+        outputs = llm.embed([{"prompt_token_ids": p} for p in prompts])
+        assert counters["stats"]["unique_graphs"] == before
+    actual = [o.outputs.embedding for o in outputs]
+    assert_embeddings_match(actual, hf_embeddings(prompts, "LAST"))
+    steps = [m for m in vllm_log.messages() if m.startswith("[Warmup][")]
+    assert any(m.startswith("[Warmup][Prompt][6/6]") for m in steps)
+    assert not any("Decode" in m for m in steps)
