@@ -5,6 +5,10 @@ L2-normalised, as vLLM's embed pooler does; classification is the sequence
 classifier's softmax. Prompts of mixed lengths run in one batch, padded to buckets.
 """
 
+import json
+import pathlib
+import shutil
+
 import pytest
 import torch
 from models import model_path
@@ -40,12 +44,17 @@ SMALL_ENGINE = dict(
 
 
 @torch.no_grad()
-def hf_embeddings(prompts: list[list[int]], pooling_type: str) -> list[torch.Tensor]:
-    """transformers' final hidden states, pooled, one prompt at a time."""
+def hf_embeddings(
+    prompts: list[list[int]], pooling_type: str, bidirectional: bool = False
+) -> list[torch.Tensor]:
+    """transformers' final hidden states, pooled, one prompt at a time; with
+    ``bidirectional`` under an all-visible mask (a prepared 4D mask is used as is)."""
     model = AutoModel.from_pretrained(model_path(MODEL), dtype=torch.float32).eval()
     pooled = []
     for prompt in prompts:
-        hidden = model(input_ids=torch.tensor([prompt])).last_hidden_state[0]
+        mask = torch.zeros(1, 1, len(prompt), len(prompt)) if bidirectional else None
+        output = model(input_ids=torch.tensor([prompt]), attention_mask=mask)
+        hidden = output.last_hidden_state[0]
         vector = hidden[-1] if pooling_type == "LAST" else hidden.mean(dim=0)
         pooled.append(torch.nn.functional.normalize(vector, dim=0))
     return pooled
@@ -119,6 +128,33 @@ def test_mean_pooling_refuses_chunked_prefill() -> None:
         ),
     ):
         pass
+
+
+@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN"])
+def test_embed_bidirectional_equals_transformers(
+    pooling_type: str, tmp_path: pathlib.Path
+) -> None:
+    """A decoder made bidirectional (``is_causal: false``, as some embedding
+    models are) runs its layers as vLLM's encoder-only attention."""
+    from vllm.config import PoolerConfig
+
+    model_dir = tmp_path / "tiny-llama-bidirectional"
+    shutil.copytree(model_path(MODEL), model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "is_causal": False}))
+    prompts = random_prompts(PROMPT_LENGTHS, VOCAB_SIZE, seed=6)
+    with vllm_engine(
+        str(model_dir),
+        runner="pooling",
+        pooler_config=PoolerConfig(pooling_type=pooling_type),
+        max_model_len=MAX_MODEL_LEN,
+    ) as llm:
+        outputs = llm.embed([{"prompt_token_ids": p} for p in prompts])
+    actual = [o.outputs.embedding for o in outputs]
+    expected = hf_embeddings(prompts, pooling_type, bidirectional=True)
+    assert_embeddings_match(actual, expected)
+    causal = hf_embeddings(prompts, pooling_type)
+    assert torch.cosine_similarity(torch.tensor(actual[-1]), causal[-1], dim=0) < 0.99
 
 
 @torch.no_grad()

@@ -49,13 +49,18 @@ def test_attention_backend_accepts_plain_decoder() -> None:
     check_supported(_config(block_size=None, kv_cache_dtype=None, dtype=torch.float32))
 
 
+def test_attention_backend_accepts_encoder_only_layers_for_pooling() -> None:
+    check_supported(_config(attn_type=AttentionType.ENCODER_ONLY))
+
+
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
         ({"use_mla": True}, "MLA"),
         ({"use_sparse": True}, "sparse"),
         ({"has_sink": True}, "sinks"),
-        ({"attn_type": AttentionType.ENCODER_ONLY}, "encoder_only"),
+        ({"attn_type": AttentionType.ENCODER}, "encoder attention"),
+        ({"attn_type": AttentionType.ENCODER_DECODER}, "encoder_decoder"),
         ({"use_non_causal": True}, "non-causal"),
         ({"has_sliding_window": True}, "sliding-window"),
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype=fp8"),

@@ -20,7 +20,11 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_b
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
 from vllm_hpu.ops.kv_cache import kv_cache_shape, write_to_cache
 from vllm_hpu.ops.paged_attention import paged_attention
-from vllm_hpu.ops.prompt_attention import gather_context, prompt_attention
+from vllm_hpu.ops.prompt_attention import (
+    bidirectional_bias,
+    gather_context,
+    prompt_attention,
+)
 
 if TYPE_CHECKING:
     from vllm.config.cache import CacheDType
@@ -29,6 +33,8 @@ if TYPE_CHECKING:
 BLOCK_SIZE_MULTIPLE = 16
 PREFERRED_BLOCK_SIZE = 128  # platform.DEFAULT_BLOCK_SIZE: Gaudi's MME tile
 SUPPORTED_HEAD_SIZES = [64, 80, 96, 112, 128, 192, 256]
+# Encoder-only: decoder models run bidirectionally for pooling (is_causal=False).
+SUPPORTED_ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
 
 
 class HpuAttentionBackend(AttentionBackend):
@@ -88,11 +94,15 @@ def check_supported(attn_selector_config: "AttentionSelectorConfig") -> None:
         (config.use_sparse, "sparse attention", "use a dense-attention model"),
         (config.has_sink, "attention sinks", "use a model without sinks"),
         (
-            config.attn_type != AttentionType.DECODER,
+            config.attn_type not in SUPPORTED_ATTN_TYPES,
             f"{AttentionType(config.attn_type).value} attention",
             "use a decoder-only model",
         ),
-        (config.use_non_causal, "non-causal attention", "unset use_non_causal"),
+        (
+            config.use_non_causal,
+            "non-causal attention mixed with causal attention in one batch",
+            "use a model whose layers are all causal or all encoder-only",
+        ),
         (
             config.has_sliding_window,
             "sliding-window attention",
@@ -195,6 +205,9 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
             raise NotImplementedError("fused output quantization is not supported")
         if attn_metadata is None:  # vLLM's dummy/profiling passes without metadata
             return output.zero_()
+        if self.attn_type == AttentionType.ENCODER_ONLY:
+            result = self._bidirectional(query, key, value, attn_metadata)
+            return output.copy_(result.reshape(output.shape))
         key_cache, value_cache = kv_cache
         if self.kv_sharing_target_layer_name is None:
             write_to_cache(key_cache, attn_metadata.slot_mapping, key)
@@ -207,6 +220,29 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
             )
         output.copy_(result.reshape(output.shape))
         return output
+
+    def _bidirectional(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_metadata: HpuAttentionMetadata,
+    ) -> torch.Tensor:
+        """Encoder-only attention over whole prompts: vLLM turns chunked prefill
+        and prefix caching off for it and pooling models never decode, so there
+        is no context, and the KV cache is neither written nor read."""
+        query_lens = attn_metadata.query_lens
+        assert attn_metadata.is_prompt and query_lens is not None
+        assert attn_metadata.block_list is None, "encoder-only prompts have no context"
+        batch_size = query_lens.shape[0]
+        query_len = query.shape[0] // batch_size
+        return prompt_attention(
+            query.view(batch_size, query_len, *query.shape[1:]),
+            key.view(batch_size, query_len, *key.shape[1:]),
+            value.view(batch_size, query_len, *value.shape[1:]),
+            bidirectional_bias(query_lens, query_len, query.dtype),
+            self.scale,
+        )
 
     def _prompt(
         self,

@@ -41,6 +41,7 @@ class HpuAttentionMetadata(AttentionMetadata):
     block_mapping: torch.Tensor | None = None  # decode [P, bs]
     block_bias: torch.Tensor | None = None  # decode [P, block_size]
     attn_bias: torch.Tensor | None = None  # prompt [bs, 1, q, C * block_size + q]
+    query_lens: torch.Tensor | None = None  # prompt [bs] long; padding rows -> 0
 
     def decode_blocks(self) -> DecodeBlocks:
         assert self.block_list is not None and self.block_groups is not None
@@ -148,6 +149,9 @@ def build_prompt_metadata(
         slot_mapping=slot_mapping.to(cache.device),
         block_list=block_list,
         attn_bias=_prompt_attn_bias(rows, query_len, num_context_blocks, cache),
+        query_lens=torch.tensor([row.num_scheduled_tokens for row in rows]).to(
+            cache.device
+        ),
     )
 
 

@@ -42,7 +42,7 @@ from vllm_hpu.worker.inputs import (
     build_prompt_pass,
     split_prefills,
 )
-from vllm_hpu.worker.pooling import StepPooler
+from vllm_hpu.worker.pooling import StepPooler, encoder_only_kv_cache_spec
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.request_states import RequestStates
 
@@ -152,6 +152,8 @@ class HpuModelRunner:
         specs: dict[str, KVCacheSpec] = {}
         for name, layer in self._attention_layers().items():
             spec = layer.get_kv_cache_spec(self.vllm_config)
+            if spec is None:
+                spec = encoder_only_kv_cache_spec(layer, self.vllm_config)
             if spec is None:
                 continue
             if not isinstance(spec, AttentionSpec):

@@ -8,13 +8,38 @@ from typing import Any
 
 import numpy as np
 import torch
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.models.interfaces_base import is_pooling_model
 from vllm.tasks import PoolingTask
+from vllm.v1.attention.backend import AttentionType
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu.worker.inputs import ForwardPass
+
+
+def encoder_only_kv_cache_spec(
+    layer: AttentionLayerBase, vllm_config: VllmConfig
+) -> FullAttentionSpec | None:
+    """A decoder's cache spec for an encoder-only layer (vLLM gives it none).
+
+    Such layers keep no KV cache; claiming a decoder's anyway keeps the step
+    path one (block tables, slot mappings, buckets, warmup) at the price of KV
+    memory that stays unused: the attention backend never writes or reads it.
+    """
+    if getattr(layer, "attn_type", None) != AttentionType.ENCODER_ONLY:
+        return None
+    assert isinstance(layer, Attention)
+    return FullAttentionSpec(
+        block_size=vllm_config.cache_config.block_size,
+        num_kv_heads=layer.num_kv_heads,
+        head_size=layer.head_size,
+        dtype=layer.kv_cache_torch_dtype,
+    )
 
 
 def supported_pooling_tasks(model: Any) -> list[PoolingTask]:
