@@ -47,7 +47,8 @@ SMALL_ENGINE = dict(
 def hf_embeddings(
     prompts: list[list[int]], pooling_type: str, bidirectional: bool = False
 ) -> list[torch.Tensor]:
-    """transformers' final hidden states, pooled, one prompt at a time; with
+    """transformers' final hidden states, pooled (ALL: every token's), one prompt
+    at a time; with
     ``bidirectional`` under an all-visible mask (a prepared 4D mask is used as is)."""
     model = AutoModel.from_pretrained(model_path(MODEL), dtype=torch.float32).eval()
     pooled = []
@@ -55,8 +56,8 @@ def hf_embeddings(
         mask = torch.zeros(1, 1, len(prompt), len(prompt)) if bidirectional else None
         output = model(input_ids=torch.tensor([prompt]), attention_mask=mask)
         hidden = output.last_hidden_state[0]
-        vector = hidden[-1] if pooling_type == "LAST" else hidden.mean(dim=0)
-        pooled.append(torch.nn.functional.normalize(vector, dim=0))
+        by_type = {"LAST": hidden[-1], "MEAN": hidden.mean(dim=0), "ALL": hidden}
+        pooled.append(torch.nn.functional.normalize(by_type[pooling_type], dim=-1))
     return pooled
 
 
@@ -112,6 +113,28 @@ def test_embed_last_token_with_chunked_prompts_and_prefix_hits() -> None:
     expected = hf_embeddings(prompts, "LAST")
     assert_embeddings_match(first, expected)
     assert_embeddings_match(again, expected)
+
+
+def test_token_embed_with_chunked_prompts() -> None:
+    """Token-wise pooling gathers a chunked prompt's hidden states step by step."""
+    from vllm.config import PoolerConfig
+
+    prompts = random_prompts(PROMPT_LENGTHS, VOCAB_SIZE, seed=7)
+    with vllm_engine(
+        model_path(MODEL),
+        runner="pooling",
+        pooler_config=PoolerConfig(task="token_embed"),
+        max_model_len=MAX_MODEL_LEN,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+    ) as llm:
+        inputs = [{"prompt_token_ids": p} for p in prompts]
+        tokens = llm.encode(inputs, pooling_task="token_embed")
+    for output, want in zip(tokens, hf_embeddings(prompts, "ALL"), strict=True):
+        assert output.outputs.data.shape == want.shape
+        cosine = torch.cosine_similarity(output.outputs.data, want, dim=-1)
+        assert cosine.min() > MIN_COSINE
 
 
 def test_mean_pooling_refuses_chunked_prefill() -> None:
