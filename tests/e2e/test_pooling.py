@@ -56,7 +56,12 @@ def hf_embeddings(
         mask = torch.zeros(1, 1, len(prompt), len(prompt)) if bidirectional else None
         output = model(input_ids=torch.tensor([prompt]), attention_mask=mask)
         hidden = output.last_hidden_state[0]
-        by_type = {"LAST": hidden[-1], "MEAN": hidden.mean(dim=0), "ALL": hidden}
+        by_type = {
+            "LAST": hidden[-1],
+            "MEAN": hidden.mean(dim=0),
+            "CLS": hidden[0],
+            "ALL": hidden,
+        }
         pooled.append(torch.nn.functional.normalize(by_type[pooling_type], dim=-1))
     return pooled
 
@@ -72,7 +77,7 @@ def assert_embeddings_match(
         assert cosine > MIN_COSINE, f"prompt {index}: cosine {cosine}"
 
 
-@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN"])
+@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN", "CLS"])
 def test_embed_equals_transformers(pooling_type: str) -> None:
     from vllm.config import PoolerConfig
 
