@@ -126,12 +126,7 @@ class HpuModelRunner:
             # take oneDNN's packed weights as graph inputs.
             device.prepare_weights(self.model)
         if self.is_pooling_model:
-            self.pooler = StepPooler(
-                self.input_batch,
-                self.model,
-                self.model_config.get_hidden_size(),
-                self.dtype,
-            )
+            self.pooler = StepPooler(self.input_batch, self.model, self.model_config)
         logger.info(
             "Loading model weights took %.2f s and %.4f GiB of device memory",
             time.perf_counter() - started,
@@ -260,14 +255,16 @@ class HpuModelRunner:
             return pipeline.join(
                 [self._forward(p, x) for p, x in zip(passes, inputs, strict=True)]
             )
-        if self.pooler is not None:
-            return self._pool(scheduler_output, passes, inputs)
+        pairs = list(zip(passes, inputs, strict=True))
+        if self.pooler is not None:  # pooling models answer here: nothing to sample
+            outputs = ((p, self._forward(p, x)) for p, x in pairs)
+            return self.pooler.pool(scheduler_output, outputs)
         num_reqs = self.input_batch.num_reqs
         hidden_size = self.model_config.get_hidden_size()
         last_hidden = torch.empty(
             (num_reqs, hidden_size), dtype=self.dtype, device=self.device
         )
-        for forward_pass, stage_input in zip(passes, inputs, strict=True):
+        for forward_pass, stage_input in pairs:
             hidden = self._forward(forward_pass, stage_input)
             rows = [seq.row for seq in forward_pass.seqs]
             last_hidden[rows] = hidden[forward_pass.last_token_indices]
@@ -280,20 +277,6 @@ class HpuModelRunner:
             discard_rows=self._rows_inside_prompt(scheduler_output),
         )
         return None
-
-    def _pool(
-        self,
-        scheduler_output: SchedulerOutput,
-        passes: list[ForwardPass],
-        inputs: Sequence[IntermediateTensors | None],
-    ) -> ModelRunnerOutput:
-        """Pooling models answer in execute_model: there is nothing to sample."""
-        assert self.pooler is not None
-        self.pooler.begin(scheduler_output)
-        for forward_pass, stage_input in zip(passes, inputs, strict=True):
-            self.pooler.collect(forward_pass, self._forward(forward_pass, stage_input))
-        with self.profiler.span("pool"):
-            return self.pooler.finish()
 
     def _stage_inputs(
         self, passes: list[ForwardPass], received: IntermediateTensors | None

@@ -4,11 +4,12 @@ The model's own pooler (vLLM's) wants a step's scheduled tokens packed in batch-
 order; our passes are padded to buckets, so the real tokens are gathered first.
 """
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
-from vllm.config import VllmConfig
+from vllm.config import ModelConfig, VllmConfig
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.models.interfaces_base import is_pooling_model
@@ -53,11 +54,13 @@ class StepPooler:
     """Packs one step's hidden states, pass by pass, and pools them at the end."""
 
     def __init__(
-        self, input_batch: InputBatch, model: Any, hidden_size: int, dtype: torch.dtype
+        self, input_batch: InputBatch, model: Any, model_config: ModelConfig
     ) -> None:
         self.input_batch = input_batch
         self.model = model
-        self.hidden_size = hidden_size
+        self.hidden_size = model_config.get_hidden_size()
+        dtype = model_config.dtype
+        assert isinstance(dtype, torch.dtype), "vLLM resolves the dtype first"
         self.dtype = dtype
         self._packed: torch.Tensor | None = None
         self._offsets: np.ndarray = np.zeros(0, dtype=np.int64)
@@ -75,7 +78,18 @@ class StepPooler:
                 )
             self.model.pooler.get_pooling_updates(params.task).apply(params)
 
-    def begin(self, scheduler_output: SchedulerOutput) -> None:
+    def pool(
+        self,
+        scheduler_output: SchedulerOutput,
+        hidden_states: Iterable[tuple[ForwardPass, torch.Tensor]],
+    ) -> ModelRunnerOutput:
+        """Pool a step from its passes' hidden states, taken one pass at a time."""
+        self._begin(scheduler_output)
+        for forward_pass, hidden in hidden_states:
+            self._collect(forward_pass, hidden)
+        return self._finish()
+
+    def _begin(self, scheduler_output: SchedulerOutput) -> None:
         """Room for every scheduled token of the step, rows in InputBatch order."""
         req_ids = self.input_batch.req_ids
         counts = [scheduler_output.num_scheduled_tokens[r] for r in req_ids]
@@ -87,9 +101,9 @@ class StepPooler:
             device=self.input_batch.device,
         )
 
-    def collect(self, forward_pass: ForwardPass, hidden: torch.Tensor) -> None:
+    def _collect(self, forward_pass: ForwardPass, hidden: torch.Tensor) -> None:
         """Copy the real tokens of one padded pass into the packed tensor."""
-        assert self._packed is not None, "begin() first"
+        assert self._packed is not None, "_begin() first"
         sources, targets = [], []
         for first, seq in zip(
             forward_pass.first_token_indices, forward_pass.seqs, strict=True
@@ -102,10 +116,10 @@ class StepPooler:
             hidden.index_select(0, torch.from_numpy(np.concatenate(sources)).to(device))
         )
 
-    def finish(self) -> ModelRunnerOutput:
+    def _finish(self) -> ModelRunnerOutput:
         """Run the pooler; a request whose prompt is not complete yet gets None."""
         packed, self._packed = self._packed, None
-        assert packed is not None, "begin() first"
+        assert packed is not None, "_begin() first"
         batch = self.input_batch
         num_reqs = batch.num_reqs
         metadata = batch.get_pooling_metadata()
