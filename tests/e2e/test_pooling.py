@@ -158,18 +158,24 @@ def test_mean_pooling_refuses_chunked_prefill() -> None:
         pass
 
 
-@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN"])
-def test_embed_bidirectional_equals_transformers(
-    pooling_type: str, tmp_path: pathlib.Path
-) -> None:
-    """A decoder made bidirectional (``is_causal: false``, as some embedding
-    models are) runs its layers as vLLM's encoder-only attention."""
-    from vllm.config import PoolerConfig
-
+def bidirectional_copy(tmp_path: pathlib.Path) -> pathlib.Path:
+    """tiny-llama with ``is_causal: false``: vLLM's Llama then builds its layers
+    as encoder-only attention, as for bidirectional embedding models."""
     model_dir = tmp_path / "tiny-llama-bidirectional"
     shutil.copytree(model_path(MODEL), model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({**config, "is_causal": False}))
+    return model_dir
+
+
+@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN"])
+def test_embed_bidirectional_equals_transformers(
+    pooling_type: str, tmp_path: pathlib.Path
+) -> None:
+    """A decoder made bidirectional runs under a bidirectional mask."""
+    from vllm.config import PoolerConfig
+
+    model_dir = bidirectional_copy(tmp_path)
     prompts = random_prompts(PROMPT_LENGTHS, VOCAB_SIZE, seed=6)
     with vllm_engine(
         str(model_dir),
@@ -183,6 +189,14 @@ def test_embed_bidirectional_equals_transformers(
     assert_embeddings_match(actual, expected)
     causal = hf_embeddings(prompts, pooling_type)
     assert torch.cosine_similarity(torch.tensor(actual[-1]), causal[-1], dim=0) < 0.99
+
+
+def test_bidirectional_model_refuses_to_generate(tmp_path: pathlib.Path) -> None:
+    with (
+        pytest.raises(ValueError, match="start vLLM with --runner pooling"),
+        vllm_engine(str(bidirectional_copy(tmp_path)), max_model_len=MAX_MODEL_LEN),
+    ):
+        pass
 
 
 @torch.no_grad()

@@ -35,6 +35,11 @@ def encoder_only_kv_cache_spec(
     if getattr(layer, "attn_type", None) != AttentionType.ENCODER_ONLY:
         return None
     assert isinstance(layer, Attention)
+    if vllm_config.model_config.runner_type != "pooling":
+        raise ValueError(
+            f"Layer {layer.layer_name} attends bidirectionally (encoder-only), "
+            "which cannot generate text: start vLLM with --runner pooling."
+        )
     return FullAttentionSpec(
         block_size=vllm_config.cache_config.block_size,
         num_kv_heads=layer.num_kv_heads,
