@@ -18,6 +18,7 @@ from tokenizers.trainers import BpeTrainer
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     GenerationConfig,
     PreTrainedTokenizerFast,
 )
@@ -283,6 +284,16 @@ NORM_MEANS = {
     ("tiny-bloom", "word_embeddings_layernorm"): 0.0,
 }
 
+# ---- Pooling models (issue 18) ----------------------------------------------
+# A sequence-classification head on the tiny Llama: vLLM runs it as
+# LlamaForSequenceClassification (LLM.classify) with last-token pooling.
+NUM_LABELS = 3
+SEQUENCE_CLASSIFIERS = {
+    "tiny-llama-classify": ("llama", {**GQA_SHAPE, "num_labels": NUM_LABELS}),
+}
+MODEL_SPECS.update(SEQUENCE_CLASSIFIERS)
+# ------------------------------------------------------------------------------
+
 PASSAGES = [
     "The capital of France is Paris. The capital of Italy is Rome. "
     "The capital of Japan is Tokyo, and the capital of Spain is Madrid.",
@@ -436,6 +447,11 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
     model_type, shape = MODEL_SPECS[name]
     token_ids = special_token_ids(tokenizer)
     config = AutoConfig.for_model(model_type, **shape, **token_ids, dtype="float32")
+    if name in SEQUENCE_CLASSIFIERS:
+        classifier = AutoModelForSequenceClassification.from_config(config)
+        init_weights(classifier, SEED + zlib.crc32(name.encode()))
+        classifier.save_pretrained(out_dir)
+        return
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     norm_means = {part: mean for (n, part), mean in NORM_MEANS.items() if n == name}
     init_weights(model, SEED + zlib.crc32(name.encode()), norm_means)

@@ -34,6 +34,8 @@ TINY_MODELS = (
     "tiny-deepseek-v2-moe",
     *VARIANT_MODELS,
 )
+# Built by the set-up too, but with a classification head: they do not generate.
+POOLING_MODELS = ("tiny-llama-classify",)
 SMOLLM2 = "smollm2-135m-instruct"
 
 

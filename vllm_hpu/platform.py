@@ -142,6 +142,7 @@ class HpuPlatform(Platform):
         _reject_unsupported_features(vllm_config)  # 6.
         _spawn_processes()  # 7.
         _use_hpu_ray_executor(vllm_config)  # 8.
+        _reject_split_pooled_prompts(vllm_config)  # 9.
 
 
 def _check_envs() -> None:
@@ -218,10 +219,39 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
         "speculative decoding (--speculative-config)": vllm_config.speculative_config,
         "LoRA adapters (--enable-lora)": vllm_config.lora_config,
         "KV transfer (--kv-transfer-config)": vllm_config.kv_transfer_config,
-        f"the '{runner_type}' runner (--runner)": runner_type != "generate",
+        f"the '{runner_type}' runner (--runner)": runner_type
+        not in ("generate", "pooling"),
     }
     for feature, setting in unsupported.items():
         if setting:
             raise ValueError(
                 f"The HPU plugin does not support {feature} yet; start vLLM without it."
+            )
+
+
+def _reject_split_pooled_prompts(vllm_config: "VllmConfig") -> None:
+    """MEAN and CLS pooling need a whole prompt in one step (vLLM's own rule,
+    ModelConfig.is_chunked_prefill_supported): it turns chunked prefill and
+    prefix caching off for them by default, but does not stop a user forcing
+    them on, which would fail in the pooler on the first long prompt."""
+    model_config = vllm_config.model_config
+    if model_config is None or model_config.runner_type != "pooling":
+        return
+    if model_config.is_chunked_prefill_supported:
+        return
+    forced = {
+        "chunked prefill (--enable-chunked-prefill)": (
+            vllm_config.scheduler_config.enable_chunked_prefill
+        ),
+        "prefix caching (--enable-prefix-caching)": (
+            vllm_config.cache_config.enable_prefix_caching
+        ),
+    }
+    pooler = model_config.pooler_config
+    pooling_type = pooler and (pooler.seq_pooling_type or pooler.tok_pooling_type)
+    for feature, enabled in forced.items():
+        if enabled:
+            raise ValueError(
+                f"{feature} splits prompts, which {pooling_type} pooling cannot "
+                "pool on the HPU plugin; start vLLM without it."
             )

@@ -60,12 +60,17 @@ def test_attention_backend_accepts_windows_and_head_sizes(head_size: int) -> Non
     check_supported(_config(head_size=head_size, has_sliding_window=True))
 
 
+def test_attention_backend_accepts_encoder_only_layers_for_pooling() -> None:
+    check_supported(_config(attn_type=AttentionType.ENCODER_ONLY))
+
+
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
         ({"use_sparse": True}, "sparse"),
         ({"has_sink": True}, "sinks"),
-        ({"attn_type": AttentionType.ENCODER_ONLY}, "encoder_only"),
+        ({"attn_type": AttentionType.ENCODER}, "encoder attention"),
+        ({"attn_type": AttentionType.ENCODER_DECODER}, "encoder_decoder"),
         ({"use_non_causal": True}, "non-causal"),
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype=fp8"),
         ({"head_size": 36}, "head size 36"),

@@ -29,6 +29,7 @@ from vllm_hpu.ops.paged_attention import (
 )
 from vllm_hpu.ops.prompt_attention import (
     bias_with_alibi,
+    bidirectional_bias,
     fused_unsupported_reason,
     gather_context,
     prompt_attention,
@@ -44,6 +45,8 @@ PREFERRED_BLOCK_SIZE = 128  # platform.DEFAULT_BLOCK_SIZE: Gaudi's MME tile
 # The flat kernels are plain torch: any head size runs; the fused prompt kernel
 # takes fewer (ops.prompt_attention.FUSED_SDPA_HEAD_SIZES), the rest run plain.
 SUPPORTED_HEAD_SIZES = list(range(32, 257, 8))
+# Encoder-only: decoder models run bidirectionally for pooling (is_causal=False).
+SUPPORTED_ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
 
 logger = init_logger("vllm.hpu.attention")
 
@@ -104,11 +107,15 @@ def check_supported(attn_selector_config: "AttentionSelectorConfig") -> None:
         (config.use_sparse, "sparse attention", "use a dense-attention model"),
         (config.has_sink, "attention sinks", "use a model without sinks"),
         (
-            config.attn_type != AttentionType.DECODER,
+            config.attn_type not in SUPPORTED_ATTN_TYPES,
             f"{AttentionType(config.attn_type).value} attention",
             "use a decoder-only model",
         ),
-        (config.use_non_causal, "non-causal attention", "unset use_non_causal"),
+        (
+            config.use_non_causal,
+            "non-causal attention mixed with causal attention in one batch",
+            "use a model whose layers are all causal or all encoder-only",
+        ),
         (
             config.kv_cache_dtype not in (None, "auto"),
             f"kv_cache_dtype={config.kv_cache_dtype}",
@@ -210,6 +217,9 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
             raise NotImplementedError("fused output quantization is not supported")
         if attn_metadata is None:  # vLLM's dummy/profiling passes without metadata
             return output.zero_()
+        if self.attn_type == AttentionType.ENCODER_ONLY:
+            result = self._bidirectional(query, key, value, attn_metadata)
+            return output.copy_(result.reshape(output.shape))
         key_cache, value_cache = kv_cache
         if self.kv_sharing_target_layer_name is None:
             write_to_cache(key_cache, attn_metadata.slot_mapping, key)
@@ -223,6 +233,29 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
             )
         output.copy_(result.reshape(output.shape))
         return output
+
+    def _bidirectional(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_metadata: HpuAttentionMetadata,
+    ) -> torch.Tensor:
+        """Encoder-only attention over whole prompts: vLLM turns chunked prefill
+        and prefix caching off for it and pooling models never decode, so there
+        is no context, and the KV cache is neither written nor read."""
+        query_lens = attn_metadata.query_lens
+        assert attn_metadata.is_prompt and query_lens is not None
+        assert attn_metadata.block_list is None, "encoder-only prompts have no context"
+        batch_size = query_lens.shape[0]
+        query_len = query.shape[0] // batch_size
+        return prompt_attention(
+            query.view(batch_size, query_len, *query.shape[1:]),
+            key.view(batch_size, query_len, *key.shape[1:]),
+            value.view(batch_size, query_len, *value.shape[1:]),
+            bidirectional_bias(query_lens, query_len, query.dtype),
+            self.scoring,
+        )
 
     def _prompt(
         self,

@@ -43,6 +43,7 @@ class HpuAttentionMetadata(AttentionMetadata):
     attn_bias: torch.Tensor | None = None  # prompt [bs, 1, q, C * block_size + q]
     key_positions: torch.Tensor | None = None  # prompt [bs, C * block_size + q]
     window_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt
+    query_lens: torch.Tensor | None = None  # prompt [bs] long; padding rows -> 0
     # Decode: the flat blocks per sliding window (None: full attention).
     decode_by_window: dict[int | None, DecodeBlocks] = field(default_factory=dict)
 
@@ -217,6 +218,9 @@ def build_prompt_metadata(
         attn_bias=_as_bias(allowed, cache.dtype),
         key_positions=key_positions,
         window_bias=_window_biases(allowed, key_positions, cache),
+        query_lens=torch.tensor([row.num_scheduled_tokens for row in rows]).to(
+            cache.device
+        ),
     )
 
 

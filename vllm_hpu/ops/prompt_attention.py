@@ -55,6 +55,20 @@ def gather_context(
     return past[0], past[1]
 
 
+def bidirectional_bias(
+    query_lens: torch.Tensor, query_len: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """[bs, 1, q, q] mask of encoder-only (non-causal) attention without context:
+    every real token sees every real token of its row. query_lens: [bs] real
+    tokens per row. The diagonal stays visible so padded rows come out finite."""
+    keys = torch.arange(query_len, device=query_lens.device)
+    allowed = (keys[None, None, :] < query_lens[:, None, None]) | (
+        keys[:, None] == keys[None, :]
+    )
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=query_lens.device)
+    return bias.masked_fill_(~allowed, float("-inf")).unsqueeze(1)
+
+
 def prompt_attention(
     query: torch.Tensor,
     key: torch.Tensor,

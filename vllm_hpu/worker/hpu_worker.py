@@ -27,6 +27,7 @@ from vllm_hpu.worker.compile_stats import StepCompilations
 from vllm_hpu.worker.fallback_stats import StepFallbacks
 from vllm_hpu.worker.memory import MemorySplit, split_memory
 from vllm_hpu.worker.model_runner import HpuModelRunner
+from vllm_hpu.worker.pooling import supported_pooling_tasks
 from vllm_hpu.worker.warmup import warm_up_model
 
 logger = init_logger("vllm.hpu.worker")
@@ -132,6 +133,8 @@ class HpuWorker(WorkerBase):
         return split_memory(free, utilization, self._graph_reserved_mem()).graph
 
     def get_supported_tasks(self) -> tuple[SupportedTask, ...]:
+        if self.model_config.runner_type == "pooling":
+            return tuple(supported_pooling_tasks(self.runner.get_model()))
         return ("generate",)
 
     def execute_model(

@@ -53,6 +53,7 @@ from vllm_hpu.worker.inputs import (
     split_prefills,
 )
 from vllm_hpu.worker.layer_split import split_graph_every
+from vllm_hpu.worker.pooling import StepPooler, encoder_only_kv_cache_spec
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.request_states import RequestStates
 
@@ -77,6 +78,7 @@ class HpuModelRunner:
         scheduler_config = vllm_config.scheduler_config
         self.max_num_tokens = scheduler_config.max_num_batched_tokens
         self.block_size = vllm_config.cache_config.block_size
+        self.is_pooling_model = self.model_config.runner_type == "pooling"
         self.input_batch = self._make_input_batch()
         self.states = RequestStates(self.input_batch, torch_device)
         self.prompt_logprobs = PromptLogprobs(self.states)
@@ -86,6 +88,7 @@ class HpuModelRunner:
         )
         # vLLM's model classes add methods (compute_logits) beyond nn.Module.
         self.model: Any = None
+        self.pooler: StepPooler | None = None  # set by load_model for pooling
         dtype = self.model_config.dtype
         assert isinstance(dtype, torch.dtype), "vLLM resolves the dtype first"
         self.dtype = dtype
@@ -122,8 +125,9 @@ class HpuModelRunner:
             block_sizes=[self.block_size],
             max_num_blocks_per_req=[-(-max_model_len // self.block_size)],
             logitsprocs=build_logitsprocs(
-                self.vllm_config, self.device, False, False, ()
+                self.vllm_config, self.device, False, self.is_pooling_model, ()
             ),
+            is_pooling_model=self.is_pooling_model,
         )
 
     # ---- lifecycle -------------------------------------------------------
@@ -139,6 +143,8 @@ class HpuModelRunner:
             # take oneDNN's packed weights as graph inputs.
             device.prepare_weights(self.model)
         split_graph_every(self.model, get_envs().config_hidden_layers)
+        if self.is_pooling_model:
+            self.pooler = StepPooler(self.input_batch, self.model, self.model_config)
         logger.info(
             "Loading model weights took %.2f s and %.4f GiB of device memory",
             time.perf_counter() - started,
@@ -159,6 +165,8 @@ class HpuModelRunner:
         specs: dict[str, KVCacheSpec] = {}
         for name, layer in self._attention_layers().items():
             spec = layer.get_kv_cache_spec(self.vllm_config)
+            if spec is None:
+                spec = encoder_only_kv_cache_spec(layer, self.vllm_config)
             if spec is None:
                 continue
             if not isinstance(spec, AttentionSpec):
@@ -258,6 +266,8 @@ class HpuModelRunner:
         """Run the step's passes. ``intermediate_tensors``: what the previous
         pipeline stage sent for this step; warmup runs without it."""
         with self.profiler.span("prepare"):
+            if self.pooler is not None:
+                self.pooler.prepare_new_requests(scheduler_output)
             self.states.update(scheduler_output)
             if not scheduler_output.total_num_scheduled_tokens:
                 return EMPTY_MODEL_RUNNER_OUTPUT
@@ -267,12 +277,16 @@ class HpuModelRunner:
             return pipeline.join(
                 [self._forward(p, x) for p, x in zip(passes, inputs, strict=True)]
             )
+        pairs = list(zip(passes, inputs, strict=True))
+        if self.pooler is not None:  # pooling models answer here: nothing to sample
+            outputs = ((p, self._forward(p, x)) for p, x in pairs)
+            return self.pooler.pool(scheduler_output, outputs)
         num_reqs = self.input_batch.num_reqs
         hidden_size = self.model_config.get_hidden_size()
         last_hidden = torch.empty(
             (num_reqs, hidden_size), dtype=self.dtype, device=self.device
         )
-        for forward_pass, stage_input in zip(passes, inputs, strict=True):
+        for forward_pass, stage_input in pairs:
             hidden = self._forward(forward_pass, stage_input)
             rows = [seq.row for seq in forward_pass.seqs]
             last_hidden[rows] = hidden[forward_pass.last_token_indices]
@@ -325,8 +339,13 @@ class HpuModelRunner:
         """Prompt chunks in bucketed batches, then one decode batch."""
         assert self.cache is not None, "initialize_kv_cache() first"
         seqs = self._scheduled_seqs(scheduler_output)
-        decodes = [s for s in seqs if s.layout.num_scheduled_tokens == 1]
-        prompts = [s for s in seqs if s.layout.num_scheduled_tokens > 1]
+        # Pooling models never decode: a one-token prompt (or last chunk) runs
+        # as a prompt pass, so only prompt buckets are ever used.
+        min_prompt_tokens = 1 if self.is_pooling_model else 2
+        decodes = [s for s in seqs if s.layout.num_scheduled_tokens < min_prompt_tokens]
+        prompts = [
+            s for s in seqs if s.layout.num_scheduled_tokens >= min_prompt_tokens
+        ]
         if self.step_trace is not None:
             self.step_trace.record(self._step_shape(prompts, decodes))
         token_ids = self.input_batch.token_ids_cpu

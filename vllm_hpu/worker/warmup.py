@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from vllm.logger import init_logger
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
 from vllm.utils.mem_utils import format_gib
 from vllm.v1.core.sched.output import (
@@ -38,6 +39,7 @@ from vllm_hpu.worker.graphs import (
     describe_budget,
 )
 from vllm_hpu.worker.model_runner import HpuModelRunner
+from vllm_hpu.worker.pooling import supported_pooling_tasks
 
 logger = init_logger("vllm.hpu.warmup")
 
@@ -122,16 +124,25 @@ class HpuWarmup:
         block_ids = [(self._next_block + j) % num_kv_blocks for j in range(num_blocks)]
         self._next_block += num_blocks
         self._next_id += 1
+        sampling_params, pooling_params = self._request_params()
         return NewRequestData(
             req_id=f"{REQ_PREFIX}{self._next_id}",
             prompt_token_ids=[0] * seq.num_tokens,
             mm_features=[],
-            sampling_params=SamplingParams(temperature=0.0, max_tokens=1),
-            pooling_params=None,
+            sampling_params=sampling_params,
+            pooling_params=pooling_params,
             block_ids=(block_ids,),
             num_computed_tokens=seq.num_computed,
             lora_request=None,
         )
+
+    def _request_params(self) -> tuple[SamplingParams | None, PoolingParams | None]:
+        """A warmup request samples one token, or pools with the model's first
+        task (a sequence task, embed or classify, where it has one)."""
+        tasks = sorted(supported_pooling_tasks(self.runner.get_model()))
+        if not tasks:
+            return SamplingParams(temperature=0.0, max_tokens=1), None
+        return None, PoolingParams(task=tasks[0])
 
     def run_step(self, seqs: list[FakeSeq]) -> None:
         """One engine step over new requests ``seqs``, then finish them all."""
@@ -140,8 +151,9 @@ class HpuWarmup:
             r.req_id: len(r.prompt_token_ids or []) - r.num_computed_tokens
             for r in new_reqs
         }
-        self.runner.execute_model(self._scheduler_output(new_reqs, scheduled, set()))
-        self.runner.sample_tokens(None)
+        step = self._scheduler_output(new_reqs, scheduled, set())
+        if self.runner.execute_model(step) is None:
+            self.runner.sample_tokens(None)
         finished = set(scheduled)
         self.runner.execute_model(self._scheduler_output([], {}, finished))
 
@@ -169,11 +181,14 @@ class HpuWarmup:
         used_before = device.memory_used()
         buckets = self.runner.buckets
         prompt = list(reversed(buckets.prompt_buckets))
-        decode = list(reversed(buckets.decode_buckets))
+        # Pooling models run prompt passes only (model_runner._plan_passes).
+        pooling = self.runner.is_pooling_model
+        decode = [] if pooling else list(reversed(buckets.decode_buckets))
         with preserved_rng():
             self._warm_all("Prompt", PROMPT, prompt)
             self._warm_all("Decode", DECODE, decode)
-            self._run_mixed_step(prompt[-1], decode[-1])
+            if not pooling:
+                self._run_mixed_step(prompt[-1], decode[-1])
             if capture and self.graph_mem > 0:
                 self._capture(prompt, decode)
         # Warmup's own padding is not what serving pays.

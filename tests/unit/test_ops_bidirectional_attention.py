@@ -1,0 +1,60 @@
+"""Encoder-only (bidirectional) prompt attention vs naive full attention per row.
+
+Used by pooling models whose decoder layers run non-causally (``is_causal:
+false``); rows of mixed lengths padded to one query length, fused and unfused.
+"""
+
+import pytest
+import torch
+from test_ops_prompt_attention import fused_sdpa  # noqa: F401  (fixture, used below)
+from test_ops_reference import tolerance
+
+from vllm_hpu.ops.prompt_attention import bidirectional_bias, prompt_attention
+
+
+def naive_full_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One row. query: [n, H, D]; key, value: [n, KVH, D]. Every token sees every
+    token, softmax in fp32 -> [n, H, D]."""
+    group = query.shape[1] // key.shape[1]
+    k = key.float().repeat_interleave(group, dim=1)
+    v = value.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", query.float() * scale, k)
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+@pytest.mark.usefixtures("fused_sdpa")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("query_lens", [[1], [5, 32, 17], [32, 32]])
+def test_bidirectional_attention_matches_naive(
+    query_lens: list[int], group: int, dtype: torch.dtype
+) -> None:
+    torch.manual_seed(0)
+    batch_size, query_len = len(query_lens) + 1, 32  # one padding row
+    num_kv_heads, head_size = 2, 64
+    shape = (batch_size, query_len)
+    query = torch.randn(*shape, num_kv_heads * group, head_size).to(dtype)
+    key = torch.randn(*shape, num_kv_heads, head_size).to(dtype)
+    value = torch.randn(*shape, num_kv_heads, head_size).to(dtype)
+    lens = torch.tensor([*query_lens, 0])
+    scale = head_size**-0.5
+
+    out = prompt_attention(
+        query, key, value, bidirectional_bias(lens, query_len, dtype), scale
+    )
+
+    assert torch.isfinite(out).all(), "padded rows and tokens must stay finite"
+    for i, n in enumerate(query_lens):
+        expected = naive_full_attention(query[i, :n], key[i, :n], value[i, :n], scale)
+        torch.testing.assert_close(out[i, :n].float(), expected, **tolerance(dtype))
+
+
+def test_bidirectional_bias_shows_real_tokens_and_the_diagonal() -> None:
+    bias = bidirectional_bias(torch.tensor([2, 0]), 3, torch.float32)
+    visible = (bias == 0).squeeze(1).int().tolist()
+    assert visible == [
+        [[1, 1, 0], [1, 1, 0], [1, 1, 1]],
+        [[1, 0, 0], [0, 1, 0], [0, 0, 1]],
+    ]
