@@ -447,14 +447,15 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
     model_type, shape = MODEL_SPECS[name]
     token_ids = special_token_ids(tokenizer)
     config = AutoConfig.for_model(model_type, **shape, **token_ids, dtype="float32")
+    seed = SEED + zlib.crc32(name.encode())
     if name in SEQUENCE_CLASSIFIERS:
         classifier = AutoModelForSequenceClassification.from_config(config)
-        init_weights(classifier, SEED + zlib.crc32(name.encode()))
+        init_weights(classifier, seed, {})
         classifier.save_pretrained(out_dir)
         return
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     norm_means = {part: mean for (n, part), mean in NORM_MEANS.items() if n == name}
-    init_weights(model, SEED + zlib.crc32(name.encode()), norm_means)
+    init_weights(model, seed, norm_means)
     im_end_id = tokenizer.token_to_id(IM_END)
     model.generation_config = GenerationConfig(
         **{**token_ids, "eos_token_id": [token_ids["eos_token_id"], im_end_id]}
