@@ -10,6 +10,7 @@ import torch
 from models import model_path
 
 from vllm_hpu import envs, patches
+from vllm_hpu.bucketing.config import base_strategy
 from vllm_hpu.ray_cluster import check_hpu_resources
 from vllm_hpu.worker import layer_split
 from vllm_hpu.worker.fallback_stats import StepFallbacks, new_fallbacks
@@ -95,17 +96,20 @@ def test_no_effect_variable_malformed_value_is_an_error(name):
 
 
 @pytest.mark.parametrize(
-    ("environ", "exponential"),
+    ("environ", "strategy"),
     [
-        ({"VLLM_BUCKETING_STRATEGY": "exp"}, True),
-        ({"VLLM_BUCKETING_STRATEGY": "lin"}, False),
-        ({"VLLM_BUCKETING_STRATEGY": "lin", "VLLM_EXPONENTIAL_BUCKETING": "0"}, False),
-        ({"VLLM_EXPONENTIAL_BUCKETING": "1"}, True),
-        ({}, False),
+        ({"VLLM_BUCKETING_STRATEGY": "exp"}, "exponential"),
+        ({"VLLM_BUCKETING_STRATEGY": "lin"}, "linear"),
+        (
+            {"VLLM_BUCKETING_STRATEGY": "lin", "VLLM_EXPONENTIAL_BUCKETING": "0"},
+            "linear",
+        ),
+        ({"VLLM_EXPONENTIAL_BUCKETING": "1"}, "exponential"),
+        ({}, "compact"),
     ],
 )
-def test_bucketing_strategy_is_an_alias_of_exponential_bucketing(environ, exponential):
-    assert envs.read_envs(environ).exponential_bucketing is exponential
+def test_bucketing_strategy_is_an_alias_of_exponential_bucketing(environ, strategy):
+    assert base_strategy(envs.read_envs(environ)) == strategy
 
 
 def test_bucketing_strategy_contradicting_exponential_bucketing_is_an_error():

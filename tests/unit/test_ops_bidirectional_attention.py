@@ -10,6 +10,7 @@ from test_ops_prompt_attention import fused_sdpa  # noqa: F401  (fixture, used b
 from test_ops_reference import tolerance
 
 from vllm_hpu.ops.prompt_attention import bidirectional_bias, prompt_attention
+from vllm_hpu.ops.score_mods import Scoring
 
 
 def naive_full_attention(
@@ -42,7 +43,7 @@ def test_bidirectional_attention_matches_naive(
     scale = head_size**-0.5
 
     out = prompt_attention(
-        query, key, value, bidirectional_bias(lens, query_len, dtype), scale
+        query, key, value, bidirectional_bias(lens, query_len, dtype), Scoring(scale)
     )
 
     assert torch.isfinite(out).all(), "padded rows and tokens must stay finite"
