@@ -29,8 +29,8 @@ _MISSING_PIECES = (
     ),
     (
         "supports_transcription",
-        "is a speech-to-text (encoder-decoder) model; the HPU plugin runs neither "
-        "audio inputs nor an encoder-decoder cache: use a text-only decoder model",
+        "is a speech-to-text model; the HPU plugin takes no audio inputs (nor "
+        "Whisper's encoder-decoder cache): use a text-only decoder model",
     ),
     (
         "supports_multimodal",

@@ -117,7 +117,6 @@ def test_every_state_cache_or_multimodal_class_is_refused(registry_walk):
         needs_more = any(entry[flag] for flag in NEEDS_MORE_THAN_ATTENTION)
         assert (reason is not None) == needs_more, arch
         counts["refused" if reason else "allowed"] += 1
-    print(dict(counts))
     assert counts["refused"] >= 60 and counts["allowed"] >= 200
 
 
