@@ -10,7 +10,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from vllm_hpu import device, envs
+from vllm_hpu import device, envs, model_support
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -143,6 +143,7 @@ class HpuPlatform(Platform):
         _spawn_processes()  # 7.
         _use_hpu_ray_executor(vllm_config)  # 8.
         _reject_split_pooled_prompts(vllm_config)  # 9.
+        _reject_unsupported_model(vllm_config)  # 10.
 
 
 def _check_envs() -> None:
@@ -227,6 +228,15 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
             raise ValueError(
                 f"The HPU plugin does not support {feature} yet; start vLLM without it."
             )
+
+
+def _reject_unsupported_model(vllm_config: "VllmConfig") -> None:
+    """Refuse a model class we cannot run (state-space, hybrid, multimodal,
+    speech, encoder-decoder) before its weights load."""
+    model_config = vllm_config.model_config
+    reason = model_config and model_support.model_config_reason(model_config)
+    if reason:
+        raise ValueError(f"The HPU plugin cannot run this model: {reason}")
 
 
 def _reject_split_pooled_prompts(vllm_config: "VllmConfig") -> None:

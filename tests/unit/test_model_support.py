@@ -1,0 +1,152 @@
+"""Every architecture in vLLM's registry is either runnable here or refused at
+start-up with the missing piece named; the platform step refuses before loading."""
+
+import collections
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from models import model_path
+from vllm.model_executor.models.registry import ModelRegistry, _ModelInfo
+
+from vllm_hpu import platform
+from vllm_hpu.model_support import unsupported_reason
+
+# Imports every model module of vLLM once, in a child process so that what the
+# modules register (configs, custom ops) stays out of the test process; an
+# architecture whose module cannot even be imported here (torchvision, CUDA
+# kernels) is one vLLM itself refuses on this machine.
+_WALK = """
+import dataclasses, json
+from vllm.model_executor.models.registry import ModelRegistry, _ModelInfo
+walked = {}
+for arch in sorted(ModelRegistry.get_supported_archs()):
+    try:
+        model_cls = ModelRegistry.models[arch].load_model_cls()
+        walked[arch] = dataclasses.asdict(_ModelInfo.from_model_cls(model_cls))
+    except ImportError as e:
+        walked[arch] = {"import_error": f"{type(e).__name__}: {e}"}
+print("WALKED " + json.dumps(walked))
+"""
+MIN_INSPECTED = 250
+# Registry flags of classes needing a state cache or media inputs.
+NEEDS_MORE_THAN_ATTENTION = (
+    "is_attention_free",
+    "is_hybrid",
+    "has_inner_state",
+    "supports_multimodal",
+    "supports_transcription",
+)
+REFUSED = {
+    "MambaForCausalLM": "state-space",
+    "Mamba2ForCausalLM": "state-space",
+    "JambaForCausalLM": "mixes attention with Mamba",
+    "Qwen3NextForCausalLM": "mixes attention with Mamba or linear-attention",
+    "PaliGemmaForConditionalGeneration": "image, audio or video inputs",
+    "Phi3VForCausalLM": "image, audio or video inputs",
+    "WhisperForConditionalGeneration": "speech-to-text",
+}
+ALLOWED = (
+    "LlamaForCausalLM",
+    "MixtralForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "Gemma2ForCausalLM",
+    "BloomForCausalLM",
+    "GPT2ForSequenceClassification",
+    "Qwen2ForRewardModel",
+    "BertModel",
+)
+
+
+@pytest.fixture(scope="module")
+def registry_walk() -> dict[str, dict]:
+    result = subprocess.run(
+        [sys.executable, "-c", _WALK],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("WALKED ")]
+    return json.loads(line.removeprefix("WALKED "))
+
+
+def _reasons(walked: dict[str, dict]) -> dict[str, str | None]:
+    return {
+        arch: unsupported_reason(_ModelInfo(**entry))
+        for arch, entry in walked.items()
+        if "import_error" not in entry
+    }
+
+
+def test_walk_covers_the_whole_registry(registry_walk):
+    assert set(registry_walk) == set(ModelRegistry.get_supported_archs())
+    assert len(_reasons(registry_walk)) >= MIN_INSPECTED
+
+
+@pytest.mark.parametrize("arch", sorted(REFUSED))
+def test_known_unsupported_classes_are_refused_naming_the_piece(registry_walk, arch):
+    reason = _reasons(registry_walk)[arch]
+    assert reason is not None and reason.startswith(arch)
+    assert REFUSED[arch] in reason and ": use " in reason
+
+
+@pytest.mark.parametrize("arch", ALLOWED)
+def test_classes_the_plugin_runs_are_allowed(registry_walk, arch):
+    assert _reasons(registry_walk)[arch] is None
+
+
+def test_llava_is_refused_as_multimodal_or_not_importable(registry_walk):
+    entry = registry_walk["LlavaForConditionalGeneration"]
+    if "import_error" in entry:  # no torchvision here: vLLM refuses it already
+        assert "torchvision" in entry["import_error"]
+    else:
+        assert "image" in str(unsupported_reason(_ModelInfo(**entry)))
+
+
+def test_every_state_cache_or_multimodal_class_is_refused(registry_walk):
+    counts: collections.Counter[str] = collections.Counter()
+    for arch, entry in registry_walk.items():
+        if "import_error" in entry:
+            counts["not importable here"] += 1
+            continue
+        reason = unsupported_reason(_ModelInfo(**entry))
+        needs_more = any(entry[flag] for flag in NEEDS_MORE_THAN_ATTENTION)
+        assert (reason is not None) == needs_more, arch
+        counts["refused" if reason else "allowed"] += 1
+    assert counts["refused"] >= 60 and counts["allowed"] >= 200
+
+
+def _engine_config(model: str | Path):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=str(model), max_model_len=64).create_engine_config()
+
+
+def test_start_up_step_passes_a_decoder_and_refuses_multimodal(registry_walk):
+    config = _engine_config(model_path("tiny-llama"))  # the whole config hook ran
+    platform._reject_unsupported_model(config)
+    # The real ModelConfig of a decoder, carrying a multimodal registry entry.
+    paligemma = registry_walk["PaliGemmaForConditionalGeneration"]
+    config.model_config._model_info = _ModelInfo(**paligemma)
+    with pytest.raises(ValueError, match="image, audio or video inputs"):
+        platform._reject_unsupported_model(config)
+
+
+def test_start_up_refuses_a_mamba_checkpoint(tmp_path):
+    source = Path(model_path("tiny-llama"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, tmp_path / name)
+    mamba = {
+        "architectures": ["MambaForCausalLM"],
+        "model_type": "mamba",
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "vocab_size": 128,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(mamba))
+    with pytest.raises(ValueError, match=r"cannot run this model: Mamba.*state"):
+        _engine_config(tmp_path)

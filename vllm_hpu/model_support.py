@@ -1,0 +1,74 @@
+"""Which model classes the HPU plugin cannot run, read from vLLM's model registry.
+
+A refusal names the missing piece and what to use instead, so it can stop start-up.
+"""
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm.config import ModelConfig
+    from vllm.model_executor.models.registry import _ModelInfo
+
+# Checked in this order: the first missing piece is the one named.
+_MISSING_PIECES = (
+    (
+        "is_attention_free",
+        "is a state-space model (Mamba-style); it needs a Mamba state cache, "
+        "which the HPU plugin lacks: use an attention model",
+    ),
+    (
+        "is_hybrid",
+        "mixes attention with Mamba or linear-attention layers; those need a "
+        "state cache, which the HPU plugin lacks: use an attention-only model",
+    ),
+    (
+        "has_inner_state",
+        "keeps a recurrent state between steps, which the HPU plugin has no "
+        "cache for: use an attention model",
+    ),
+    (
+        "supports_transcription",
+        "is a speech-to-text model; the HPU plugin takes no audio inputs (nor "
+        "Whisper's encoder-decoder cache): use a text-only decoder model",
+    ),
+    (
+        "supports_multimodal",
+        "takes image, audio or video inputs, which the HPU plugin does not "
+        "support yet: use a text-only model",
+    ),
+)
+
+
+def unsupported_reason(info: "_ModelInfo") -> str | None:
+    """Why the plugin cannot run the architecture ``info`` describes, or None.
+
+    ``info`` is vLLM's registry entry (``ModelRegistry.inspect_model_cls``);
+    decoders, MoE, MLA and pooling models pass.
+    """
+    for flag, missing in _MISSING_PIECES:
+        if getattr(info, flag):
+            return f"{info.architecture} {missing}."
+    if info.attn_type == "encoder_decoder":
+        return (
+            f"{info.architecture} is an encoder-decoder model; the HPU plugin has "
+            "no cross-attention cache: use a decoder-only model."
+        )
+    return None
+
+
+def model_config_reason(model_config: "ModelConfig") -> str | None:
+    """:func:`unsupported_reason` for the configured model, with the flags that
+    ``ModelConfig`` refines from the checkpoint's own config."""
+    info = dataclasses.replace(
+        model_config._model_info,
+        # A hybrid class whose checkpoint holds attention layers only runs as
+        # a plain decoder (vLLM's own rule, ModelConfig.is_hybrid).
+        is_hybrid=model_config.is_hybrid,
+        attn_type=(
+            "encoder_decoder"
+            if model_config.is_encoder_decoder
+            else model_config._model_info.attn_type
+        ),
+    )
+    return unsupported_reason(info)
