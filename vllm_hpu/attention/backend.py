@@ -117,25 +117,42 @@ def check_supported(attn_selector_config: "AttentionSelectorConfig") -> None:
             "use a model whose layers are all causal or all encoder-only",
         ),
         (
+            not HpuAttentionBackend.supports_head_size(config.head_size),
+            f"head size {config.head_size}",
+            "use a model whose head size is a multiple of 8 from 32 to 256",
+        ),
+        *cache_problems(config, HpuAttentionBackend),
+    ]
+    raise_first_problem("attention", problems)
+
+
+Problem = tuple[bool, str, str]  # (unsupported, what, fix)
+
+
+def cache_problems(
+    config: "AttentionSelectorConfig", backend: type[AttentionBackend]
+) -> list[Problem]:
+    """What every HPU backend's KV cache refuses alike."""
+    return [
+        (
             config.kv_cache_dtype not in (None, "auto"),
             f"kv_cache_dtype={config.kv_cache_dtype}",
             "use --kv-cache-dtype auto",
         ),
         (
-            not HpuAttentionBackend.supports_head_size(config.head_size),
-            f"head size {config.head_size}",
-            "use a model whose head size is a multiple of 8 from 32 to 256",
-        ),
-        (
-            not HpuAttentionBackend.supports_block_size(config.block_size),
+            not backend.supports_block_size(config.block_size),
             f"block size {config.block_size}",
             f"use a --block-size that is a multiple of {BLOCK_SIZE_MULTIPLE}",
         ),
     ]
+
+
+def raise_first_problem(backend: str, problems: list[Problem]) -> None:
+    """A ValueError naming the first thing the backend lacks and how to avoid it."""
     for unsupported, what, fix in problems:
         if unsupported:
             raise ValueError(
-                f"The HPU attention backend does not support {what}: {fix}."
+                f"The HPU {backend} backend does not support {what}: {fix}."
             )
 
 

@@ -11,7 +11,11 @@ import torch
 from vllm.v1.attention.backend import AttentionLayer, AttentionType, MLAAttentionImpl
 from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
-from vllm_hpu.attention.backend import BLOCK_SIZE_MULTIPLE, HpuAttentionBackend
+from vllm_hpu.attention.backend import (
+    HpuAttentionBackend,
+    cache_problems,
+    raise_first_problem,
+)
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.mla import (
@@ -66,25 +70,14 @@ def check_mla_supported(attn_selector_config: "AttentionSelectorConfig") -> None
             "use a model without a sliding window",
         ),
         (
-            config.kv_cache_dtype not in (None, "auto"),
-            f"kv_cache_dtype={config.kv_cache_dtype}",
-            "use --kv-cache-dtype auto",
-        ),
-        (
             get_envs().compile_fullgraph,
             "VLLM_T_COMPILE_FULLGRAPH=1 (vLLM's MLA layer multiplies into a "
             "transposed out= tensor, which splits the compiled graph)",
             "unset VLLM_T_COMPILE_FULLGRAPH",
         ),
-        (
-            not HpuMLABackend.supports_block_size(config.block_size),
-            f"block size {config.block_size}",
-            f"use a --block-size that is a multiple of {BLOCK_SIZE_MULTIPLE}",
-        ),
+        *cache_problems(config, HpuMLABackend),
     ]
-    for unsupported, what, fix in problems:
-        if unsupported:
-            raise ValueError(f"The HPU MLA backend does not support {what}: {fix}.")
+    raise_first_problem("MLA", problems)
 
 
 class HpuMLAPrefillBackend(MLAPrefillBackend):
