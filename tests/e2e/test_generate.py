@@ -22,6 +22,11 @@ LENGTHS = [1, 5, 16, 33, 64, 100, 128, 129, 250]
 # Mixture-of-experts models: Mixtral, Qwen2-MoE (gated shared expert), Qwen3-MoE,
 # GLM-4-MoE (DeepSeek-V3 routing: sigmoid, bias, groups, scale, shared expert).
 MOE_MODELS = ["tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-glm4-moe"]
+# DeepSeek-V2 layout: multi-head latent attention (MLA) on a latent KV cache, and in
+# the -moe variant routed experts beside a shared one.
+MLA_MODELS = ["tiny-deepseek-v2", "tiny-deepseek-v2-moe"]
+# The runner's hard cases run on one model of each attention and MLP kind.
+HARD_CASE_MODELS = ["tiny-llama", *MOE_MODELS[:2], MLA_MODELS[1]]
 
 
 def vocab_size(name: str) -> int:
@@ -52,19 +57,28 @@ def counter(metrics, name: str) -> float:
 
 
 @pytest.mark.parametrize("block_size", [16, 128])
-def test_generate_matches_hf_llama(block_size):
-    check_against_hf("tiny-llama", block_size=block_size)
+@pytest.mark.parametrize("name", ["tiny-llama", MLA_MODELS[0]])
+def test_generate_matches_hf_block_sizes(name, block_size):
+    check_against_hf(name, block_size=block_size)
 
 
 @pytest.mark.parametrize(
     "name",
-    ["tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-opt", "tiny-gpt2", *MOE_MODELS],
+    [
+        "tiny-qwen2",
+        "tiny-qwen3",
+        "tiny-mistral",
+        "tiny-opt",
+        "tiny-gpt2",
+        *MOE_MODELS,
+        MLA_MODELS[1],
+    ],
 )
 def test_generate_matches_hf_other_architectures(name):
     check_against_hf(name, block_size=16)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", *MOE_MODELS[:2]])
+@pytest.mark.parametrize("name", HARD_CASE_MODELS)
 def test_generate_matches_hf_with_preemption(name):
     # 24 blocks of 16 tokens cannot hold the batch at once: requests get preempted
     # and recomputed, and must still continue exactly as transformers does.
@@ -78,7 +92,7 @@ def test_generate_matches_hf_with_preemption(name):
     assert counter(metrics, "vllm:num_preemptions") > 0
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", *MOE_MODELS[:2]])
+@pytest.mark.parametrize("name", HARD_CASE_MODELS)
 def test_generate_matches_hf_with_chunked_prompts(name):
     # A 64-token step budget splits every longer prompt into chunks.
     check_against_hf(
@@ -89,7 +103,7 @@ def test_generate_matches_hf_with_chunked_prompts(name):
     )
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", *MOE_MODELS[:2]])
+@pytest.mark.parametrize("name", HARD_CASE_MODELS)
 def test_generate_matches_hf_with_prefix_cache_hits(name):
     shared = random_prompts([200], vocab_size(name), seed=7)[0]
     tails = random_prompts([1, 9, 40], vocab_size(name), seed=8)
