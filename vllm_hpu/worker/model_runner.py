@@ -21,12 +21,7 @@ from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.model_loader import get_model
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-from vllm.v1.kv_cache_interface import (
-    AttentionSpec,
-    KVCacheConfig,
-    KVCacheSpec,
-    MLAAttentionSpec,
-)
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, SamplerOutput
 from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
@@ -35,13 +30,10 @@ from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
-from vllm_hpu.attention.windows import full_attention_spec, layer_windows
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
 from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.fused_moe import check_moe_layers
-from vllm_hpu.ops.kv_cache import allocate_kv_cache
-from vllm_hpu.ops.mla import allocate_latent_cache
 from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.worker import pipeline
 from vllm_hpu.worker.execution import ExecutionMode, select_mode
@@ -52,8 +44,14 @@ from vllm_hpu.worker.inputs import (
     build_prompt_pass,
     split_prefills,
 )
+from vllm_hpu.worker.kv_caches import (
+    bind_kv_caches,
+    bind_scratch_kv_caches,
+    cache_geometry,
+    kv_cache_specs,
+)
 from vllm_hpu.worker.layer_split import split_graph_every
-from vllm_hpu.worker.pooling import StepPooler, encoder_only_kv_cache_spec
+from vllm_hpu.worker.pooling import StepPooler
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.request_states import RequestStates
 
@@ -162,31 +160,16 @@ class HpuModelRunner:
         )
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        specs: dict[str, KVCacheSpec] = {}
-        for name, layer in self._attention_layers().items():
-            spec = layer.get_kv_cache_spec(self.vllm_config)
-            if spec is None:
-                spec = encoder_only_kv_cache_spec(layer, self.vllm_config)
-            if spec is None:
-                continue
-            if not isinstance(spec, AttentionSpec):
-                raise ValueError(
-                    f"Layer {name} needs a {type(spec).__name__} cache, which the HPU "
-                    "plugin does not support: only decoder attention models run here."
-                )
-            specs[name] = full_attention_spec(spec, self.block_size)
-        return specs
+        return kv_cache_specs(
+            self._attention_layers(), self.vllm_config, self.block_size
+        )
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the flat KV caches (plus the dummy block) and bind them."""
         num_blocks = kv_cache_config.num_blocks
-        layers = self._attention_layers()
-        for group in kv_cache_config.kv_cache_groups:
-            spec = group.kv_cache_spec
-            assert isinstance(spec, AttentionSpec)
-            for name in group.layer_names:
-                self.kv_caches[name] = _allocate_kv_cache(spec, num_blocks, self.device)
-                layers[name].bind_kv_cache(self.kv_caches[name])
+        self.kv_caches = bind_kv_caches(
+            self._attention_layers(), kv_cache_config, self.device
+        )
         block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
         assert block_size == self.block_size, (
             f"KV block size changed from {self.block_size} to {block_size} after "
@@ -197,14 +180,12 @@ class HpuModelRunner:
         logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
 
     def _geometry(self, num_blocks: int) -> CacheGeometry:
-        windows = layer_windows(self._attention_layers().values())
-        return CacheGeometry(
-            block_size=self.block_size,
-            num_blocks=num_blocks,
-            dtype=self.dtype,
-            device=self.device,
-            sliding_windows=tuple(sorted({w for w in windows if w is not None})),
-            full_attention=None in windows or not windows,
+        return cache_geometry(
+            self._attention_layers(),
+            self.block_size,
+            num_blocks,
+            self.dtype,
+            self.device,
         )
 
     @torch.no_grad()
@@ -224,7 +205,9 @@ class HpuModelRunner:
             num_scheduled_tokens=bucket.query_len,
         )
         seqs = [ScheduledSeq(row=0, layout=layout)] * bucket.batch_size
-        self._bind_scratch_kv_cache()
+        bind_scratch_kv_caches(
+            self._attention_layers(), self.get_kv_cache_spec(), self.device
+        )
         token_ids = torch.zeros((1, bucket.query_len), dtype=torch.int64).numpy()
         forward_pass = build_prompt_pass(
             seqs, self.buckets, token_ids, self._geometry(1)
@@ -234,12 +217,6 @@ class HpuModelRunner:
         for layer in self._attention_layers().values():
             # 2-D: an MLA layer squeezes dim 1 of what it is given.
             layer.bind_kv_cache(torch.empty(0, 1))
-
-    def _bind_scratch_kv_cache(self) -> None:
-        for name, spec in self.get_kv_cache_spec().items():
-            assert isinstance(spec, AttentionSpec)
-            cache = _allocate_kv_cache(spec, 1, self.device)
-            self._attention_layers()[name].bind_kv_cache(cache)
 
     def start_step_trace(self) -> None:
         """Record step shapes from now on (after warmup), if asked to."""
@@ -467,22 +444,3 @@ class HpuModelRunner:
             logprobs=logprobs.tolists() if logprobs is not None else None,
             prompt_logprobs_dict=self.prompt_logprobs.finish(pending.scheduler_output),
         )
-
-
-def _allocate_kv_cache(
-    spec: AttentionSpec, num_blocks: int, torch_device: torch.device
-) -> Any:
-    """A layer's flat caches: (key_cache, value_cache), or for MLA one latent
-    cache of kv_lora_rank + qk_rope_head_dim per token (spec.head_size)."""
-    if isinstance(spec, MLAAttentionSpec):
-        return allocate_latent_cache(
-            num_blocks, spec.block_size, spec.head_size, spec.dtype, torch_device
-        )
-    return allocate_kv_cache(
-        num_blocks,
-        spec.block_size,
-        spec.num_kv_heads,
-        spec.head_size,
-        spec.dtype,
-        torch_device,
-    )
