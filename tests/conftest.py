@@ -52,3 +52,19 @@ def vllm_log(monkeypatch):
         # then INFO records would not even be made.
         vllm_logger.setLevel(logging.INFO)
     return recorder
+
+
+@pytest.fixture
+def hpu_env(monkeypatch):
+    """Set plugin variables for one test; the plugin reads them once per process,
+    so its cached reading is dropped on set and on teardown."""
+    from vllm_hpu import envs
+
+    def apply(**values: str) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(name, value)
+        envs.get_envs.cache_clear()
+
+    yield apply
+    monkeypatch.undo()
+    envs.get_envs.cache_clear()

@@ -16,7 +16,6 @@ from torch._dynamo.utils import counters
 from transformers import AutoModel, AutoModelForSequenceClassification
 
 from e2e.harness import random_prompts, vllm_engine
-from vllm_hpu import envs
 
 MODEL = "tiny-llama"
 CLASSIFIER = "tiny-llama-classify"
@@ -216,18 +215,8 @@ def test_classify_equals_transformers() -> None:
         torch.testing.assert_close(torch.tensor(output.outputs.probs), want)
 
 
-@pytest.fixture
-def small_compiled_buckets(monkeypatch):
-    """Plugin variables for one test; the plugin reads them once per process."""
-    for name, value in SMALL_BUCKETS.items():
-        monkeypatch.setenv(name, value)
-    envs.get_envs.cache_clear()
-    yield
-    monkeypatch.undo()
-    envs.get_envs.cache_clear()
-
-
-def test_warmup_covers_the_pooling_path(small_compiled_buckets, vllm_log) -> None:
+def test_warmup_covers_the_pooling_path(hpu_env, vllm_log) -> None:
+    hpu_env(**SMALL_BUCKETS)
     """Warmup runs every prompt bucket through the pooler and no decode bucket
     (pooling models never decode); serving inside the ranges compiles nothing."""
     prompts = random_prompts([1, 5, 31, 60, 90], VOCAB_SIZE, seed=4)

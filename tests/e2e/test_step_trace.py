@@ -4,24 +4,18 @@ import pytest
 from models import model_path as model_dir
 
 from e2e.harness import random_prompts, vllm_engine, vllm_greedy
-from vllm_hpu import envs
 from vllm_hpu.bucketing.trace import PromptChunk, StepTrace
 
 pytestmark = pytest.mark.slow
 
 
-def test_runner_records_the_steps_it_serves(monkeypatch, tmp_path):
+def test_runner_records_the_steps_it_serves(hpu_env, tmp_path):
     path = tmp_path / "steps.jsonl"
-    monkeypatch.setenv("VLLM_HPU_BUCKET_TRACE", str(path))
-    envs.get_envs.cache_clear()
-    try:
-        prompts = random_prompts([20, 40, 70], 1024, seed=1)
-        engine = dict(block_size=16, max_model_len=256, max_num_seqs=4)
-        with vllm_engine(model_dir("tiny-llama"), enforce_eager=True, **engine) as llm:
-            vllm_greedy(llm, prompts, 3)
-    finally:
-        monkeypatch.undo()
-        envs.get_envs.cache_clear()
+    hpu_env(VLLM_HPU_BUCKET_TRACE=str(path))
+    prompts = random_prompts([20, 40, 70], 1024, seed=1)
+    engine = dict(block_size=16, max_model_len=256, max_num_seqs=4)
+    with vllm_engine(model_dir("tiny-llama"), enforce_eager=True, **engine) as llm:
+        vllm_greedy(llm, prompts, 3)
     trace = StepTrace.load(path)
     assert (trace.block_size, trace.max_num_seqs, trace.max_model_len) == (16, 4, 256)
     first, *rest = trace.steps

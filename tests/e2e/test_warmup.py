@@ -12,7 +12,6 @@ from models import model_path as model_dir
 from torch._dynamo.utils import counters
 
 from e2e.harness import random_prompts, vllm_engine, vllm_greedy
-from vllm_hpu import envs
 
 pytestmark = pytest.mark.slow
 
@@ -30,20 +29,6 @@ ENGINE = dict(
     max_num_batched_tokens=192,
     enable_prefix_caching=True,
 )
-
-
-@pytest.fixture
-def hpu_env(monkeypatch):
-    """Set plugin variables for one test; the plugin reads them once per process."""
-
-    def apply(**values: str) -> None:
-        for name, value in values.items():
-            monkeypatch.setenv(name, value)
-        envs.get_envs.cache_clear()
-
-    yield apply
-    monkeypatch.undo()
-    envs.get_envs.cache_clear()
 
 
 def compilations() -> int:

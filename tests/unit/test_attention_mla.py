@@ -6,7 +6,7 @@ import torch
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
-from vllm_hpu import envs, platform
+from vllm_hpu import platform
 from vllm_hpu.attention.metadata import (
     CacheGeometry,
     SeqLayout,
@@ -27,18 +27,6 @@ def _config(**overrides: object) -> AttentionSelectorConfig:
         use_mla=True,
     )
     return base._replace(**overrides)
-
-
-@pytest.fixture
-def hpu_env(monkeypatch):
-    def apply(**values: str) -> None:
-        for name, value in values.items():
-            monkeypatch.setenv(name, value)
-        envs.get_envs.cache_clear()
-
-    yield apply
-    monkeypatch.undo()
-    envs.get_envs.cache_clear()
 
 
 def test_mla_backend_selected_by_platform_for_mla_layers() -> None:
