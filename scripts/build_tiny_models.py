@@ -436,10 +436,12 @@ def init_weights(
                 mean, std = 0.0, WEIGHT_STD
             noise = torch.randn(param.shape, generator=generator) * std + mean
             param.data.copy_(noise)
-        # A router's expert-selection bias is a buffer: zero unless drawn too.
+        # A router's expert-selection bias is a buffer: zero unless drawn too,
+        # at the scale of the router's weight.
         for name, buffer in module.named_buffers(recurse=False):
             if name == "e_score_correction_bias":
-                buffer.copy_(torch.randn(buffer.shape, generator=generator) * std)
+                noise = torch.randn(buffer.shape, generator=generator)
+                buffer.copy_(noise * WEIGHT_STD)
 
 
 def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
