@@ -15,14 +15,19 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from tokenizers.trainers import BpeTrainer
-from transformers import (
+
+from vllm_hpu.patches import allow_torchvision_import
+
+# transformers imports torchvision once it is installed (see that patch).
+allow_torchvision_import()
+from transformers import (  # noqa: E402
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     GenerationConfig,
     PreTrainedTokenizerFast,
 )
-from transformers.utils import logging as hf_logging
+from transformers.utils import logging as hf_logging  # noqa: E402
 
 # Bump whenever anything below changes what gets written.
 BUILD_VERSION = "1"

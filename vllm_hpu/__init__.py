@@ -17,6 +17,7 @@ def register() -> str | None:
     from vllm_hpu import device, patches
 
     patches.accept_device_option()
+    patches.allow_torchvision_import()
     if device.hpu_available() or device.is_emulation():
         return PLATFORM_CLS
     return None
