@@ -34,8 +34,10 @@ def _generate(kv_cache_dtype: str) -> tuple[list[list[int]], int, float]:
 def test_fp8_inc_cache_holds_twice_the_blocks_and_generates():
     bf16_tokens, bf16_blocks, _ = _generate("auto")
     fp8_tokens, fp8_blocks, fp8_hits = _generate("fp8")  # runs as fp8_inc
-    pairs = [(a, b) for s, r in zip(bf16_tokens, fp8_tokens) for a, b in zip(s, r)]
-    agreement = sum(a == b for a, b in pairs) / len(pairs)
+    bf16_flat = [t for s in bf16_tokens for t in s]
+    fp8_flat = [t for s in fp8_tokens for t in s]
+    agreement = sum(a == b for a, b in zip(bf16_flat, fp8_flat, strict=True))
+    agreement /= len(bf16_flat)
     print(f"fp8_inc vs bf16 KV cache: {agreement:.0%} of greedy tokens agree")
     assert fp8_blocks == 2 * bf16_blocks
     assert fp8_hits > 0

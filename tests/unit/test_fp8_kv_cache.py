@@ -133,5 +133,5 @@ def test_cache_dtypes_accepted_and_refused() -> None:
     check_supported(_selector())
     with pytest.raises(ValueError, match="fp8_e5m2: use --kv-cache-dtype auto or"):
         check_supported(_selector(kv_cache_dtype="fp8_e5m2"))
-    with pytest.raises(ValueError, match="MLA.*fp8_inc: use --kv-cache-dtype auto"):
+    with pytest.raises(ValueError, match=r"MLA.*fp8_inc: use --kv-cache-dtype auto"):
         check_mla_supported(_selector(head_size=576, use_mla=True))

@@ -37,9 +37,7 @@ def _reject_inc_weights(vllm_config: "VllmConfig") -> None:
     quantization = model_config.quantization if model_config is not None else None
     quant_config = envs.get_envs().quant_config
     if quantization == "inc" or quant_config:
-        asked = (
-            "--quantization inc" if quantization == "inc" else "QUANT_CONFIG"
-        )
+        asked = "--quantization inc" if quantization == "inc" else "QUANT_CONFIG"
         raise ValueError(
             f"{asked}: Intel Neural Compressor FP8 calibration and quantized "
             "weights are not supported by the HPU plugin yet; unset QUANT_CONFIG "
