@@ -11,6 +11,7 @@ from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from vllm_hpu import device, envs, model_support
+from vllm_hpu.quantization.inc import apply_fp8_options
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -144,6 +145,7 @@ class HpuPlatform(Platform):
         _use_hpu_ray_executor(vllm_config)  # 8.
         _reject_split_pooled_prompts(vllm_config)  # 9.
         _reject_unsupported_model(vllm_config)  # 10.
+        apply_fp8_options(vllm_config)  # 11.
 
 
 def _check_envs() -> None:

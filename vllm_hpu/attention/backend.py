@@ -57,7 +57,8 @@ class HpuAttentionBackend(AttentionBackend):
         torch.float16,
         torch.float32,
     ]
-    supported_kv_cache_dtypes: ClassVar[list["CacheDType"]] = ["auto"]
+    # fp8_inc: e4m3 (the platform maps fp8 and fp8_e4m3 to it; ops.kv_cache).
+    supported_kv_cache_dtypes: ClassVar[list["CacheDType"]] = ["auto", "fp8_inc"]
     forward_includes_kv_cache_update: bool = True
 
     @staticmethod
@@ -133,11 +134,12 @@ def cache_problems(
     config: "AttentionSelectorConfig", backend: type[AttentionBackend]
 ) -> list[Problem]:
     """What every HPU backend's KV cache refuses alike."""
+    accepted = backend.supported_kv_cache_dtypes
     return [
         (
-            config.kv_cache_dtype not in (None, "auto"),
+            config.kv_cache_dtype not in (None, *accepted),
             f"kv_cache_dtype={config.kv_cache_dtype}",
-            "use --kv-cache-dtype auto",
+            "use --kv-cache-dtype " + " or ".join(accepted),
         ),
         (
             not backend.supports_block_size(config.block_size),

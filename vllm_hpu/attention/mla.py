@@ -5,7 +5,7 @@ decode outputs through W_UV itself; our impl writes the latent cache, runs promp
 tokens as MHA over expanded latents and decode tokens as flat MQA (``ops/mla.py``).
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from vllm.v1.attention.backend import AttentionLayer, AttentionType, MLAAttentionImpl
@@ -28,12 +28,16 @@ from vllm_hpu.ops.mla import (
 )
 
 if TYPE_CHECKING:
+    from vllm.config.cache import CacheDType
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
 
 class HpuMLABackend(HpuAttentionBackend):
     """Block sizes, dtypes and the name (CUSTOM) of :class:`HpuAttentionBackend`;
     the platform hands it out by class path for layers with ``use_mla``."""
+
+    # The latent cache has no fp8_inc path (start-up refuses it, naming auto).
+    supported_kv_cache_dtypes: ClassVar[list["CacheDType"]] = ["auto"]
 
     @staticmethod
     def get_impl_cls() -> type["HpuMLAImpl"]:  # type: ignore[override]

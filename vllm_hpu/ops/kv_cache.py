@@ -3,6 +3,8 @@
 Each of key_cache and value_cache is ``[(num_blocks + 1) * block_size,
 num_kv_heads, head_size]``; block ``num_blocks`` takes every padding write, so no
 slot or block index is ever negative (``index_copy_`` with -1 fails on the CPU).
+An fp8_inc cache holds e4m3 values, written through a byte view (``index_copy_``
+does not take fp8 on the CPU) and upcast by every reader before a matmul.
 """
 
 import torch
@@ -29,11 +31,30 @@ def allocate_kv_cache(
     return kv_cache[0], kv_cache[1]
 
 
+FP8_DTYPES = (torch.float8_e4m3fn,)
+
+
+def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as the cache stores it; fp8 saturates at its largest finite value
+    (a plain cast would turn an out-of-range value into NaN). The per-tensor
+    scale is 1.0, as the reference's fp8_inc cache without calibration."""
+    if dtype not in FP8_DTYPES:
+        return x.to(dtype)
+    limit = torch.finfo(dtype).max
+    return x.clamp(-limit, limit).to(dtype)
+
+
+def _indexable(cache: torch.Tensor) -> torch.Tensor:
+    """A view ``index_copy_`` takes: bytes for an fp8 cache."""
+    return cache.view(torch.uint8) if cache.dtype in FP8_DTYPES else cache
+
+
 def write_to_cache(
     cache: torch.Tensor, slot_mapping: torch.Tensor, x: torch.Tensor
 ) -> None:
     """cache[slot_mapping[i]] = x[i]; x: [num_tokens, num_kv_heads, head_size]."""
-    cache.index_copy_(0, slot_mapping, x.to(cache.dtype))
+    x = to_cache_dtype(x, cache.dtype)
+    _indexable(cache).index_copy_(0, slot_mapping, _indexable(x))
 
 
 def gather_blocks(
@@ -62,5 +83,6 @@ def copy_blocks(
     destination is written, so overlapping src/dst sets behave as a parallel copy."""
     for key_cache, value_cache in kv_caches:
         for cache in (key_cache, value_cache):
-            blocks = gather_blocks(cache, src_block_ids, block_size)
-            cache.unflatten(0, (-1, block_size)).index_copy_(0, dst_block_ids, blocks)
+            blocks = _indexable(gather_blocks(cache, src_block_ids, block_size))
+            target = _indexable(cache).unflatten(0, (-1, block_size))
+            target.index_copy_(0, dst_block_ids, blocks)

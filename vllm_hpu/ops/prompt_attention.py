@@ -86,9 +86,9 @@ def prompt_attention(
     the diagonal), so padded rows come out finite. With context the query is
     shorter than the keys; the fused kernel takes that too, through the mask.
     """
-    if past_kv is not None:
-        key = torch.cat((past_kv[0], key), dim=1)
-        value = torch.cat((past_kv[1], value), dim=1)
+    if past_kv is not None:  # an fp8 cache's context is upcast before the cat
+        key = torch.cat((past_kv[0].to(key.dtype), key), dim=1)
+        value = torch.cat((past_kv[1].to(value.dtype), value), dim=1)
     fused = device.fused_sdpa() if scoring.use_fused else None
     if fused is not None:
         return _fused_prompt_attention(
