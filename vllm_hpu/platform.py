@@ -40,7 +40,7 @@ class HpuPlatform(Platform):
     ray_device_key: str = "HPU"
     device_control_env_var: str = "HABANA_VISIBLE_MODULES"
     simple_compile_backend: str = device.compile_backend()
-    supported_quantization: list[str] = ["fp8", "inc"]
+    supported_quantization: list[str] = ["fp8", "inc", "awq", "gptq"]
     additional_env_vars: list[str] = envs.variable_names()
 
     @property
