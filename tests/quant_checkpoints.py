@@ -5,6 +5,7 @@ same model with the dequantized weights, the reference transformers runs on."""
 import dataclasses
 import json
 import shutil
+import zlib
 from pathlib import Path
 
 import torch
@@ -115,6 +116,14 @@ def quantization_config(scheme: Scheme) -> dict:
     }
 
 
+def input_seed(module: str) -> int:
+    """One seed for the layers that read the same input (q, k and v; gate and up):
+    desc_act orders their rows alike, as GPTQ's shared Hessian does."""
+    parent, proj = module.rsplit(".", 1)
+    shared = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}
+    return zlib.crc32(f"{parent}.{shared.get(proj, proj)}".encode())
+
+
 def write_checkpoints(source: Path, out: Path, scheme: Scheme) -> tuple[Path, Path]:
     """(quantized, dequantized) model directories under ``out``."""
     quant_dir, deq_dir = out / "quantized", out / "dequantized"
@@ -122,12 +131,12 @@ def write_checkpoints(source: Path, out: Path, scheme: Scheme) -> tuple[Path, Pa
         shutil.copytree(source, d, ignore=shutil.ignore_patterns("*.safetensors"))
     state = load_file(source / "model.safetensors")
     quant_state, deq_state = {}, {}
-    for i, (name, tensor) in enumerate(sorted(state.items())):
+    for name, tensor in sorted(state.items()):
         module = name.removesuffix(".weight")
         if name == module or module.split(".")[-1] not in LINEAR_NAMES:
             quant_state[name] = deq_state[name] = tensor
             continue
-        q = quantize(tensor, scheme, seed=i)
+        q = quantize(tensor, scheme, seed=input_seed(module))
         deq_state[name] = q.dequantized().to(tensor.dtype)
         for suffix, t in layer_tensors(q, scheme).items():
             quant_state[f"{module}.{suffix}"] = t

@@ -37,3 +37,46 @@ def test_quantized_generation_matches_hf_on_dequantized_weights(name, scheme, tm
         assert llm.llm_engine.model_config.quantization == scheme.method
         actual = vllm_greedy(llm, prompts, MAX_TOKENS)
     assert actual == expected
+
+
+def build_wide_llama(path: Path) -> int:
+    """A random Llama whose linear layers hold almost all its weights; returns
+    its parameter count."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=1024,
+        intermediate_size=2048,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_packed_checkpoint_holds_under_30_percent_of_bf16_weight_bytes(tmp_path):
+    params = build_wide_llama(tmp_path / "bf16")
+    quant_dir, _ = write_checkpoints(tmp_path / "bf16", tmp_path, Scheme("awq"))
+    with vllm_engine(
+        str(quant_dir),
+        dtype="bfloat16",
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+        max_model_len=128,
+        max_num_seqs=4,
+    ) as llm:
+        held = llm.apply_model(tensor_bytes)[0]
+    # 4-bit linears with 16-bit scales and zeros, and 16-bit embeddings: about 27%.
+    # (The emulated device meter counts the process's resident memory, checkpoint
+    # pages and loader buffers included, so it cannot tell 27% from 30% here.)
+    assert 0.25 * 2 * params < held <= 0.3 * 2 * params
+
+
+def tensor_bytes(model: torch.nn.Module) -> int:
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
