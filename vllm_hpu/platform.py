@@ -114,6 +114,19 @@ class HpuPlatform(Platform):
         return True
 
     @classmethod
+    def make_synced_weight_loader(cls, original_weight_loader):  # type: ignore[no-untyped-def]
+        """vLLM's synced loader, less the sync of a parameter left on the meta
+        device (online quantization materializes its weights later)."""
+
+        def synced_weight_loader(param, *args, **kwargs):  # type: ignore[no-untyped-def]
+            out = original_weight_loader(param, *args, **kwargs)
+            if param.device.type not in ("cpu", "meta"):
+                torch._sync(param)
+            return out
+
+        return synced_weight_loader
+
+    @classmethod
     def inference_mode(cls):  # type: ignore[no-untyped-def]
         return torch.no_grad()
 
