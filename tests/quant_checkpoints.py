@@ -13,7 +13,15 @@ from safetensors.torch import load_file, save_file
 
 # AutoAWQ writes logical value AWQ_ORDER[i] of each run of eight into nibble i.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEAR_NAMES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
 
 
 @dataclasses.dataclass(frozen=True)

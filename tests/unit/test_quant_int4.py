@@ -44,7 +44,9 @@ def test_awq_dequantize_matches_reference(group_size):
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128, -1])
-@pytest.mark.parametrize(("sym", "desc_act"), [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize(
+    ("sym", "desc_act"), [(True, False), (False, False), (False, True)]
+)
 def test_gptq_dequantize_matches_reference(group_size, sym, desc_act):
     scheme = Scheme("gptq", group_size, sym=sym, desc_act=desc_act)
     q = quantize(torch.randn(48, 256), scheme, seed=3)

@@ -109,7 +109,7 @@ class HpuAWQLinearMethod(LinearMethodBase):
 
     def create_weights(
         self,
-        layer: torch.nn.Module,
+        layer: Any,
         input_size_per_partition: int,
         output_partition_sizes: list[int],
         input_size: int,
@@ -151,18 +151,20 @@ class HpuAWQLinearMethod(LinearMethodBase):
             ),
         )
 
-    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+    def process_weights_after_loading(self, layer: Any) -> None:
         for name in ("qweight", "qzeros", "scales"):
             param = getattr(layer, name)
             setattr(layer, name, torch.nn.Parameter(param.data, requires_grad=False))
 
     def apply(
         self,
-        layer: torch.nn.Module,
+        layer: Any,
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        weight = awq_dequantize(layer.qweight, layer.qzeros, layer.scales, layer.group_size)
+        weight = awq_dequantize(
+            layer.qweight, layer.qzeros, layer.scales, layer.group_size
+        )
         out = torch.matmul(x, weight.to(x.dtype))
         return out if bias is None else out + bias
 

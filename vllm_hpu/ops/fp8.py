@@ -43,7 +43,7 @@ class HpuFp8PerTensorOnlineLinearMethod(OnlineLinearBase):
     """vLLM's online per-tensor FP8 linear method without its CUDA kernels: the
     bf16 weight vLLM loads is cast to fp8 once, in process_weights_after_loading."""
 
-    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+    def process_weights_after_loading(self, layer: Any) -> None:
         if getattr(layer, "_already_called_process_weights_after_loading", False):
             return
         weight, scale = quantize_per_tensor(self.get_weight_for_quantization(layer))
@@ -57,7 +57,7 @@ class HpuFp8PerTensorOnlineLinearMethod(OnlineLinearBase):
 
     def apply(
         self,
-        layer: torch.nn.Module,
+        layer: Any,
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:

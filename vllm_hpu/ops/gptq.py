@@ -15,6 +15,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.quantization.utils.gptq_utils import (
     is_layer_gptq_quantized,
 )
+from vllm.model_executor.models.utils import WeightsMapper
 from vllm.model_executor.parameter import (
     ChannelQuantScaleParameter,
     GroupQuantScaleParameter,
@@ -22,7 +23,6 @@ from vllm.model_executor.parameter import (
     PackedvLLMParameter,
     RowvLLMParameter,
 )
-from vllm.model_executor.models.utils import WeightsMapper
 
 from vllm_hpu.ops import int4
 from vllm_hpu.ops.awq import ACT_DTYPES
@@ -135,7 +135,7 @@ class HpuGPTQLinearMethod(LinearMethodBase):
 
     def create_weights(
         self,
-        layer: torch.nn.Module,
+        layer: Any,
         input_size_per_partition: int,
         output_partition_sizes: list[int],
         input_size: int,
@@ -174,7 +174,7 @@ class HpuGPTQLinearMethod(LinearMethodBase):
         groups = (input_size if replicated else rows) // group_size
         _register_group_params(layer, groups, cols, params_dtype, replicated, loader)
 
-    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+    def process_weights_after_loading(self, layer: Any) -> None:
         names = ("qweight", "qzeros", "scales", "g_idx")
         for name in names:
             param = getattr(layer, name)
@@ -187,7 +187,7 @@ class HpuGPTQLinearMethod(LinearMethodBase):
 
     def apply(
         self,
-        layer: torch.nn.Module,
+        layer: Any,
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:

@@ -10,7 +10,9 @@ _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 AWQ_NIBBLE_OF = (0, 4, 1, 5, 2, 6, 3, 7)
 
 
-def unpack_int4(packed: torch.Tensor, dim: int, awq_order: bool = False) -> torch.Tensor:
+def unpack_int4(
+    packed: torch.Tensor, dim: int, awq_order: bool = False
+) -> torch.Tensor:
     """The 4-bit values of an int32 tensor, eight per element along ``dim``
     (which grows eightfold), as int32 in 0..15; ``awq_order`` undoes AutoAWQ's
     interleaved nibble order, else nibble i holds the i-th value (GPTQ)."""
