@@ -103,3 +103,12 @@ def test_platform_accepts_awq_and_gptq_but_not_marlin_formats():
         HpuPlatform.verify_quantization(method)
     with pytest.raises(ValueError, match="gptq_marlin"):
         HpuPlatform.verify_quantization("gptq_marlin")
+
+
+def test_quantized_experts_are_refused_while_the_model_is_built():
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+    experts = RoutedExperts.__new__(RoutedExperts)
+    for config in (HpuAWQConfig(128, []), HpuGPTQConfig(128, False, True, True)):
+        with pytest.raises(ValueError, match="mixture-of-experts"):
+            config.get_quant_method(experts, "model.layers.0.mlp.experts")

@@ -87,6 +87,7 @@ class HpuAWQConfig(QuantizationConfig):
     def get_quant_method(
         self, layer: torch.nn.Module, prefix: str
     ) -> LinearMethodBase | None:
+        int4.refuse_experts("AWQ", layer)
         if not isinstance(layer, LinearBase):
             return None
         if is_layer_skipped(

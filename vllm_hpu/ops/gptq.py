@@ -96,6 +96,7 @@ class HpuGPTQConfig(QuantizationConfig):
     def get_quant_method(
         self, layer: torch.nn.Module, prefix: str
     ) -> LinearMethodBase | None:
+        int4.refuse_experts("GPTQ", layer)
         if not isinstance(layer, LinearBase):
             return None
         blocks = self.modules_in_block_to_quantize

@@ -49,3 +49,15 @@ def check_bits(method: str, bits: int) -> None:
             f"{method} checkpoints with {bits}-bit weights are not supported on HPU: "
             "only 4-bit AWQ and GPTQ are. Use a 4-bit checkpoint or the bf16 model."
         )
+
+
+def refuse_experts(method: str, layer: torch.nn.Module) -> None:
+    """Quantized mixture-of-experts layers have no HPU method yet: refused while
+    the model is built, before any weight loads."""
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+    if isinstance(layer, RoutedExperts):
+        raise ValueError(
+            f"{method} mixture-of-experts layers are not supported on HPU yet; "
+            "use the unquantized (bf16) model."
+        )
