@@ -2,7 +2,8 @@
 vs gathering each sequence's tokens (batch 64, context 1024, block 128, 32 heads,
 8 kv heads, head size 128). MoE: a Mixtral-like layer (8 experts, top 2, 64 tokens)
 routed and run by ops/moe.py vs a per-token loop over its chosen experts.
-Run: python benchmarks/ops.py [--dtype bf16] [--op attention|moe]
+Quantized linear: 4-bit AWQ/GPTQ dequantize-and-multiply and fp8 vs the linear.
+Run: python benchmarks/ops.py [--dtype bf16] [--op attention|moe|quant]
 """
 
 import argparse
@@ -14,6 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_metadata
+from vllm_hpu.ops import int4
+from vllm_hpu.ops.awq import awq_dequantize
+from vllm_hpu.ops.fp8 import fp8_linear, quantize_per_tensor
+from vllm_hpu.ops.gptq import HpuGPTQConfig, gptq_dequantize
 from vllm_hpu.ops.kv_cache import allocate_kv_cache, gather_blocks
 from vllm_hpu.ops.moe import MoeRouting, experts_dense, fused_experts, select_experts
 from vllm_hpu.ops.paged_attention import paged_attention
@@ -25,6 +30,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Mixtral's 8 experts, top 2 and hidden:intermediate ratio, at a quarter of its
 # hidden size so that the weights (350 MB in float32) suit a CPU.
 NUM_TOKENS, MOE_HIDDEN, MOE_INTERMEDIATE, NUM_EXPERTS, TOP_K = 64, 1024, 3584, 8, 2
+# A Llama-3-8B attention projection (4096 x 4096), groups of 128, one decode batch.
+LINEAR_TOKENS, LINEAR_IN, LINEAR_OUT, GROUP_SIZE = 32, 4096, 4096, 128
 
 
 def naive_decode(
@@ -117,6 +124,40 @@ def time_moe(name: str, dtype: torch.dtype, iters: int) -> None:
     print(f"naive / chosen          : {naive / chosen:8.2f}x")
 
 
+def time_quantized_linear(name: str, dtype: torch.dtype, iters: int) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(LINEAR_TOKENS, LINEAR_IN).to(dtype)
+    weight = (torch.randn(LINEAR_OUT, LINEAR_IN) * 0.02).to(dtype)
+    groups = LINEAR_IN // GROUP_SIZE
+    words = torch.randint(-(2**31), 2**31 - 1, (LINEAR_IN, LINEAR_OUT // 8))
+    awq_zeros = words[:groups].to(torch.int32)
+    gptq_weight = words.to(torch.int32).view(LINEAR_IN // 8, LINEAR_OUT)
+    scales = (torch.rand(groups, LINEAR_OUT) * 1e-3).to(dtype)
+    g_idx = int4.contiguous_groups(LINEAR_IN, GROUP_SIZE, x.device)
+    gptq = HpuGPTQConfig(GROUP_SIZE, desc_act=False, sym=False, v1=True)
+    fp8_weight, fp8_scale = quantize_per_tensor(weight)
+    awq_weight = words.to(torch.int32)
+    dense, awq, gptq_time, fp8 = measure_interleaved(
+        [
+            lambda: F.linear(x, weight),
+            lambda: x @ awq_dequantize(awq_weight, awq_zeros, scales, GROUP_SIZE),
+            lambda: x @ gptq_dequantize(gptq_weight, awq_zeros, scales, g_idx, gptq),
+            lambda: fp8_linear(x, fp8_weight, fp8_scale),
+        ],
+        iters,
+    )
+    print(
+        f"quantized linear, {name}, {LINEAR_TOKENS} tokens, {LINEAR_IN} -> "
+        f"{LINEAR_OUT}, group {GROUP_SIZE}, {torch.get_num_threads()} threads"
+    )
+    print(f"{name} linear            : {dense * 1e3:8.2f} ms")
+    print(f"AWQ dequant + matmul   : {awq * 1e3:8.2f} ms ({awq / dense:.1f}x)")
+    print(
+        f"GPTQ dequant + matmul  : {gptq_time * 1e3:8.2f} ms ({gptq_time / dense:.1f}x)"
+    )
+    print(f"fp8 upcast matmul      : {fp8 * 1e3:8.2f} ms ({fp8 / dense:.1f}x)")
+
+
 def time_attention(name: str, dtype: torch.dtype, iters: int) -> None:
     torch.manual_seed(0)
     blocks_per_seq = CONTEXT // BLOCK_SIZE
@@ -162,10 +203,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--op", choices=["attention", "moe", "all"], default="all")
+    ops = ["attention", "moe", "quant", "all"]
+    parser.add_argument("--op", choices=ops, default="all")
     args = parser.parse_args()
     if args.op in ("moe", "all"):
         time_moe(args.dtype, DTYPES[args.dtype], args.iters)
+    if args.op in ("quant", "all"):
+        time_quantized_linear(args.dtype, DTYPES[args.dtype], args.iters)
     if args.op in ("attention", "all"):
         time_attention(args.dtype, DTYPES[args.dtype], args.iters)
 

@@ -36,3 +36,8 @@ def register_ops() -> None:
     import vllm_hpu.attention.backend
     import vllm_hpu.ops.custom_ops  # registers the op overrides
     import vllm_hpu.ops.fused_moe  # noqa: F401  registers the MoE method
+    from vllm_hpu.ops import awq, fp8, gptq
+
+    awq.register()
+    gptq.register()
+    fp8.register()

@@ -41,7 +41,7 @@ class HpuPlatform(Platform):
     ray_device_key: str = "HPU"
     device_control_env_var: str = "HABANA_VISIBLE_MODULES"
     simple_compile_backend: str = device.compile_backend()
-    supported_quantization: list[str] = ["fp8", "inc"]
+    supported_quantization: list[str] = ["fp8", "inc", "awq", "gptq"]
     additional_env_vars: list[str] = envs.variable_names()
 
     @property
@@ -113,6 +113,19 @@ class HpuPlatform(Platform):
     @classmethod
     def use_sync_weight_loader(cls) -> bool:
         return True
+
+    @classmethod
+    def make_synced_weight_loader(cls, original_weight_loader):  # type: ignore[no-untyped-def]
+        """vLLM's synced loader, less the sync of a parameter left on the meta
+        device (online quantization materializes its weights later)."""
+
+        def synced_weight_loader(param, *args, **kwargs):  # type: ignore[no-untyped-def]
+            out = original_weight_loader(param, *args, **kwargs)
+            if param.device.type not in ("cpu", "meta"):
+                torch._sync(param)
+            return out
+
+        return synced_weight_loader
 
     @classmethod
     def inference_mode(cls):  # type: ignore[no-untyped-def]

@@ -1,0 +1,186 @@
+"""AutoAWQ checkpoints (4-bit, GEMM layout, zero points) on HPU: the weights stay
+packed in device memory and are dequantized in plain torch inside the forward."""
+
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    UnquantizedLinearMethod,
+    register_weight_loader_v2_supported_method,
+)
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.quantization.utils.quant_utils import (
+    is_layer_skipped,
+)
+from vllm.model_executor.parameter import (
+    GroupQuantScaleParameter,
+    PackedvLLMParameter,
+)
+
+from vllm_hpu.ops import int4
+
+ACT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+class HpuAWQConfig(QuantizationConfig):
+    """The ``quantization_config`` of an AutoAWQ checkpoint, GEMM variant only."""
+
+    def __init__(self, group_size: int, modules_to_not_convert: list[str]) -> None:
+        super().__init__()
+        self.group_size = group_size
+        self.modules_to_not_convert = modules_to_not_convert
+
+    def __repr__(self) -> str:
+        return f"HpuAWQConfig(group_size={self.group_size})"
+
+    @classmethod
+    def get_name(cls) -> Any:
+        return "awq"
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return ACT_DTYPES
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return ["quant_config.json", "quantize_config.json"]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "HpuAWQConfig":
+        int4.check_bits("AWQ", cls.get_from_keys(config, ["w_bit", "bits"]))
+        version = str(cls.get_from_keys_or(config, ["version"], "gemm")).lower()
+        if version != "gemm":
+            raise ValueError(
+                f"AWQ version {version!r} is not supported on HPU: only the GEMM "
+                "layout is. Re-export the checkpoint with AutoAWQ's version='gemm'."
+            )
+        if not cls.get_from_keys_or(config, ["zero_point"], True):
+            raise ValueError(
+                "AWQ without zero points (zero_point=false) is not supported on HPU; "
+                "use a checkpoint quantized with zero_point=true."
+            )
+        if cls.get_from_keys_or(config, ["lm_head"], False):
+            raise ValueError(
+                "AWQ checkpoints with a quantized lm_head are not supported on HPU; "
+                "use one whose lm_head is left in 16 bits."
+            )
+        group_size = cls.get_from_keys(config, ["q_group_size", "group_size"])
+        skipped = cls.get_from_keys_or(config, ["modules_to_not_convert"], None)
+        return cls(group_size, skipped or [])
+
+    @classmethod
+    def override_quantization_method(
+        cls, hf_quant_cfg: dict[str, Any], user_quant: str | None, hf_config: Any = None
+    ) -> Any:
+        """Claims AWQ checkpoints (vLLM's own AWQ methods need CUDA kernels)."""
+        if hf_quant_cfg.get("quant_method", "").lower() != "awq":
+            return None
+        return "awq" if user_quant in (None, "awq") else None
+
+    def get_quant_method(
+        self, layer: torch.nn.Module, prefix: str
+    ) -> LinearMethodBase | None:
+        int4.refuse_experts("AWQ", layer)
+        if not isinstance(layer, LinearBase):
+            return None
+        if is_layer_skipped(
+            prefix,
+            self.modules_to_not_convert,
+            self.packed_modules_mapping,
+            match_mode="substring",
+        ):
+            return UnquantizedLinearMethod()
+        return HpuAWQLinearMethod(self)
+
+
+@register_weight_loader_v2_supported_method
+class HpuAWQLinearMethod(LinearMethodBase):
+    """y = x @ dequant(qweight); qweight (in, out / 8) and qzeros (groups, out / 8)
+    are packed along the output in AutoAWQ's nibble order, scales (groups, out)."""
+
+    def __init__(self, quant_config: HpuAWQConfig) -> None:
+        self.quant_config = quant_config
+
+    def create_weights(
+        self,
+        layer: Any,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        group_size = self.quant_config.group_size
+        group_size = input_size if group_size == -1 else group_size
+        rows, cols = input_size_per_partition, sum(output_partition_sizes)
+        if rows % group_size or cols % int4.PACK_FACTOR:
+            raise ValueError(
+                f"AWQ layer of shape ({rows}, {cols}) does not split into groups of "
+                f"{group_size} inputs and packs of {int4.PACK_FACTOR} outputs; "
+                "use a tensor-parallel size that keeps whole groups per device."
+            )
+        loader = extra_weight_attrs["weight_loader"]
+        packed = {"input_dim": 0, "output_dim": 1, "packed_dim": 1}
+        packed |= {"packed_factor": int4.PACK_FACTOR, "weight_loader": loader}
+        groups, packed_cols = rows // group_size, cols // int4.PACK_FACTOR
+        layer.group_size = group_size
+        layer.register_parameter(
+            "qweight",
+            PackedvLLMParameter(
+                data=torch.empty(rows, packed_cols, dtype=torch.int32), **packed
+            ),
+        )
+        layer.register_parameter(
+            "qzeros",
+            PackedvLLMParameter(
+                data=torch.empty(groups, packed_cols, dtype=torch.int32), **packed
+            ),
+        )
+        scales = torch.empty(groups, cols, dtype=params_dtype)
+        layer.register_parameter(
+            "scales",
+            GroupQuantScaleParameter(
+                data=scales, input_dim=0, output_dim=1, weight_loader=loader
+            ),
+        )
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        for name in ("qweight", "qzeros", "scales"):
+            param = getattr(layer, name)
+            setattr(layer, name, torch.nn.Parameter(param.data, requires_grad=False))
+
+    def apply(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        weight = awq_dequantize(
+            layer.qweight, layer.qzeros, layer.scales, layer.group_size
+        )
+        out = torch.matmul(x, weight.to(x.dtype))
+        return out if bias is None else out + bias
+
+
+def awq_dequantize(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """The (in, out) weight of an AWQ layer, in the scales' dtype."""
+    values = int4.unpack_int4(qweight, dim=1, awq_order=True)
+    zeros = int4.unpack_int4(qzeros, dim=1, awq_order=True)
+    groups = int4.contiguous_groups(values.shape[0], group_size, values.device)
+    return int4.dequantize(values, zeros, scales, groups)
+
+
+def register() -> None:
+    """Serve ``quant_method: awq`` with this config (vLLM tries "auto_awq" first)."""
+    for name in ("awq", "auto_awq"):
+        register_quantization_config(name)(HpuAWQConfig)

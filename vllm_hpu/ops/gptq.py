@@ -1,0 +1,253 @@
+"""AutoGPTQ checkpoints (4-bit, symmetric or not, with or without desc_act) on
+HPU: weights stay packed in device memory, dequantized in the forward."""
+
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    UnquantizedLinearMethod,
+    register_weight_loader_v2_supported_method,
+)
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.quantization.utils.gptq_utils import (
+    is_layer_gptq_quantized,
+)
+from vllm.model_executor.models.utils import WeightsMapper
+from vllm.model_executor.parameter import (
+    ChannelQuantScaleParameter,
+    GroupQuantScaleParameter,
+    PackedColumnParameter,
+    PackedvLLMParameter,
+    RowvLLMParameter,
+)
+
+from vllm_hpu.ops import int4
+from vllm_hpu.ops.awq import ACT_DTYPES
+
+SYMMETRIC_ZERO = 8  # the zero point of symmetric 4-bit GPTQ (uint4 with bias 8)
+
+
+class HpuGPTQConfig(QuantizationConfig):
+    """The ``quantization_config`` of a GPTQ checkpoint (``gptq`` v1 format, whose
+    qzeros hold zero - 1, or ``gptq_v2``, whose qzeros hold the zero itself)."""
+
+    def __init__(self, group_size: int, desc_act: bool, sym: bool, v1: bool) -> None:
+        super().__init__()
+        self.group_size = group_size
+        self.desc_act = desc_act
+        self.sym = sym
+        self.v1 = v1
+        self.modules_in_block_to_quantize: list[Any] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"HpuGPTQConfig(group_size={self.group_size}, desc_act={self.desc_act}, "
+            f"sym={self.sym}, v1={self.v1})"
+        )
+
+    @classmethod
+    def get_name(cls) -> Any:
+        return "gptq"
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return ACT_DTYPES
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return ["quantize_config.json"]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "HpuGPTQConfig":
+        int4.check_bits("GPTQ", cls.get_from_keys(config, ["bits"]))
+        _refuse_variants(config)
+        fmt = str(cls.get_from_keys_or(config, ["checkpoint_format"], "gptq"))
+        quant = cls(
+            cls.get_from_keys(config, ["group_size"]),
+            bool(cls.get_from_keys_or(config, ["desc_act"], False)),
+            bool(cls.get_from_keys_or(config, ["sym"], True)),
+            v1=fmt != "gptq_v2",
+        )
+        blocks = cls.get_from_keys_or(config, ["modules_in_block_to_quantize"], None)
+        quant.modules_in_block_to_quantize = blocks or []
+        return quant
+
+    @classmethod
+    def override_quantization_method(
+        cls, hf_quant_cfg: dict[str, Any], user_quant: str | None, hf_config: Any = None
+    ) -> Any:
+        """Claims GPTQ checkpoints (vLLM's own GPTQ methods need CUDA kernels)."""
+        if hf_quant_cfg.get("quant_method", "").lower() != "gptq":
+            return None
+        return "gptq" if user_quant in (None, "gptq") else None
+
+    @staticmethod
+    def get_checkpoint_weight_mapper() -> WeightsMapper:
+        """Keeps g_idx, which vLLM drops by default: desc_act needs it."""
+        return WeightsMapper()
+
+    def get_quant_method(
+        self, layer: torch.nn.Module, prefix: str
+    ) -> LinearMethodBase | None:
+        int4.refuse_experts("GPTQ", layer)
+        if not isinstance(layer, LinearBase):
+            return None
+        blocks = self.modules_in_block_to_quantize
+        if not is_layer_gptq_quantized(prefix, blocks, self.packed_modules_mapping):
+            return UnquantizedLinearMethod()
+        return HpuGPTQLinearMethod(self)
+
+
+def _refuse_variants(config: dict[str, Any]) -> None:
+    """Start-up errors for GPTQ variants this plugin does not run."""
+    fmt = str(config.get("checkpoint_format", "gptq"))
+    if config.get("is_marlin_format") or fmt not in ("gptq", "gptq_v2"):
+        raise ValueError(
+            f"GPTQ checkpoint format {fmt!r} (Marlin-packed) is not supported on "
+            "HPU; use the checkpoint in AutoGPTQ's plain 'gptq' format."
+        )
+    if config.get("dynamic"):
+        raise ValueError(
+            "GPTQModel's per-module 'dynamic' overrides are not supported on HPU; "
+            "use a checkpoint quantized with one bit width and group size."
+        )
+    if config.get("lm_head"):
+        raise ValueError(
+            "GPTQ checkpoints with a quantized lm_head are not supported on HPU; "
+            "use one whose lm_head is left in 16 bits."
+        )
+
+
+@register_weight_loader_v2_supported_method
+class HpuGPTQLinearMethod(LinearMethodBase):
+    """y = x @ dequant(qweight); qweight (in / 8, out) is packed along the input,
+    qzeros (groups, out / 8) along the output, scales (groups, out), and g_idx
+    gives each input row's group when desc_act reordered them."""
+
+    def __init__(self, quant_config: HpuGPTQConfig) -> None:
+        self.quant_config = quant_config
+
+    def create_weights(
+        self,
+        layer: Any,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        config = self.quant_config
+        group_size = input_size if config.group_size == -1 else config.group_size
+        rows, cols = input_size_per_partition, sum(output_partition_sizes)
+        if rows % group_size or rows % int4.PACK_FACTOR or cols % int4.PACK_FACTOR:
+            raise ValueError(
+                f"GPTQ layer of shape ({rows}, {cols}) does not split into groups of "
+                f"{group_size} inputs and packs of {int4.PACK_FACTOR}; use a "
+                "tensor-parallel size that keeps whole groups per device."
+            )
+        loader = extra_weight_attrs["weight_loader"]
+        layer.group_size = group_size
+        layer.register_parameter(
+            "qweight",
+            PackedvLLMParameter(
+                data=torch.empty(rows // int4.PACK_FACTOR, cols, dtype=torch.int32),
+                input_dim=0,
+                output_dim=1,
+                packed_dim=0,
+                packed_factor=int4.PACK_FACTOR,
+                weight_loader=loader,
+            ),
+        )
+        g_idx = torch.empty(rows, dtype=torch.int32)
+        layer.register_parameter(
+            "g_idx", RowvLLMParameter(data=g_idx, input_dim=0, weight_loader=loader)
+        )
+        # desc_act's g_idx names groups of the whole input: every rank keeps them all.
+        replicated = config.desc_act or (config.group_size == -1 and rows != input_size)
+        groups = (input_size if replicated else rows) // group_size
+        _register_group_params(layer, groups, cols, params_dtype, replicated, loader)
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        names = ("qweight", "qzeros", "scales", "g_idx")
+        for name in names:
+            param = getattr(layer, name)
+            setattr(layer, name, torch.nn.Parameter(param.data, requires_grad=False))
+        if not self.quant_config.desc_act:
+            # Without desc_act the groups are consecutive rows of this partition.
+            rows = layer.qweight.shape[0] * int4.PACK_FACTOR
+            groups = int4.contiguous_groups(rows, layer.group_size, layer.g_idx.device)
+            layer.g_idx.data.copy_(groups)
+
+    def apply(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        config = self.quant_config
+        weight = gptq_dequantize(
+            layer.qweight, layer.qzeros, layer.scales, layer.g_idx, config
+        )
+        out = torch.matmul(x, weight.to(x.dtype))
+        return out if bias is None else out + bias
+
+
+def _register_group_params(
+    layer: torch.nn.Module,
+    groups: int,
+    cols: int,
+    dtype: torch.dtype,
+    replicated: bool,
+    loader: Any,
+) -> None:
+    qzeros = torch.empty(groups, cols // int4.PACK_FACTOR, dtype=torch.int32)
+    scales = torch.empty(groups, cols, dtype=dtype)
+    packing = {"packed_dim": 1, "packed_factor": int4.PACK_FACTOR}
+    if replicated:
+        zeros_param: Any = PackedColumnParameter(
+            data=qzeros, output_dim=1, weight_loader=loader, **packing
+        )
+        scales_param: Any = ChannelQuantScaleParameter(
+            data=scales, output_dim=1, weight_loader=loader
+        )
+    else:
+        zeros_param = PackedvLLMParameter(
+            data=qzeros, input_dim=0, output_dim=1, weight_loader=loader, **packing
+        )
+        scales_param = GroupQuantScaleParameter(
+            data=scales, input_dim=0, output_dim=1, weight_loader=loader
+        )
+    layer.register_parameter("qzeros", zeros_param)
+    layer.register_parameter("scales", scales_param)
+
+
+def gptq_dequantize(
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    g_idx: torch.Tensor,
+    config: HpuGPTQConfig,
+) -> torch.Tensor:
+    """The (in, out) weight of a GPTQ layer, in the scales' dtype."""
+    values = int4.unpack_int4(qweight, dim=0)
+    if config.sym:
+        zeros = torch.full_like(scales, SYMMETRIC_ZERO, dtype=torch.int32)
+    else:
+        zeros = int4.unpack_int4(qzeros, dim=1)
+        # v1 stores zero - 1 in four bits: a zero of 0 was written as 15.
+        zeros = (zeros + 1) & 0xF if config.v1 else zeros
+    return int4.dequantize(values, zeros, scales, g_idx.long())
+
+
+def register() -> None:
+    """Serve ``quant_method: gptq`` with this config (vLLM tries "auto_gptq" first)."""
+    for name in ("gptq", "auto_gptq"):
+        register_quantization_config(name)(HpuGPTQConfig)
