@@ -20,6 +20,7 @@ from vllm_hpu.patches import allow_torchvision_import
 
 # transformers imports torchvision once it is installed (see that patch).
 allow_torchvision_import()
+from tiny_multimodal import build_llava  # noqa: E402  (beside this script)
 from transformers import (  # noqa: E402
     AutoConfig,
     AutoModelForCausalLM,
@@ -28,8 +29,6 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
 )
 from transformers.utils import logging as hf_logging  # noqa: E402
-
-from tiny_multimodal import build_llava  # noqa: E402  (beside this script)
 
 # Bump whenever anything below changes what gets written.
 BUILD_VERSION = "1"
@@ -465,7 +464,10 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
     seed = SEED + zlib.crc32(name.encode())
     if name in MULTIMODAL_MODELS:
         build_llava(
-            shape, wrap_tokenizer(tokenizer), lambda m: init_weights(m, seed, {}), out_dir
+            shape,
+            wrap_tokenizer(tokenizer),
+            lambda m: init_weights(m, seed, {}),
+            out_dir,
         )
         return
     if name in SEQUENCE_CLASSIFIERS:

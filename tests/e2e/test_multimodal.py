@@ -22,7 +22,9 @@ TEXT_ONLY = "<|bos|>USER: What is in the picture? ASSISTANT:"
 # Ten tokens before the 16 image tokens: a 16-token chunk ends inside them.
 SPLIT = "<|bos|>The capital of France is Paris and<image>\nSo the image shows"
 # Over one 128-token KV block after the image: a prefix-cache hit needs a full block.
-LONG = "<|bos|><image>\n" + " ".join(["The quick brown fox jumps over the lazy dog."] * 7)
+LONG = "<|bos|><image>\n" + " ".join(
+    ["The quick brown fox jumps over the lazy dog."] * 7
+)
 
 
 @cache
@@ -58,7 +60,9 @@ def vllm_greedy(llm: LLM, requests: list[tuple[str, int | None]]) -> list[list[i
     """One ``generate`` call: all requests are scheduled together."""
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     prompts: list[Any] = [
-        {"prompt": p} if s is None else {"prompt": p, "multi_modal_data": {"image": image(s)}}
+        {"prompt": p}
+        if s is None
+        else {"prompt": p, "multi_modal_data": {"image": image(s)}}
         for p, s in requests
     ]
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -120,3 +124,29 @@ def test_chunked_prompt_splitting_the_image_tokens_matches_transformers() -> Non
         requests = [(SPLIT, 6), (SHORT, 7)]
         outputs = vllm_greedy(llm, requests)
     assert outputs == [hf_greedy(p, s) for p, s in requests]
+
+
+def test_compiled_warmup_leaves_nothing_to_compile_for_images(hpu_env) -> None:
+    """Compiled emulation (dynamo's eager backend): after warmup, image prompts
+    compile nothing and match transformers. One sequence per step keeps the
+    bucket set (and the warmup's compilations) small."""
+    hpu_env(
+        VLLM_HPU_COMPILE_BACKEND="eager",
+        VLLM_PROMPT_SEQ_BUCKET_MIN="32",
+        VLLM_PROMPT_SEQ_BUCKET_STEP="32",
+        VLLM_PROMPT_SEQ_BUCKET_MAX="64",
+        VLLM_PROMPT_BLOCK_BUCKET_MAX="2",
+    )
+    engine = dict(block_size=16, max_model_len=96, max_num_seqs=1)
+    requests = [(SHORT, 2), (SPLIT, 3)]
+    with vllm_engine(str(model_path(MODEL)), enforce_eager=False, **engine) as llm:
+        warmed = _compilations()
+        outputs = vllm_greedy(llm, requests)
+        assert warmed > 0 and _compilations() == warmed
+    assert outputs == [hf_greedy(p, s) for p, s in requests]
+
+
+def _compilations() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

@@ -33,7 +33,9 @@ def chat(client: openai.OpenAI, urls: list[str]) -> str:
     parts: list[Any] = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
     response = client.chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}],
+        messages=[
+            {"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}
+        ],
         max_tokens=MAX_TOKENS,
         temperature=0.0,
         extra_body={"ignore_eos": True},

@@ -92,7 +92,9 @@ class MultimodalInputs:
 
     def _bucket(self, num_items: int) -> int:
         """The smallest bucket holding ``num_items``, else the largest bucket."""
-        return next((s for s in self.batch_sizes if s >= num_items), self.batch_sizes[-1])
+        return next(
+            (s for s in self.batch_sizes if s >= num_items), self.batch_sizes[-1]
+        )
 
     def _encode_padded(self, items: list[EncoderItem], size: int) -> list[torch.Tensor]:
         padded = items + [items[-1]] * (size - len(items))
@@ -122,9 +124,13 @@ class MultimodalInputs:
         num_tokens = forward_pass.num_tokens
         is_multimodal = torch.zeros(num_tokens, dtype=torch.bool)
         embeds: list[torch.Tensor] = []
-        for first, seq in zip(forward_pass.first_token_indices, forward_pass.seqs):
+        for first, seq in zip(
+            forward_pass.first_token_indices, forward_pass.seqs, strict=True
+        ):
             for feature in self._features_in_window(seq.row, seq.start, seq.end):
-                embeds += self._gather(feature, seq.start, seq.end, first, is_multimodal)
+                embeds += self._gather(
+                    feature, seq.start, seq.end, first, is_multimodal
+                )
         input_ids = forward_pass.input_ids
         if not embeds:
             return self.model.embed_input_ids(input_ids)
