@@ -20,6 +20,7 @@ from vllm_hpu.patches import allow_torchvision_import
 
 # transformers imports torchvision once it is installed (see that patch).
 allow_torchvision_import()
+from tiny_multimodal import build_llava  # noqa: E402  (beside this script)
 from transformers import (  # noqa: E402
     AutoConfig,
     AutoModelForCausalLM,
@@ -297,6 +298,12 @@ SEQUENCE_CLASSIFIERS = {
     "tiny-llama-classify": ("llama", {**GQA_SHAPE, "num_labels": NUM_LABELS}),
 }
 MODEL_SPECS.update(SEQUENCE_CLASSIFIERS)
+
+# ---- Multimodal models (issue 25) -------------------------------------------
+# LLaVA-1.5 style around the tiny Llama; written with its processor and chat
+# template (scripts/tiny_multimodal.py).
+MULTIMODAL_MODELS = {"tiny-llava": ("llava", GQA_SHAPE)}
+MODEL_SPECS.update(MULTIMODAL_MODELS)
 # ------------------------------------------------------------------------------
 
 PASSAGES = [
@@ -455,6 +462,14 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
     token_ids = special_token_ids(tokenizer)
     config = AutoConfig.for_model(model_type, **shape, **token_ids, dtype="float32")
     seed = SEED + zlib.crc32(name.encode())
+    if name in MULTIMODAL_MODELS:
+        build_llava(
+            shape,
+            wrap_tokenizer(tokenizer),
+            lambda m: init_weights(m, seed, {}),
+            out_dir,
+        )
+        return
     if name in SEQUENCE_CLASSIFIERS:
         classifier = AutoModelForSequenceClassification.from_config(config)
         init_weights(classifier, seed, {})
@@ -481,7 +496,8 @@ def build_one(name: str, tokenizer: Tokenizer, out_root: Path) -> None:
     scratch = out_root / f".{name}.partial"
     shutil.rmtree(scratch, ignore_errors=True)
     build_model(name, tokenizer, scratch)
-    wrap_tokenizer(tokenizer).save_pretrained(scratch)
+    if name not in MULTIMODAL_MODELS:  # saved with its processor
+        wrap_tokenizer(tokenizer).save_pretrained(scratch)
     (scratch / STAMP_FILE).write_text(BUILD_VERSION + "\n")
     final = out_root / name
     shutil.rmtree(final, ignore_errors=True)

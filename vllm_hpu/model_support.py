@@ -33,11 +33,16 @@ _MISSING_PIECES = (
         "Whisper's encoder-decoder cache): use a text-only decoder model",
     ),
     (
-        "supports_multimodal",
-        "takes image, audio or video inputs, which the HPU plugin does not "
-        "support yet: use a text-only model",
+        "supports_multimodal_raw_input_only",
+        "takes raw image, audio or video inputs instead of encoder embeddings, "
+        "which the HPU plugin does not feed: use a text-only model",
     ),
 )
+# Multimodal classes whose inputs the runner feeds (worker/multimodal.py): an
+# encoder whose outputs replace placeholder tokens, with plain causal attention
+# and 1-D positions. Others may need more (M-RoPE positions, bidirectional
+# attention over image tokens), so each is validated before it is listed here.
+FED_MULTIMODAL_ARCHS = frozenset({"LlavaForConditionalGeneration"})
 
 
 def unsupported_reason(info: "_ModelInfo") -> str | None:
@@ -49,6 +54,13 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
     for flag, missing in _MISSING_PIECES:
         if getattr(info, flag):
             return f"{info.architecture} {missing}."
+    if info.supports_multimodal and info.architecture not in FED_MULTIMODAL_ARCHS:
+        return (
+            f"{info.architecture} takes image, audio or video inputs, which the HPU "
+            "plugin feeds only to LLaVA-1.5 style models "
+            f"({', '.join(sorted(FED_MULTIMODAL_ARCHS))}): use one of those or a "
+            "text-only model."
+        )
     if info.attn_type == "encoder_decoder":
         return (
             f"{info.architecture} is an encoder-decoder model; the HPU plugin has "

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from models import POOLING_MODELS, SMOLLM2, TINY_MODELS, model_path
+from models import (
+    MULTIMODAL_MODELS,
+    POOLING_MODELS,
+    SMOLLM2,
+    TINY_MODELS,
+    model_path,
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_tiny_models.py"
@@ -32,7 +38,11 @@ def test_tiny_models_build_deterministically(tmp_path: Path) -> None:
     builds = [start_build(tmp_path / seed, seed) for seed in ("1", "2")]
     assert [build.wait() for build in builds] == [0, 0]
     first, second = read_tree(tmp_path / "1"), read_tree(tmp_path / "2")
-    assert {name.split("/")[0] for name in first} == {*TINY_MODELS, *POOLING_MODELS}
+    assert {name.split("/")[0] for name in first} == {
+        *TINY_MODELS,
+        *POOLING_MODELS,
+        *MULTIMODAL_MODELS,
+    }
     assert first.keys() == second.keys()
     differing = [name for name in first if first[name] != second[name]]
     assert differing == []

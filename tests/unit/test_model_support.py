@@ -13,7 +13,7 @@ from models import model_path
 from vllm.model_executor.models.registry import ModelRegistry, _ModelInfo
 
 from vllm_hpu import platform
-from vllm_hpu.model_support import unsupported_reason
+from vllm_hpu.model_support import FED_MULTIMODAL_ARCHS, unsupported_reason
 
 # Imports every model module of vLLM once, in a child process so that what the
 # modules register (configs, custom ops) stays out of the test process; an
@@ -47,6 +47,7 @@ REFUSED = {
     "Qwen3NextForCausalLM": "mixes attention with Mamba or linear-attention",
     "PaliGemmaForConditionalGeneration": "image, audio or video inputs",
     "Phi3VForCausalLM": "image, audio or video inputs",
+    "Qwen2VLForConditionalGeneration": "image, audio or video inputs",
     "WhisperForConditionalGeneration": "speech-to-text",
 }
 ALLOWED = (
@@ -99,12 +100,15 @@ def test_classes_the_plugin_runs_are_allowed(registry_walk, arch):
     assert _reasons(registry_walk)[arch] is None
 
 
-def test_llava_is_refused_as_multimodal_or_not_importable(registry_walk):
-    entry = registry_walk["LlavaForConditionalGeneration"]
-    if "import_error" in entry:  # no torchvision here: vLLM refuses it already
-        assert "torchvision" in entry["import_error"]
-    else:
-        assert "image" in str(unsupported_reason(_ModelInfo(**entry)))
+def test_llava_imports_and_is_the_multimodal_class_allowed(registry_walk):
+    # torchvision imports beside the CPU torch (patches.allow_torchvision_import).
+    assert "import_error" not in registry_walk["LlavaForConditionalGeneration"]
+    allowed = {
+        arch
+        for arch, reason in _reasons(registry_walk).items()
+        if reason is None and registry_walk[arch]["supports_multimodal"]
+    }
+    assert allowed == set(FED_MULTIMODAL_ARCHS)
 
 
 def test_every_state_cache_or_multimodal_class_is_refused(registry_walk):
@@ -115,6 +119,7 @@ def test_every_state_cache_or_multimodal_class_is_refused(registry_walk):
             continue
         reason = unsupported_reason(_ModelInfo(**entry))
         needs_more = any(entry[flag] for flag in NEEDS_MORE_THAN_ATTENTION)
+        needs_more &= arch not in FED_MULTIMODAL_ARCHS
         assert (reason is not None) == needs_more, arch
         counts["refused" if reason else "allowed"] += 1
     assert counts["refused"] >= 60 and counts["allowed"] >= 200

@@ -19,6 +19,7 @@ from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.model_loader import get_model
+from vllm.model_executor.models.interfaces import supports_multimodal
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
@@ -51,6 +52,7 @@ from vllm_hpu.worker.kv_caches import (
     kv_cache_specs,
 )
 from vllm_hpu.worker.layer_split import split_graph_every
+from vllm_hpu.worker.multimodal import MultimodalInputs
 from vllm_hpu.worker.pooling import StepPooler
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.request_states import RequestStates
@@ -87,6 +89,8 @@ class HpuModelRunner:
         # vLLM's model classes add methods (compute_logits) beyond nn.Module.
         self.model: Any = None
         self.pooler: StepPooler | None = None  # set by load_model for pooling
+        # Set by load_model for a multimodal model, on the first pipeline stage.
+        self.multimodal: MultimodalInputs | None = None
         dtype = self.model_config.dtype
         assert isinstance(dtype, torch.dtype), "vLLM resolves the dtype first"
         self.dtype = dtype
@@ -143,6 +147,14 @@ class HpuModelRunner:
         split_graph_every(self.model, get_envs().config_hidden_layers)
         if self.is_pooling_model:
             self.pooler = StepPooler(self.input_batch, self.model, self.model_config)
+        if supports_multimodal(self.model) and self.stage.is_first:
+            self.multimodal = MultimodalInputs(
+                self.vllm_config,
+                self.model,
+                self.input_batch,
+                self.states.requests,
+                self.device,
+            )
         logger.info(
             "Loading model weights took %.2f s and %.4f GiB of device memory",
             time.perf_counter() - started,
@@ -246,6 +258,8 @@ class HpuModelRunner:
             if self.pooler is not None:
                 self.pooler.prepare_new_requests(scheduler_output)
             self.states.update(scheduler_output)
+            if self.multimodal is not None:
+                self.multimodal.update(scheduler_output)
             if not scheduler_output.total_num_scheduled_tokens:
                 return EMPTY_MODEL_RUNNER_OUTPUT
             passes = self._plan_passes(scheduler_output)
@@ -381,12 +395,21 @@ class HpuModelRunner:
             ),
         ):
             hidden = model(
-                input_ids=forward_pass.input_ids,
                 positions=forward_pass.positions,
                 intermediate_tensors=intermediate_tensors,
+                **self._token_inputs(forward_pass),
             )
             device.mark_step()
         return hidden
+
+    def _token_inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
+        """Token ids, or for a multimodal model input embeddings on every pass
+        (encoder outputs merged in), so each bucket compiles one graph."""
+        if self.multimodal is None:
+            return {"input_ids": forward_pass.input_ids}
+        with self.profiler.span("embed", bucket=forward_pass.bucket):
+            embeds = self.multimodal.embed(forward_pass)
+        return {"input_ids": None, "inputs_embeds": embeds}
 
     def _rows_inside_prompt(self, scheduler_output: SchedulerOutput) -> list[int]:
         """Rows whose scheduled tokens stop short of the end of their prompt."""

@@ -185,6 +185,8 @@ class HpuWarmup:
         pooling = self.runner.is_pooling_model
         decode = [] if pooling else list(reversed(buckets.decode_buckets))
         with preserved_rng():
+            if self.runner.multimodal is not None:
+                self.runner.multimodal.warm_up()
             self._warm_all("Prompt", PROMPT, prompt)
             self._warm_all("Decode", DECODE, decode)
             if not pooling:

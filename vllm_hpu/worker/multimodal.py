@@ -1,0 +1,179 @@
+"""Multimodal inputs: vision encoder passes, vLLM's encoder cache, and the input
+embeddings of each forward pass with the encoder outputs merged in.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.encoder_budget import MultiModalBudget
+from vllm.multimodal.inputs import MultiModalFeatureSpec, MultiModalKwargsItem
+from vllm.multimodal.utils import get_mm_features_in_window, group_and_batch_mm_kwargs
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+from vllm.v1.worker.utils import sanity_check_mm_encoder_outputs
+
+from vllm_hpu import device
+from vllm_hpu.worker.inputs import ForwardPass
+
+logger = init_logger("vllm.hpu.multimodal")
+
+EncoderItem = tuple[str, MultiModalKwargsItem]  # (modality, processed inputs)
+
+
+def encoder_batch_sizes(max_items: int) -> list[int]:
+    """Items per encoder pass: powers of two up to (and including) ``max_items``."""
+    sizes = [1]
+    while sizes[-1] < max_items:
+        sizes.append(min(sizes[-1] * 2, max_items))
+    return sizes
+
+
+class MultimodalInputs:
+    """Runs the model's encoder for scheduled encoder inputs once per item, keeps
+    the outputs keyed by the item's hash until the scheduler frees them, and
+    builds the input embeddings of every pass (text, or text and encoder outputs).
+
+    Encoder passes are padded to a bucket of items per pass by repeating the
+    last item (its extra outputs are dropped), so the encoder sees only the
+    shapes :meth:`warm_up` ran.
+    """
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        model: Any,
+        input_batch: InputBatch,
+        requests: dict[str, CachedRequestState],
+        torch_device: torch.device,
+    ):
+        self.model = model
+        self.device = torch_device
+        self.input_batch = input_batch
+        self.requests = requests
+        self.budget = MultiModalBudget(vllm_config, MULTIMODAL_REGISTRY)
+        max_items = max(self.budget.mm_max_items_per_batch.values(), default=1)
+        self.batch_sizes = encoder_batch_sizes(max_items)
+        self.encoder_cache: dict[str, torch.Tensor] = {}
+
+    # ---- encoder -----------------------------------------------------------
+
+    def update(self, scheduler_output: SchedulerOutput) -> None:
+        """Free what the scheduler no longer needs, then encode the new items."""
+        for mm_hash in scheduler_output.free_encoder_mm_hashes:
+            self.encoder_cache.pop(mm_hash, None)
+        hashes: list[str] = []
+        items: list[EncoderItem] = []
+        for req_id, indices in scheduler_output.scheduled_encoder_inputs.items():
+            for index in indices:
+                feature = self.requests[req_id].mm_features[index]
+                if feature.data is not None:
+                    hashes.append(feature.identifier)
+                    items.append((feature.modality, feature.data))
+        # One modality per encoder pass: sorting keeps each modality together.
+        order = sorted(range(len(items)), key=lambda i: items[i][0])
+        outputs = self.encode([items[i] for i in order])
+        for i, output in zip(order, outputs, strict=True):
+            self.encoder_cache[hashes[i]] = output
+
+    def encode(self, items: Sequence[EncoderItem]) -> list[torch.Tensor]:
+        """Encoder outputs of ``items``, in order, in bucketed passes."""
+        outputs: list[torch.Tensor] = []
+        start = 0
+        while start < len(items):
+            size = self._bucket(len(items) - start)
+            chunk = list(items[start : start + size])
+            outputs += self._encode_padded(chunk, size)[: len(chunk)]
+            start += len(chunk)
+        return outputs
+
+    def _bucket(self, num_items: int) -> int:
+        """The smallest bucket holding ``num_items``, else the largest bucket."""
+        return next(
+            (s for s in self.batch_sizes if s >= num_items), self.batch_sizes[-1]
+        )
+
+    def _encode_padded(self, items: list[EncoderItem], size: int) -> list[torch.Tensor]:
+        padded = items + [items[-1]] * (size - len(items))
+        outputs: list[torch.Tensor] = []
+        for _, num_items, kwargs in group_and_batch_mm_kwargs(
+            padded, device=self.device
+        ):
+            batch_outputs = self.model.embed_multimodal(**kwargs)
+            sanity_check_mm_encoder_outputs(batch_outputs, expected_num_items=num_items)
+            outputs.extend(batch_outputs)
+        device.mark_step()
+        return outputs
+
+    def warm_up(self) -> None:
+        """One encoder pass per bucket on vLLM's dummy item of each modality (at
+        its largest size), so serving meets no new encoder shape."""
+        for modality in self.budget.mm_max_items_per_batch:
+            items = self.budget.get_dummy_encoder_profile_inputs(modality, 1)
+            for size in self.batch_sizes:
+                self._encode_padded(items * size, size)
+        logger.info("Warmed up encoder passes of %s items", self.batch_sizes)
+
+    # ---- input embeddings ---------------------------------------------------
+
+    def embed(self, forward_pass: ForwardPass) -> torch.Tensor:
+        """The pass's input embeddings, encoder outputs at their placeholders."""
+        num_tokens = forward_pass.num_tokens
+        is_multimodal = torch.zeros(num_tokens, dtype=torch.bool)
+        embeds: list[torch.Tensor] = []
+        for first, seq in zip(
+            forward_pass.first_token_indices, forward_pass.seqs, strict=True
+        ):
+            for feature in self._features_in_window(seq.row, seq.start, seq.end):
+                embeds += self._gather(
+                    feature, seq.start, seq.end, first, is_multimodal
+                )
+        input_ids = forward_pass.input_ids
+        if not embeds:
+            return self.model.embed_input_ids(input_ids)
+        return self.model.embed_input_ids(
+            input_ids, embeds, is_multimodal=is_multimodal.to(input_ids.device)
+        )
+
+    def _features_in_window(
+        self, row: int, start: int, end: int
+    ) -> list[MultiModalFeatureSpec]:
+        # profile_run's rows belong to no request.
+        if row >= self.input_batch.num_reqs:
+            return []
+        features = self.requests[self.input_batch.req_ids[row]].mm_features
+        lo, hi = get_mm_features_in_window(features, start, end)
+        return features[lo:hi]
+
+    def _gather(
+        self,
+        feature: MultiModalFeatureSpec,
+        start: int,
+        end: int,
+        first_index: int,
+        is_multimodal: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        """The encoder output rows for the part of ``feature`` within the scheduled
+        tokens [start, end), whose first sits at ``first_index`` of the pass; marks
+        their tokens in ``is_multimodal``. A chunk may hold part of an item."""
+        placeholder = feature.mm_position
+        lo = max(start - placeholder.offset, 0)
+        hi = min(end - placeholder.offset, placeholder.length)
+        embeds_lo, embeds_hi = placeholder.get_embeds_indices_in_range(lo, hi)
+        if embeds_lo == embeds_hi:
+            return []
+        output = self.encoder_cache.get(feature.identifier)
+        if output is None:
+            raise RuntimeError(
+                f"No encoder output for multimodal item {feature.identifier}: the "
+                "scheduler must schedule its encoder input before its tokens."
+            )
+        flat = first_index + placeholder.offset + lo - start
+        if placeholder.is_embed is None:
+            is_multimodal[flat : flat + hi - lo] = True
+        else:
+            is_multimodal[flat : flat + hi - lo] |= placeholder.is_embed[lo:hi]
+        return [output[embeds_lo:embeds_hi]]
