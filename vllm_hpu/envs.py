@@ -278,15 +278,17 @@ class HpuEnvs:
         "exp: exponential buckets, lin: linear (VLLM_EXPONENTIAL_BUCKETING in the "
         "reference's newer name)",
     )
+    # The reference's name for async scheduling; --(no-)async-scheduling wins.
+    delayed_sampling: bool | None = _var(
+        "VLLM_DELAYED_SAMPLING",
+        _bool,
+        None,
+        "true: async scheduling on (vLLM's default), false: off; unset: vLLM decides",
+    )
     # Accepted from the reference Gaudi plugin; each logs once why it does nothing.
     handle_topk_duplicates: bool | None = _no_effect(
         "VLLM_HANDLE_TOPK_DUPLICATES",
         "always so here: vLLM's sampler keeps every token tied with the k-th logit",
-    )
-    delayed_sampling: bool | None = _no_effect(
-        "VLLM_DELAYED_SAMPLING",
-        "delayed sampling comes with async scheduling, which the HPU runner does "
-        "not support yet: every step samples before the next one is scheduled",
     )
     prompt_use_flex_attention: bool | None = _no_effect(
         "VLLM_PROMPT_USE_FLEX_ATTENTION",

@@ -128,6 +128,36 @@ def _patch_engine_args(arg_utils: ModuleType) -> None:
     engine_args.add_cli_args = staticmethod(  # type: ignore[method-assign]
         _with_device_option(engine_args.add_cli_args)
     )
+    engine_args.create_engine_config = _with_delayed_sampling(  # type: ignore[method-assign]
+        engine_args.create_engine_config
+    )
+
+
+# Why: VLLM_DELAYED_SAMPLING must apply only when --(no-)async-scheduling was not
+# given, but vLLM resolves its unset value (None) before the platform sees it.
+# How: EngineArgs still holds None then; the variable fills it in, and the source
+# is recorded for the start-up log. True stays None: vLLM's default is on, and it
+# switches async off itself (with its reason) where it cannot run.
+# Upstream change that removes it: a platform hook before async_scheduling resolves.
+async_scheduling_source = "vLLM's default"
+
+
+def _with_delayed_sampling(create: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(create)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from vllm_hpu.envs import get_envs
+
+        global async_scheduling_source
+        delayed_sampling = get_envs().delayed_sampling
+        if self.async_scheduling is not None:
+            async_scheduling_source = "--async-scheduling / --no-async-scheduling"
+        elif delayed_sampling is not None:
+            async_scheduling_source = f"VLLM_DELAYED_SAMPLING={delayed_sampling}"
+            if not delayed_sampling:
+                self.async_scheduling = False
+        return create(self, *args, **kwargs)
+
+    return wrapped
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):

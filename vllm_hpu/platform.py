@@ -10,7 +10,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from vllm_hpu import device, envs, model_support
+from vllm_hpu import device, envs, model_support, patches
 from vllm_hpu.quantization.inc import apply_fp8_options
 
 if TYPE_CHECKING:
@@ -221,10 +221,27 @@ def _set_dtype(vllm_config: "VllmConfig") -> None:
 
 
 def _disable_unsupported_scheduling(vllm_config: "VllmConfig") -> None:
+    """Async scheduling where the runner supports it; the log says which is in
+    force and why (the CLI, VLLM_DELAYED_SAMPLING or vLLM's default)."""
     scheduler_config = vllm_config.scheduler_config
-    if scheduler_config.async_scheduling:
-        logger.info("Async scheduling is not supported by the HPU runner; disabled.")
+    why_not = _why_not_async(vllm_config)
+    if scheduler_config.async_scheduling and why_not:
+        logger.info("Async scheduling disabled: %s.", why_not)
         scheduler_config.async_scheduling = False
+        return
+    state = "on" if scheduler_config.async_scheduling else "off"
+    logger.info("Async scheduling %s (%s).", state, patches.async_scheduling_source)
+
+
+def _why_not_async(vllm_config: "VllmConfig") -> str | None:
+    if vllm_config.speculative_config is not None:
+        return "the HPU runner does not combine it with speculative decoding yet"
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        return "vLLM's V1 runner design does not support it with pipeline parallelism"
+    model_config = vllm_config.model_config
+    if model_config is not None and model_config.runner_type == "pooling":
+        return "pooling models sample nothing"
+    return None
 
 
 def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:

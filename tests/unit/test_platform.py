@@ -79,7 +79,7 @@ def test_platform_config_fixups_defaults():
     assert config.compilation_config.mode == CompilationMode.NONE
     assert config.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
     assert config.compilation_config.custom_ops == ["all"]
-    assert config.scheduler_config.async_scheduling is False
+    assert config.scheduler_config.async_scheduling is True
     assert config.model_config.dtype.__repr__() == "torch.float32"
 
 

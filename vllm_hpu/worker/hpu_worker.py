@@ -15,7 +15,7 @@ from vllm.utils.mem_utils import format_gib
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
@@ -157,7 +157,9 @@ class HpuWorker(WorkerBase):
             return None
         return output
 
-    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+    def sample_tokens(
+        self, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         return self.runner.sample_tokens(grammar_output)
 
     def synchronize_device(self) -> None:

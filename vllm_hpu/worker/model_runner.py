@@ -37,6 +37,7 @@ from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.fused_moe import check_moe_layers
 from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.worker import pipeline
+from vllm_hpu.worker.async_output import AsyncTokenFeed, HpuAsyncOutput
 from vllm_hpu.worker.execution import ExecutionMode, select_mode
 from vllm_hpu.worker.inputs import (
     ForwardPass,
@@ -103,6 +104,12 @@ class HpuModelRunner:
         self.kv_caches: dict[str, Any] = {}
         self.cache: CacheGeometry | None = None
         self._pending: _PendingStep | None = None
+        # Async scheduling: step N's tokens reach step N+1 on the device.
+        self.async_feed = (
+            AsyncTokenFeed(self.input_batch, self.states)
+            if vllm_config.scheduler_config.async_scheduling
+            else None
+        )
         # Set by warmup (worker/warmup.py): what runs the buckets given graphs.
         self.graph_model: Any = None
         self.graphed_buckets: set[tuple[str, Bucket]] = set()
@@ -257,6 +264,9 @@ class HpuModelRunner:
         with self.profiler.span("prepare"):
             if self.pooler is not None:
                 self.pooler.prepare_new_requests(scheduler_output)
+            feed = self.async_feed
+            if feed is not None and feed.needs_host_tokens_now(scheduler_output):
+                feed.record_on_host()
             self.states.update(scheduler_output)
             if self.multimodal is not None:
                 self.multimodal.update(scheduler_output)
@@ -358,6 +368,8 @@ class HpuModelRunner:
             self.buckets.stats.record_decode(
                 forward_pass.bucket, len(decodes), num_blocks
             )
+            if self.async_feed is not None:
+                self.async_feed.feed(forward_pass)
             passes.append(forward_pass)
         return passes
 
@@ -422,10 +434,15 @@ class HpuModelRunner:
         return rows
 
     @torch.no_grad()
-    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+    def sample_tokens(
+        self, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | HpuAsyncOutput:
         pending, self._pending = self._pending, None
         if pending is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
+        if self.async_feed is not None:
+            # The forward passes are queued: now the host may wait for step N-1.
+            self.async_feed.record_on_host()
         if grammar_output is not None:
             apply_grammar_bitmask(
                 pending.scheduler_output,
@@ -451,7 +468,20 @@ class HpuModelRunner:
 
     def _make_output(
         self, pending: _PendingStep, sampler_output: SamplerOutput
-    ) -> ModelRunnerOutput:
+    ) -> ModelRunnerOutput | HpuAsyncOutput:
+        if self.async_feed is not None:
+            return self.async_feed.launch(
+                ModelRunnerOutput(
+                    req_ids=list(self.input_batch.req_ids),
+                    req_id_to_index=dict(self.input_batch.req_id_to_index),
+                    prompt_logprobs_dict=self.prompt_logprobs.finish(
+                        pending.scheduler_output
+                    ),
+                ),
+                sampler_output.sampled_token_ids,
+                sampler_output.logprobs_tensors,
+                pending.discard_rows,
+            )
         sampled_token_ids: list[list[int]] = sampler_output.sampled_token_ids.tolist()
         discard = set(pending.discard_rows)
         for row, tokens in enumerate(sampled_token_ids):
