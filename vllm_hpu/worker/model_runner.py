@@ -51,6 +51,7 @@ from vllm_hpu.worker.kv_caches import (
     kv_cache_specs,
 )
 from vllm_hpu.worker.layer_split import split_graph_every
+from vllm_hpu.worker.lora import HpuLoRA
 from vllm_hpu.worker.pooling import StepPooler
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.request_states import RequestStates
@@ -87,6 +88,7 @@ class HpuModelRunner:
         # vLLM's model classes add methods (compute_logits) beyond nn.Module.
         self.model: Any = None
         self.pooler: StepPooler | None = None  # set by load_model for pooling
+        self.lora = HpuLoRA(vllm_config, self.input_batch) if vllm_config.lora_config else None
         dtype = self.model_config.dtype
         assert isinstance(dtype, torch.dtype), "vLLM resolves the dtype first"
         self.dtype = dtype
@@ -135,6 +137,8 @@ class HpuModelRunner:
         used_before = device.memory_used()
         with set_current_vllm_config(self.vllm_config):
             self.model = get_model(vllm_config=self.vllm_config)
+            if self.lora is not None:
+                self.model = self.lora.wrap(self.model, self.device)
         check_moe_layers(self.model)
         if self.execution_mode is ExecutionMode.EAGER:
             # Compilers lower the layers as vLLM defines them: inductor cannot
@@ -267,12 +271,10 @@ class HpuModelRunner:
             hidden = self._forward(forward_pass, stage_input)
             rows = [seq.row for seq in forward_pass.seqs]
             last_hidden[rows] = hidden[forward_pass.last_token_indices]
-            self.prompt_logprobs.collect(
-                forward_pass, hidden, self.get_model().compute_logits
-            )
+            self.prompt_logprobs.collect(forward_pass, hidden, self._compute_logits)
         self._pending = _PendingStep(
             scheduler_output=scheduler_output,
-            logits=self.get_model().compute_logits(last_hidden),
+            logits=self._compute_logits(last_hidden, list(range(num_reqs))),
             discard_rows=self._rows_inside_prompt(scheduler_output),
         )
         return None
@@ -371,6 +373,8 @@ class HpuModelRunner:
         phase = "prompt" if forward_pass.is_prompt else "decode"
         graphed = (phase, forward_pass.bucket) in self.graphed_buckets
         model = self.graph_model if graphed else self.get_model()
+        if self.lora is not None:
+            self.lora.set_pass(forward_pass)
         with (
             self.profiler.span("forward", phase=phase, bucket=forward_pass.bucket),
             set_forward_context(
@@ -387,6 +391,12 @@ class HpuModelRunner:
             )
             device.mark_step()
         return hidden
+
+    def _compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """Logits of ``hidden``, whose states belong to InputBatch ``rows``."""
+        if self.lora is not None:
+            self.lora.set_logits_rows(rows)
+        return self.get_model().compute_logits(hidden)
 
     def _rows_inside_prompt(self, scheduler_output: SchedulerOutput) -> list[int]:
         """Rows whose scheduled tokens stop short of the end of their prompt."""

@@ -25,9 +25,11 @@ class PromptLogprobs:
         self,
         forward_pass: ForwardPass,
         hidden: torch.Tensor,
-        compute_logits: Callable[[torch.Tensor], torch.Tensor],
+        compute_logits: Callable[[torch.Tensor, list[int]], torch.Tensor],
     ) -> None:
-        """Score the prompt positions this pass computed, for requests that ask."""
+        """Score the prompt positions this pass computed, for requests that ask.
+        ``compute_logits(hidden, rows)``: logits of hidden states of InputBatch
+        ``rows`` (a LoRA's LM head tells requests apart by row)."""
         wanted = self.states.num_prompt_logprobs
         if not wanted:
             return
@@ -38,7 +40,12 @@ class PromptLogprobs:
             req_id = req_ids[seq.row]
             if req_id in wanted:
                 rows = hidden[first : first + seq.layout.num_scheduled_tokens]
-                self._score_chunk(req_id, seq.start, rows, compute_logits)
+                self._score_chunk(
+                    req_id,
+                    seq.start,
+                    rows,
+                    lambda h, row=seq.row: compute_logits(h, [row] * h.shape[0]),
+                )
 
     def _score_chunk(
         self,
