@@ -49,3 +49,16 @@ def merge_adapter(model_dir: str, adapter_dir: Path, out_dir: Path) -> str:
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
     merged.save_pretrained(out_dir)
     return str(out_dir)
+
+
+def rename_target(adapter_dir: Path, old: str, new: str, out_dir: Path) -> Path:
+    """A copy of the adapter aimed at module ``new``, which the model lacks."""
+    from safetensors.torch import load_file, save_file
+
+    out_dir.mkdir(parents=True)
+    weights = load_file(adapter_dir / "adapter_model.safetensors")
+    renamed = {name.replace(old, new): tensor for name, tensor in weights.items()}
+    save_file(renamed, out_dir / "adapter_model.safetensors")
+    config = (adapter_dir / "adapter_config.json").read_text()
+    (out_dir / "adapter_config.json").write_text(config.replace(old, new))
+    return out_dir

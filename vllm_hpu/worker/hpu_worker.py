@@ -26,9 +26,9 @@ from vllm_hpu.metrics import HpuMetrics
 from vllm_hpu.worker import pipeline
 from vllm_hpu.worker.compile_stats import StepCompilations
 from vllm_hpu.worker.fallback_stats import StepFallbacks
+from vllm_hpu.worker.lora import HpuLoRA
 from vllm_hpu.worker.memory import MemorySplit, split_memory
 from vllm_hpu.worker.model_runner import HpuModelRunner
-from vllm_hpu.worker.lora import HpuLoRA
 from vllm_hpu.worker.pooling import supported_pooling_tasks
 from vllm_hpu.worker.warmup import warm_up_model
 

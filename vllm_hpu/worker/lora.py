@@ -64,6 +64,7 @@ class HpuLoRA(LoRAModelRunnerMixin):
 
     def warmup_request(self, index: int) -> LoRARequest:
         """The dummy adapter a warmup request uses: every slot in turn."""
+        assert self.lora_config is not None
         lora_id = index % self.lora_config.max_loras + 1
         return LoRARequest(f"warmup_{lora_id}", lora_id, WARMUP_LORA_PATH)
 

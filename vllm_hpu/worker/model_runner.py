@@ -88,7 +88,9 @@ class HpuModelRunner:
         # vLLM's model classes add methods (compute_logits) beyond nn.Module.
         self.model: Any = None
         self.pooler: StepPooler | None = None  # set by load_model for pooling
-        self.lora = HpuLoRA(vllm_config, self.input_batch) if vllm_config.lora_config else None
+        self.lora = (
+            HpuLoRA(vllm_config, self.input_batch) if vllm_config.lora_config else None
+        )
         dtype = self.model_config.dtype
         assert isinstance(dtype, torch.dtype), "vLLM resolves the dtype first"
         self.dtype = dtype

@@ -15,6 +15,17 @@ from vllm_hpu.worker.inputs import ForwardPass
 from vllm_hpu.worker.request_states import RequestStates
 
 
+def _of_row(
+    compute_logits: Callable[[torch.Tensor, list[int]], torch.Tensor], row: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``compute_logits`` for hidden states that all belong to InputBatch ``row``."""
+
+    def logits(hidden: torch.Tensor) -> torch.Tensor:
+        return compute_logits(hidden, [row] * hidden.shape[0])
+
+    return logits
+
+
 class PromptLogprobs:
     def __init__(self, states: RequestStates):
         self.states = states
@@ -41,10 +52,7 @@ class PromptLogprobs:
             if req_id in wanted:
                 rows = hidden[first : first + seq.layout.num_scheduled_tokens]
                 self._score_chunk(
-                    req_id,
-                    seq.start,
-                    rows,
-                    lambda h, row=seq.row: compute_logits(h, [row] * h.shape[0]),
+                    req_id, seq.start, rows, _of_row(compute_logits, seq.row)
                 )
 
     def _score_chunk(
