@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import torch
 from vllm.config import VllmConfig
+from vllm.exceptions import LoRAAdapterNotFoundError
 from vllm.lora.layers import LoRAMapping
 from vllm.lora.request import LoRARequest
 from vllm.v1.worker.gpu_input_batch import InputBatch
@@ -37,6 +38,19 @@ class HpuLoRA(LoRAModelRunnerMixin):
         """Swap the model's LoRA-capable layers for vLLM's LoRA layers."""
         self.model = self.load_lora_model(model, self.vllm_config, device)
         return self.model
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter; a failure names the adapter and its folder (vLLM's
+        not-found error passes as is: the server answers it with a 404)."""
+        try:
+            return super().add_lora(lora_request)
+        except LoRAAdapterNotFoundError:
+            raise
+        except Exception as error:
+            raise ValueError(
+                f"LoRA adapter '{lora_request.lora_name}' at "
+                f"{lora_request.lora_path} could not be loaded: {error}"
+            ) from error
 
     def set_pass(self, forward_pass: ForwardPass) -> None:
         """Activate the step's adapters and map each token of the padded pass
