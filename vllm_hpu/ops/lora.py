@@ -66,12 +66,22 @@ class HpuPunicaWrapper(PunicaWrapperBase):
         # back to the host, which a static-shape forward never needs.
         num_tokens = len(mapping.index_mapping)
         if num_tokens > self.capacity:
-            raise ValueError(
-                f"A LoRA pass of {num_tokens} tokens exceeds the {self.capacity} "
-                "the punica wrapper holds; lower the bucket maxima or raise "
-                "--max-num-batched-tokens."
-            )
+            self._grow(num_tokens)
         self._update_base_metadata(mapping, lora_index_to_id, max_loras, vocab_size)
+
+    def _grow(self, num_tokens: int) -> None:
+        """A padded bucket can hold more tokens than --max-num-batched-tokens,
+        which vLLM sized the index buffers by: grow them (warmup meets the
+        largest bucket first, so serving never does)."""
+        for name in (
+            "_token_lora_indices",
+            "_sampler_indices",
+            "_sampler_indices_padded",
+            "_embeddings_indices",
+        ):
+            old = getattr(self, name)
+            setattr(self, name, old.new_empty(num_tokens))
+        self.capacity = num_tokens
 
     def add_shrink(  # type: ignore[override]
         self,
