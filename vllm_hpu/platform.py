@@ -104,7 +104,7 @@ class HpuPlatform(Platform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"
+        return "vllm_hpu.ops.lora.HpuPunicaWrapper"
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
@@ -250,7 +250,6 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
     runner_type = model_config.runner_type if model_config is not None else "generate"
     unsupported = {
         "speculative decoding (--speculative-config)": vllm_config.speculative_config,
-        "LoRA adapters (--enable-lora)": vllm_config.lora_config,
         "KV transfer (--kv-transfer-config)": vllm_config.kv_transfer_config,
         f"the '{runner_type}' runner (--runner)": runner_type
         not in ("generate", "pooling"),

@@ -88,8 +88,10 @@ def test_platform_respects_user_block_size():
 
 
 def test_platform_rejects_unsupported_features_at_startup():
-    with pytest.raises(ValueError, match="does not support LoRA"):
-        _engine_config(enable_lora=True)
+    with pytest.raises(ValueError, match="does not support speculative decoding"):
+        _engine_config(
+            speculative_config={"method": "ngram", "num_speculative_tokens": 2}
+        )
 
 
 def test_platform_owned_variables_are_not_reported_unknown(monkeypatch, vllm_log):

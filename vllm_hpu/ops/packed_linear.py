@@ -44,7 +44,10 @@ def _can_pack(dtype: torch.dtype) -> bool:
 
 def _packable_weight(module: torch.nn.Module) -> torch.Tensor | None:
     """The weight of an unquantized linear layer or LM head that oneDNN can pack
-    (not the input embedding's: its rows are looked up, not multiplied)."""
+    (not the input embedding's: its rows are looked up, not multiplied). A LoRA
+    layer is skipped: its base layer, packed on its own, is what it calls."""
+    if hasattr(module, "base_layer"):
+        return None
     method = type(getattr(module, "quant_method", None))
     is_lm_head = isinstance(module, ParallelLMHead)
     unquantized = method is UnquantizedLinearMethod or (

@@ -9,6 +9,7 @@ import time
 import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.lora.request import LoRARequest
 from vllm.sequence import IntermediateTensors
 from vllm.tasks import SupportedTask
 from vllm.utils.mem_utils import format_gib
@@ -25,6 +26,7 @@ from vllm_hpu.metrics import HpuMetrics
 from vllm_hpu.worker import pipeline
 from vllm_hpu.worker.compile_stats import StepCompilations
 from vllm_hpu.worker.fallback_stats import StepFallbacks
+from vllm_hpu.worker.lora import HpuLoRA
 from vllm_hpu.worker.memory import MemorySplit, split_memory
 from vllm_hpu.worker.model_runner import HpuModelRunner
 from vllm_hpu.worker.pooling import supported_pooling_tasks
@@ -168,6 +170,23 @@ class HpuWorker(WorkerBase):
     def get_cache_block_size_bytes(self) -> int:
         specs = self.get_kv_cache_spec().values()
         return sum(spec.page_size_bytes for spec in specs)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self._lora().add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self._lora().remove_lora(lora_id)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self._lora().pin_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self._lora().list_loras()
+
+    def _lora(self) -> HpuLoRA:
+        if self.runner.lora is None:
+            raise RuntimeError("LoRA is not enabled: start vLLM with --enable-lora.")
+        return self.runner.lora
 
     def check_health(self) -> None:
         return

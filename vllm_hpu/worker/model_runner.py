@@ -53,6 +53,7 @@ from vllm_hpu.worker.kv_caches import (
     kv_cache_specs,
 )
 from vllm_hpu.worker.layer_split import split_graph_every
+from vllm_hpu.worker.lora import HpuLoRA
 from vllm_hpu.worker.multimodal import MultimodalInputs
 from vllm_hpu.worker.pooling import StepPooler
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
@@ -92,6 +93,9 @@ class HpuModelRunner:
         self.pooler: StepPooler | None = None  # set by load_model for pooling
         # Set by load_model for a multimodal model, on the first pipeline stage.
         self.multimodal: MultimodalInputs | None = None
+        self.lora = (
+            HpuLoRA(vllm_config, self.input_batch) if vllm_config.lora_config else None
+        )
         dtype = self.model_config.dtype
         assert isinstance(dtype, torch.dtype), "vLLM resolves the dtype first"
         self.dtype = dtype
@@ -146,6 +150,8 @@ class HpuModelRunner:
         used_before = device.memory_used()
         with set_current_vllm_config(self.vllm_config):
             self.model = get_model(vllm_config=self.vllm_config)
+            if self.lora is not None:
+                self.model = self.lora.wrap(self.model, self.device)
         check_moe_layers(self.model)
         if self.execution_mode is ExecutionMode.EAGER:
             # Compilers lower the layers as vLLM defines them: inductor cannot
@@ -291,12 +297,10 @@ class HpuModelRunner:
             hidden = self._forward(forward_pass, stage_input)
             rows = [seq.row for seq in forward_pass.seqs]
             last_hidden[rows] = hidden[forward_pass.last_token_indices]
-            self.prompt_logprobs.collect(
-                forward_pass, hidden, self.get_model().compute_logits
-            )
+            self.prompt_logprobs.collect(forward_pass, hidden, self._compute_logits)
         self._pending = _PendingStep(
             scheduler_output=scheduler_output,
-            logits=self.get_model().compute_logits(last_hidden),
+            logits=self._compute_logits(last_hidden, list(range(num_reqs))),
             discard_rows=self._rows_inside_prompt(scheduler_output),
         )
         return None
@@ -397,6 +401,8 @@ class HpuModelRunner:
         phase = "prompt" if forward_pass.is_prompt else "decode"
         graphed = (phase, forward_pass.bucket) in self.graphed_buckets
         model = self.graph_model if graphed else self.get_model()
+        if self.lora is not None:
+            self.lora.set_pass(forward_pass)
         with (
             self.profiler.span("forward", phase=phase, bucket=forward_pass.bucket),
             set_forward_context(
@@ -422,6 +428,12 @@ class HpuModelRunner:
         with self.profiler.span("embed", bucket=forward_pass.bucket):
             embeds = self.multimodal.embed(forward_pass)
         return {"input_ids": None, "inputs_embeds": embeds}
+
+    def _compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """Logits of ``hidden``, whose states belong to InputBatch ``rows``."""
+        if self.lora is not None:
+            self.lora.set_logits_rows(rows)
+        return self.get_model().compute_logits(hidden)
 
     def _rows_inside_prompt(self, scheduler_output: SchedulerOutput) -> list[int]:
         """Rows whose scheduled tokens stop short of the end of their prompt."""

@@ -15,6 +15,17 @@ from vllm_hpu.worker.inputs import ForwardPass
 from vllm_hpu.worker.request_states import RequestStates
 
 
+def _of_row(
+    compute_logits: Callable[[torch.Tensor, list[int]], torch.Tensor], row: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``compute_logits`` for hidden states that all belong to InputBatch ``row``."""
+
+    def logits(hidden: torch.Tensor) -> torch.Tensor:
+        return compute_logits(hidden, [row] * hidden.shape[0])
+
+    return logits
+
+
 class PromptLogprobs:
     def __init__(self, states: RequestStates):
         self.states = states
@@ -25,9 +36,11 @@ class PromptLogprobs:
         self,
         forward_pass: ForwardPass,
         hidden: torch.Tensor,
-        compute_logits: Callable[[torch.Tensor], torch.Tensor],
+        compute_logits: Callable[[torch.Tensor, list[int]], torch.Tensor],
     ) -> None:
-        """Score the prompt positions this pass computed, for requests that ask."""
+        """Score the prompt positions this pass computed, for requests that ask.
+        ``compute_logits(hidden, rows)``: logits of hidden states of InputBatch
+        ``rows`` (a LoRA's LM head tells requests apart by row)."""
         wanted = self.states.num_prompt_logprobs
         if not wanted:
             return
@@ -38,7 +51,9 @@ class PromptLogprobs:
             req_id = req_ids[seq.row]
             if req_id in wanted:
                 rows = hidden[first : first + seq.layout.num_scheduled_tokens]
-                self._score_chunk(req_id, seq.start, rows, compute_logits)
+                self._score_chunk(
+                    req_id, seq.start, rows, _of_row(compute_logits, seq.row)
+                )
 
     def _score_chunk(
         self,

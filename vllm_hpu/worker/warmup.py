@@ -125,6 +125,7 @@ class HpuWarmup:
         self._next_block += num_blocks
         self._next_id += 1
         sampling_params, pooling_params = self._request_params()
+        lora = self.runner.lora
         return NewRequestData(
             req_id=f"{REQ_PREFIX}{self._next_id}",
             prompt_token_ids=[0] * seq.num_tokens,
@@ -133,7 +134,7 @@ class HpuWarmup:
             pooling_params=pooling_params,
             block_ids=(block_ids,),
             num_computed_tokens=seq.num_computed,
-            lora_request=None,
+            lora_request=lora.warmup_request(self._next_id) if lora else None,
         )
 
     def _request_params(self) -> tuple[SamplingParams | None, PoolingParams | None]:
@@ -281,5 +282,6 @@ def warm_up_model(runner: HpuModelRunner, graph_mem: int) -> None:
     if not mode.compiles_shapes:
         logger.info("No warmup: nothing compiles per shape in emulated eager mode.")
         return
-    HpuWarmup(runner, graph_mem).run(capture=mode.captures_graphs)
+    with runner.lora.dummy_adapters() if runner.lora else contextlib.nullcontext():
+        HpuWarmup(runner, graph_mem).run(capture=mode.captures_graphs)
     buckets.mark_warmed(strict=envs.full_warmup)
