@@ -56,6 +56,33 @@ def sampled_token_indices(
     return dst, src
 
 
+def spec_decode_metadata(
+    draft_token_ids: list[list[int]], device: torch.device
+) -> SpecDecodeMetadata:
+    """Where each row's draft and bonus logits sit in the step's logits: rows
+    in batch order, each its draft positions then its bonus position."""
+    num_draft = np.array([len(row) for row in draft_token_ids], dtype=np.int64)
+    num_sampled = num_draft + 1
+    cu_sampled = np.cumsum(num_sampled)
+    cu_draft = np.cumsum(num_draft)
+    # Draft j of row i: row i's first sampled position, plus j.
+    offsets = np.arange(cu_draft[-1]) - np.repeat(cu_draft - num_draft, num_draft)
+    target = np.repeat(cu_sampled - num_sampled, num_draft) + offsets
+
+    def tensor(values: np.ndarray | list[int]) -> torch.Tensor:
+        return torch.tensor(np.asarray(values), dtype=torch.int32, device=device)
+
+    return SpecDecodeMetadata(
+        draft_token_ids=tensor([token for row in draft_token_ids for token in row]),
+        num_draft_tokens=num_draft.tolist(),
+        cu_num_draft_tokens=tensor(cu_draft),
+        cu_num_sampled_tokens=tensor(cu_sampled),
+        target_logits_indices=tensor(target),
+        bonus_logits_indices=tensor(cu_sampled - 1),
+        logits_indices=tensor(np.arange(cu_sampled[-1])),
+    )
+
+
 class SpecDecoder:
     """Per step: write the scheduled drafts into the batch, lay out the
     positions to sample, verify them, and propose the next drafts."""
@@ -89,36 +116,9 @@ class SpecDecoder:
         return np.array([len(drafts) for drafts in rows], dtype=np.int64)
 
     def metadata(self, device: torch.device) -> SpecDecodeMetadata | None:
-        """Where each row's draft and bonus logits sit in the step's logits
-        (rows in batch order, a request's drafts then its bonus); None when
-        no row has drafts."""
-        num_draft = self.num_draft_tokens()
-        if not num_draft.any():
-            return None
-        num_sampled = num_draft + 1
-        cu_sampled = np.cumsum(num_sampled)
-        starts = np.repeat(cu_sampled - num_sampled, num_draft)
-        cu_draft = np.cumsum(num_draft)
-        target = (
-            starts
-            + np.arange(cu_draft[-1])
-            - np.repeat(cu_draft - num_draft, num_draft)
-        )
-        rows = self.input_batch.spec_token_ids[: len(num_draft)]
-        drafts = [token for row in rows for token in row]
-
-        def tensor(values: np.ndarray | list[int]) -> torch.Tensor:
-            return torch.tensor(np.asarray(values), dtype=torch.int32, device=device)
-
-        return SpecDecodeMetadata(
-            draft_token_ids=tensor(drafts),
-            num_draft_tokens=num_draft.tolist(),
-            cu_num_draft_tokens=tensor(cu_draft),
-            cu_num_sampled_tokens=tensor(cu_sampled),
-            target_logits_indices=tensor(target),
-            bonus_logits_indices=tensor(cu_sampled - 1),
-            logits_indices=tensor(np.arange(cu_sampled[-1])),
-        )
+        """None when no row has drafts this step."""
+        rows = self.input_batch.spec_token_ids[: self.input_batch.num_reqs]
+        return spec_decode_metadata(rows, device) if any(rows) else None
 
     def sample(
         self,
