@@ -1,5 +1,8 @@
 """The plain-torch rejection sampler: greedy verification, and seeded random
-sampling that keeps the target distribution (a tiny vocabulary, many draws)."""
+sampling that keeps the target distribution (a tiny vocabulary, many draws);
+speculative methods the runner lacks are refused."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,7 +12,7 @@ from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
 from vllm.v1.sample.sampler import Sampler
 
 from vllm_hpu.worker.rejection_sampler import HpuRejectionSampler
-from vllm_hpu.worker.spec_decode import spec_decode_metadata
+from vllm_hpu.worker.spec_decode import check_speculative_config, spec_decode_metadata
 
 VOCAB = 4
 TARGET = torch.tensor([0.1, 0.2, 0.3, 0.4])
@@ -101,3 +104,21 @@ def test_seeded_request_draws_the_same_tokens():
         return output.sampled_token_ids.tolist()
 
     assert all(first_tokens() == first_tokens() for _ in range(5))
+
+
+@pytest.mark.parametrize(
+    ("method", "pipeline", "refusal"),
+    [
+        ("eagle", 1, "'eagle' speculative decoding method"),
+        ("eagle3", 1, "'eagle3' speculative decoding method"),
+        ("draft_model", 1, "'draft_model' speculative decoding method"),
+        ("ngram", 2, "pipeline parallelism"),
+    ],
+)
+def test_unsupported_speculative_configs_are_refused(method, pipeline, refusal):
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(method=method),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=pipeline),
+    )
+    with pytest.raises(ValueError, match=refusal):
+        check_speculative_config(config)  # type: ignore[arg-type]

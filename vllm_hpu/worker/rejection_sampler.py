@@ -74,6 +74,7 @@ def _apply_sampling_constraints(
     if sampling_metadata.all_greedy:
         return logits
     counts = metadata.num_draft_tokens
+    assert sampling_metadata.temperature is not None, "set unless all greedy"
     temperature = _per_token(sampling_metadata.temperature, counts)
     # Greedy rows (temperature 0) are verified by argmax, which scaling keeps.
     temperature = torch.where(temperature == 0, 1.0, temperature)
@@ -109,11 +110,12 @@ def rejection_sample(
     greedy_tokens = target_logits.argmax(dim=-1)
     accepted, fallback = drafts == greedy_tokens, greedy_tokens
     if not sampling_metadata.all_greedy:
+        assert sampling_metadata.temperature is not None, "set unless all greedy"
         generators = sampling_metadata.generators
         uniform = generate_uniform_probs(sum(counts), counts, generators, device)
         probs = target_logits.softmax(dim=-1, dtype=torch.float32)
         # Greedy rows of a mixed batch keep the argmax rule.
-        is_random = _per_token(sampling_metadata.temperature != 0, counts)
+        is_random = _per_token(sampling_metadata.temperature > 0, counts)
         accepted = torch.where(
             is_random, _accepted_random(probs, draft_probs, drafts, uniform), accepted
         )
