@@ -22,15 +22,19 @@ def counter(llm, name: str) -> float:
     return metrics[name].value if name in metrics else 0.0
 
 
+def repetitive_prompts() -> list[list[int]]:
+    """Token patterns repeated, three after a shared prefix (tiny-llama's vocab)."""
+    pattern, shared = random_prompts([5, 48], 1024, seed=1)
+    tails = random_prompts([1, 7, 70], 1024, seed=2)
+    return [pattern * 6, *(shared + pattern * 2 + tail for tail in tails)]
+
+
 def test_ngram_greedy_matches_hf_with_preemption_chunks_and_prefix_hits():
     # Repeated patterns give the n-gram proposer drafts (the random model mostly
     # rejects them: rejected drafts' KV must be overwritten, never cached); a
     # shared prefix gives prefix hits; 20 blocks of 16 tokens force preemption;
     # a 48-token step budget splits the longer prompts into chunks.
-    vocab_size = 1024
-    pattern, shared = random_prompts([5, 48], vocab_size, seed=1)
-    tails = random_prompts([1, 7, 70], vocab_size, seed=2)
-    prompts = [pattern * 6, *(shared + pattern * 2 + tail for tail in tails)]
+    prompts = repetitive_prompts()
     expected = hf_greedy(model_dir("tiny-llama"), prompts, 24, torch.float32)
     with vllm_engine(
         model_dir("tiny-llama"),
@@ -60,3 +64,27 @@ def test_ngram_accepts_drafts_on_a_repetitive_prompt():
     with vllm_engine(model, max_model_len=128, speculative_config=NGRAM) as llm:
         assert vllm_greedy(llm, prompts, 12) == expected
         assert counter(llm, "vllm:spec_decode_num_accepted_tokens") > 0
+
+
+def test_ngram_verification_compiles_nothing_after_warmup(hpu_env):
+    """Compiled emulation without prefix caching or chunked prefill: the
+    context buckets that verification passes take are warmed up too."""
+    from torch._dynamo.utils import counters
+
+    hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
+    prompts = repetitive_prompts()[:2]
+    expected = hf_greedy(model_dir("tiny-llama"), prompts, 24, torch.float32)
+    with vllm_engine(
+        model_dir("tiny-llama"),
+        enforce_eager=False,
+        block_size=16,
+        max_model_len=256,
+        max_num_seqs=2,
+        max_num_batched_tokens=256,
+        enable_prefix_caching=False,
+        speculative_config=NGRAM,
+    ) as llm:
+        warmed = int(counters["stats"]["unique_graphs"])
+        assert vllm_greedy(llm, prompts, 24) == expected
+        assert int(counters["stats"]["unique_graphs"]) == warmed
+        assert counter(llm, "vllm:spec_decode_num_draft_tokens") > 0
