@@ -5,6 +5,7 @@ Run: VLLM_HPU_EMULATION=1 PYTHONPATH=$PWD python -m benchmarks.spec_decode
 """
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -34,12 +35,15 @@ def run(args: argparse.Namespace, speculative_config: dict | None) -> dict:
     """One engine: output tokens per second of the greedy batch, and the
     spec-decode counters (absent without speculative decoding)."""
     from vllm import LLM, SamplingParams
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     llm = LLM(
         model=args.model,
         dtype=args.dtype,
         max_model_len=512,
         seed=0,
+        # Sized explicitly: a second engine in this process cannot profile memory.
+        kv_cache_memory_bytes=256 << 20,
         disable_log_stats=False,
         speculative_config=speculative_config,
     )
@@ -52,6 +56,9 @@ def run(args: argparse.Namespace, speculative_config: dict | None) -> dict:
     drafted = metrics.get("vllm:spec_decode_num_draft_tokens") or 0
     accepted = metrics.get("vllm:spec_decode_num_accepted_tokens") or 0
     llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    cleanup_dist_env_and_memory()
     return {
         "method": speculative_config["method"] if speculative_config else "none",
         "tokens_per_s": round(num_tokens / seconds, 2),
