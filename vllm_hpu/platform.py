@@ -249,7 +249,6 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
     model_config = vllm_config.model_config
     runner_type = model_config.runner_type if model_config is not None else "generate"
     unsupported = {
-        "speculative decoding (--speculative-config)": vllm_config.speculative_config,
         "KV transfer (--kv-transfer-config)": vllm_config.kv_transfer_config,
         f"the '{runner_type}' runner (--runner)": runner_type
         not in ("generate", "pooling"),
@@ -259,6 +258,9 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
             raise ValueError(
                 f"The HPU plugin does not support {feature} yet; start vLLM without it."
             )
+    from vllm_hpu.worker.spec_decode import check_speculative_config
+
+    check_speculative_config(vllm_config)
 
 
 def _reject_unsupported_model(vllm_config: "VllmConfig") -> None:

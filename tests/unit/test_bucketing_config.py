@@ -144,15 +144,18 @@ def test_zero_for_batch_or_seq_variables_rejected_when_read(name):
 
 
 @pytest.mark.parametrize(
-    ("prefix_caching", "chunked_prefill", "use_context"),
+    ("prefix_caching", "chunked_prefill", "speculative", "use_context"),
     [
-        (False, False, False),
-        (True, False, True),
-        (False, True, True),
-        (True, True, True),
+        (False, False, False, False),
+        (True, False, False, True),
+        (False, True, False, True),
+        (True, True, False, True),
+        (False, False, True, True),  # drafts are verified after the context
     ],
 )
-def test_from_vllm_config_reads_limits(prefix_caching, chunked_prefill, use_context):
+def test_from_vllm_config_reads_limits(
+    prefix_caching, chunked_prefill, speculative, use_context
+):
     vllm_config = SimpleNamespace(
         scheduler_config=SimpleNamespace(
             max_num_seqs=16,
@@ -163,6 +166,7 @@ def test_from_vllm_config_reads_limits(prefix_caching, chunked_prefill, use_cont
             block_size=128, enable_prefix_caching=prefix_caching
         ),
         model_config=SimpleNamespace(max_model_len=1024),
+        speculative_config=SimpleNamespace(method="ngram") if speculative else None,
     )
     config = BucketingConfig.from_vllm_config(vllm_config, read_envs({}))
     assert (config.max_num_seqs, config.max_num_batched_tokens) == (16, 2048)

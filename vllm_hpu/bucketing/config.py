@@ -43,7 +43,8 @@ class ServingLimits:
     max_num_batched_tokens: int
     max_model_len: int
     block_size: int
-    # Prefix caching or chunked prefill: prompts may start after cached blocks.
+    # Prefix caching, chunked prefill or speculative decoding: prompt passes may
+    # start after cached blocks.
     use_context_buckets: bool = False
 
 
@@ -82,8 +83,11 @@ class BucketingConfig:
             max_num_batched_tokens=scheduler.max_num_batched_tokens,
             max_model_len=vllm_config.model_config.max_model_len,
             block_size=cache.block_size,
+            # Speculative decoding verifies drafts as chunks after the context.
             use_context_buckets=bool(
-                cache.enable_prefix_caching or scheduler.enable_chunked_prefill
+                cache.enable_prefix_caching
+                or scheduler.enable_chunked_prefill
+                or vllm_config.speculative_config is not None
             ),
         )
         return cls.from_limits(limits, envs)

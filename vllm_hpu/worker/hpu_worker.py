@@ -16,7 +16,7 @@ from vllm.utils.mem_utils import format_gib
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from vllm.v1.outputs import AsyncModelRunnerOutput, DraftTokenIds, ModelRunnerOutput
 from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
@@ -87,6 +87,9 @@ class HpuWorker(WorkerBase):
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         return self.runner.get_kv_cache_spec()
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        return self.runner.take_draft_token_ids()
 
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache: an explicit size, or the documented split."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.config import VllmConfig, get_layers_from_vllm_config, set_current_vllm_config
 from vllm.forward_context import set_forward_context
@@ -23,9 +24,15 @@ from vllm.model_executor.models.interfaces import supports_multimodal
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, SamplerOutput
+from vllm.v1.outputs import (
+    EMPTY_MODEL_RUNNER_OUTPUT,
+    DraftTokenIds,
+    LogprobsLists,
+    ModelRunnerOutput,
+)
 from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
+from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
@@ -58,6 +65,7 @@ from vllm_hpu.worker.multimodal import MultimodalInputs
 from vllm_hpu.worker.pooling import StepPooler
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.request_states import RequestStates
+from vllm_hpu.worker.spec_decode import SpecDecoder, sampled_token_indices
 
 logger = init_logger("vllm.hpu.model_runner")
 
@@ -67,8 +75,11 @@ class _PendingStep:
     """What execute_model hands to sample_tokens."""
 
     scheduler_output: SchedulerOutput
-    logits: torch.Tensor  # [num_reqs, vocab_size], rows in InputBatch order
+    # [num_sampled, vocab_size]: per row in InputBatch order, its draft
+    # positions (speculative decoding) then its last token.
+    logits: torch.Tensor
     discard_rows: list[int]  # rows inside a prompt: their sample is dropped
+    spec_metadata: SpecDecodeMetadata | None  # None: one token per row
 
 
 class HpuModelRunner:
@@ -85,6 +96,9 @@ class HpuModelRunner:
         self.states = RequestStates(self.input_batch, torch_device)
         self.prompt_logprobs = PromptLogprobs(self.states)
         self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
+        self.spec: SpecDecoder | None = None
+        if vllm_config.speculative_config is not None:
+            self.spec = SpecDecoder(vllm_config, self.input_batch, self.sampler)
         self.buckets = HpuBucketManager(
             BucketingConfig.from_vllm_config(vllm_config, get_envs())
         )
@@ -276,6 +290,8 @@ class HpuModelRunner:
             self.states.update(scheduler_output)
             if self.multimodal is not None:
                 self.multimodal.update(scheduler_output)
+            if self.spec is not None:
+                self.spec.update(scheduler_output, self.states.requests)
             if not scheduler_output.total_num_scheduled_tokens:
                 return EMPTY_MODEL_RUNNER_OUTPUT
             passes = self._plan_passes(scheduler_output)
@@ -288,22 +304,31 @@ class HpuModelRunner:
         if self.pooler is not None:  # pooling models answer here: nothing to sample
             outputs = ((p, self._forward(p, x)) for p, x in pairs)
             return self.pooler.pool(scheduler_output, outputs)
-        num_reqs = self.input_batch.num_reqs
+        num_sampled = 1 + self._num_draft_tokens()
+        cu_num_sampled = np.cumsum(num_sampled)
         hidden_size = self.model_config.get_hidden_size()
-        last_hidden = torch.empty(
-            (num_reqs, hidden_size), dtype=self.dtype, device=self.device
+        sample_hidden = torch.empty(
+            (int(cu_num_sampled[-1]), hidden_size), dtype=self.dtype, device=self.device
         )
         for forward_pass, stage_input in pairs:
             hidden = self._forward(forward_pass, stage_input)
-            rows = [seq.row for seq in forward_pass.seqs]
-            last_hidden[rows] = hidden[forward_pass.last_token_indices]
+            dst, src = sampled_token_indices(forward_pass, num_sampled, cu_num_sampled)
+            sample_hidden[dst] = hidden[src]
             self.prompt_logprobs.collect(forward_pass, hidden, self._compute_logits)
+        # Each sampled position's InputBatch row (several per row with drafts).
+        sample_rows = np.repeat(np.arange(len(num_sampled)), num_sampled).tolist()
         self._pending = _PendingStep(
             scheduler_output=scheduler_output,
-            logits=self._compute_logits(last_hidden, list(range(num_reqs))),
+            logits=self._compute_logits(sample_hidden, sample_rows),
             discard_rows=self._rows_inside_prompt(scheduler_output),
+            spec_metadata=self.spec.metadata(self.device) if self.spec else None,
         )
         return None
+
+    def _num_draft_tokens(self) -> np.ndarray:
+        if self.spec is None:
+            return np.zeros(self.input_batch.num_reqs, dtype=np.int64)
+        return self.spec.num_draft_tokens()
 
     def _stage_inputs(
         self, passes: list[ForwardPass], received: IntermediateTensors | None
@@ -469,43 +494,78 @@ class HpuModelRunner:
             for row in pending.discard_rows
             if row in generators
         }
+        output: ModelRunnerOutput | HpuAsyncOutput
         with self.profiler.span("sample"):
-            sampler_output = self.sampler(
-                logits=pending.logits,
-                sampling_metadata=self.input_batch.sampling_metadata,
-            )
+            if self.async_feed is not None:
+                output = self._launch_async(pending)
+            else:
+                output = self._make_output(pending, *self._sample(pending))
         for row, state in saved.items():
             generators[row].set_state(state)
-        return self._make_output(pending, sampler_output)
+        return output
 
-    def _make_output(
-        self, pending: _PendingStep, sampler_output: SamplerOutput
-    ) -> ModelRunnerOutput | HpuAsyncOutput:
-        if self.async_feed is not None:
-            return self.async_feed.launch(
-                ModelRunnerOutput(
-                    req_ids=list(self.input_batch.req_ids),
-                    req_id_to_index=dict(self.input_batch.req_id_to_index),
-                    prompt_logprobs_dict=self.prompt_logprobs.finish(
-                        pending.scheduler_output
-                    ),
+    def _launch_async(self, pending: _PendingStep) -> HpuAsyncOutput:
+        """Async scheduling (never with drafts): the sampled tokens stay on the
+        device for the next step; the host copy completes in the output."""
+        assert self.async_feed is not None and pending.spec_metadata is None
+        output = self.sampler(
+            logits=pending.logits, sampling_metadata=self.input_batch.sampling_metadata
+        )
+        return self.async_feed.launch(
+            ModelRunnerOutput(
+                req_ids=list(self.input_batch.req_ids),
+                req_id_to_index=dict(self.input_batch.req_id_to_index),
+                prompt_logprobs_dict=self.prompt_logprobs.finish(
+                    pending.scheduler_output
                 ),
-                sampler_output.sampled_token_ids,
-                sampler_output.logprobs_tensors,
+            ),
+            output.sampled_token_ids,
+            output.logprobs_tensors,
+            pending.discard_rows,
+        )
+
+    def _sample(
+        self, pending: _PendingStep
+    ) -> tuple[list[list[int]], LogprobsLists | None]:
+        """Each row's tokens: one, or its accepted drafts plus one; none for
+        rows inside a prompt."""
+        sampling_metadata = self.input_batch.sampling_metadata
+        if pending.spec_metadata is not None:
+            assert self.spec is not None
+            return self.spec.sample(
+                pending.spec_metadata,
+                pending.logits,
+                sampling_metadata,
                 pending.discard_rows,
             )
-        sampled_token_ids: list[list[int]] = sampler_output.sampled_token_ids.tolist()
-        discard = set(pending.discard_rows)
+        output = self.sampler(
+            logits=pending.logits, sampling_metadata=sampling_metadata
+        )
+        sampled: list[list[int]] = output.sampled_token_ids.tolist()
+        for row in pending.discard_rows:
+            sampled[row].clear()
+        logprobs = output.logprobs_tensors
+        return sampled, logprobs.tolists() if logprobs is not None else None
+
+    def _make_output(
+        self,
+        pending: _PendingStep,
+        sampled_token_ids: list[list[int]],
+        logprobs: LogprobsLists | None,
+    ) -> ModelRunnerOutput:
         for row, tokens in enumerate(sampled_token_ids):
-            if row in discard:
-                tokens.clear()
-            else:
-                self.states.append_sampled(row, tokens[0])
-        logprobs = sampler_output.logprobs_tensors
+            for token_id in tokens:
+                self.states.append_sampled(row, token_id)
+        if self.spec is not None:
+            self.spec.propose(pending.scheduler_output, sampled_token_ids)
         return ModelRunnerOutput(
             req_ids=list(self.input_batch.req_ids),
             req_id_to_index=dict(self.input_batch.req_id_to_index),
             sampled_token_ids=sampled_token_ids,
-            logprobs=logprobs.tolists() if logprobs is not None else None,
+            logprobs=logprobs,
             prompt_logprobs_dict=self.prompt_logprobs.finish(pending.scheduler_output),
         )
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts proposed in the last step, for the scheduler's next."""
+        return self.spec.take_draft_token_ids() if self.spec is not None else None

@@ -1,0 +1,87 @@
+"""Tokens per second with and without n-gram speculative decoding, and the
+acceptance rate from vLLM's spec-decode metrics (greedy, SmolLM2 by default).
+
+Run: VLLM_HPU_EMULATION=1 PYTHONPATH=$PWD python -m benchmarks.spec_decode
+"""
+
+import argparse
+import gc
+import json
+import os
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+DEFAULT_MODEL = ".cache/models/smollm2-135m-instruct"
+# Repetitive text, where prompt lookup has something to find.
+PROMPTS = [
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+    "The cat sat on the mat. The cat sat on the mat. The cat",
+    "apple banana cherry apple banana cherry apple banana",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef",
+]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--num-speculative-tokens", type=int, default=3)
+    parser.add_argument("--dtype", default="float32")
+    return parser.parse_args()
+
+
+def run(args: argparse.Namespace, speculative_config: dict | None) -> dict:
+    """One engine: output tokens per second of the greedy batch, and the
+    spec-decode counters (absent without speculative decoding)."""
+    from vllm import LLM, SamplingParams
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        max_model_len=512,
+        seed=0,
+        # Sized explicitly: a second engine in this process cannot profile memory.
+        kv_cache_memory_bytes=256 << 20,
+        disable_log_stats=False,
+        speculative_config=speculative_config,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    started = time.perf_counter()
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+    drafted = metrics.get("vllm:spec_decode_num_draft_tokens") or 0
+    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens") or 0
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    cleanup_dist_env_and_memory()
+    return {
+        "method": speculative_config["method"] if speculative_config else "none",
+        "tokens_per_s": round(num_tokens / seconds, 2),
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+    }
+
+
+def main() -> None:
+    from vllm_hpu.patches import allow_torchvision_import
+
+    allow_torchvision_import()
+    args = parse_args()
+    ngram = {
+        "method": "ngram",
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "prompt_lookup_min": 1,
+        "prompt_lookup_max": 3,
+    }
+    for config in (None, ngram):
+        print(json.dumps(run(args, config)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Speculative decoding with n-gram drafts: greedy outputs equal transformers'
+token for token (float32), and drafts get accepted on a repetitive prompt."""
+
+import pytest
+import torch
+from models import model_path as model_dir
+
+from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
+
+pytestmark = pytest.mark.slow
+
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+}
+
+
+def counter(llm, name: str) -> float:
+    metrics = {m.name: m for m in llm.get_metrics()}
+    return metrics[name].value if name in metrics else 0.0
+
+
+def repetitive_prompts() -> list[list[int]]:
+    """Token patterns repeated, three after a shared prefix (tiny-llama's vocab)."""
+    pattern, shared = random_prompts([5, 48], 1024, seed=1)
+    tails = random_prompts([1, 7, 70], 1024, seed=2)
+    return [pattern * 6, *(shared + pattern * 2 + tail for tail in tails)]
+
+
+def test_ngram_greedy_matches_hf_with_preemption_chunks_and_prefix_hits():
+    # Repeated patterns give the n-gram proposer drafts (the random model mostly
+    # rejects them: rejected drafts' KV must be overwritten, never cached); a
+    # shared prefix gives prefix hits; 20 blocks of 16 tokens force preemption;
+    # a 48-token step budget splits the longer prompts into chunks.
+    prompts = repetitive_prompts()
+    expected = hf_greedy(model_dir("tiny-llama"), prompts, 24, torch.float32)
+    with vllm_engine(
+        model_dir("tiny-llama"),
+        block_size=16,
+        max_model_len=256,
+        num_gpu_blocks_override=20,
+        kv_cache_memory_bytes=None,
+        max_num_batched_tokens=48,
+        enable_chunked_prefill=True,
+        enable_prefix_caching=True,
+        speculative_config=NGRAM,
+    ) as llm:
+        assert vllm_greedy(llm, prompts, 24) == expected
+        assert counter(llm, "vllm:spec_decode_num_draft_tokens") > 0
+        assert counter(llm, "vllm:num_preemptions") > 0
+        assert counter(llm, "vllm:prefix_cache_hits") > 0
+
+
+def test_ngram_accepts_drafts_on_a_repetitive_prompt():
+    """SmolLM2 continues a count, which the prompt's n-grams predict."""
+    from transformers import AutoTokenizer
+
+    model = model_dir("smollm2-135m-instruct")
+    prompt = AutoTokenizer.from_pretrained(model)("1, 2, 3, 4, 5, 6, 7, 8, 9,")
+    prompts = [prompt["input_ids"]]
+    expected = hf_greedy(model, prompts, 12, torch.float32)
+    with vllm_engine(model, max_model_len=128, speculative_config=NGRAM) as llm:
+        assert vllm_greedy(llm, prompts, 12) == expected
+        assert counter(llm, "vllm:spec_decode_num_accepted_tokens") > 0
+
+
+def test_ngram_verification_compiles_nothing_after_warmup(hpu_env):
+    """Compiled emulation without prefix caching or chunked prefill: the
+    context buckets that verification passes take are warmed up too."""
+    from torch._dynamo.utils import counters
+
+    hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
+    prompts = repetitive_prompts()[:2]
+    expected = hf_greedy(model_dir("tiny-llama"), prompts, 24, torch.float32)
+    with vllm_engine(
+        model_dir("tiny-llama"),
+        enforce_eager=False,
+        block_size=16,
+        max_model_len=256,
+        max_num_seqs=2,
+        max_num_batched_tokens=256,
+        enable_prefix_caching=False,
+        speculative_config=NGRAM,
+    ) as llm:
+        warmed = int(counters["stats"]["unique_graphs"])
+        assert vllm_greedy(llm, prompts, 24) == expected
+        assert int(counters["stats"]["unique_graphs"]) == warmed
+        assert counter(llm, "vllm:spec_decode_num_draft_tokens") > 0

@@ -1,0 +1,155 @@
+"""Speculative decoding in the HPU runner: a request's last token and its drafts
+run as one prompt chunk over its KV context, the rejection sampler verifies the
+drafts, and vLLM's n-gram proposer drafts the next step's tokens."""
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from vllm.config import VllmConfig
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import DraftTokenIds, LogprobsLists
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.sampler import Sampler
+from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+
+from vllm_hpu.worker.inputs import ForwardPass
+from vllm_hpu.worker.rejection_sampler import HpuRejectionSampler
+
+# Proposers the HPU runner drafts with; the others are refused at start-up.
+SUPPORTED_METHODS = ("ngram",)
+
+
+def check_speculative_config(vllm_config: VllmConfig) -> None:
+    """Refuse at start-up what the HPU runner cannot speculate with."""
+    spec = vllm_config.speculative_config
+    if spec is None:
+        return
+    if spec.method not in SUPPORTED_METHODS:
+        raise ValueError(
+            f"The HPU plugin does not support the '{spec.method}' speculative "
+            f"decoding method yet; use one of {list(SUPPORTED_METHODS)} in "
+            "--speculative-config, or start vLLM without it."
+        )
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        raise ValueError(
+            "The HPU plugin does not support speculative decoding with pipeline "
+            "parallelism; drop --speculative-config or --pipeline-parallel-size."
+        )
+
+
+def sampled_token_indices(
+    forward_pass: ForwardPass, num_sampled: np.ndarray, cu_num_sampled: np.ndarray
+) -> tuple[list[int], list[int]]:
+    """(rows of the step's logits, flat indices in the pass) of the positions
+    to sample: each request's last ``num_sampled[row]`` scheduled tokens."""
+    dst: list[int] = []
+    src: list[int] = []
+    for seq, last in zip(
+        forward_pass.seqs, forward_pass.last_token_indices, strict=True
+    ):
+        count = int(num_sampled[seq.row])
+        end = int(cu_num_sampled[seq.row])
+        dst.extend(range(end - count, end))
+        src.extend(range(last - count + 1, last + 1))
+    return dst, src
+
+
+def spec_decode_metadata(
+    draft_token_ids: list[list[int]], device: torch.device
+) -> SpecDecodeMetadata:
+    """Where each row's draft and bonus logits sit in the step's logits: rows
+    in batch order, each its draft positions then its bonus position."""
+    num_draft = np.array([len(row) for row in draft_token_ids], dtype=np.int64)
+    num_sampled = num_draft + 1
+    cu_sampled = np.cumsum(num_sampled)
+    cu_draft = np.cumsum(num_draft)
+    # Draft j of row i: row i's first sampled position, plus j.
+    offsets = np.arange(cu_draft[-1]) - np.repeat(cu_draft - num_draft, num_draft)
+    target = np.repeat(cu_sampled - num_sampled, num_draft) + offsets
+
+    def tensor(values: np.ndarray | list[int]) -> torch.Tensor:
+        return torch.tensor(np.asarray(values), dtype=torch.int32, device=device)
+
+    return SpecDecodeMetadata(
+        draft_token_ids=tensor([token for row in draft_token_ids for token in row]),
+        num_draft_tokens=num_draft.tolist(),
+        cu_num_draft_tokens=tensor(cu_draft),
+        cu_num_sampled_tokens=tensor(cu_sampled),
+        target_logits_indices=tensor(target),
+        bonus_logits_indices=tensor(cu_sampled - 1),
+        logits_indices=tensor(np.arange(cu_sampled[-1])),
+    )
+
+
+class SpecDecoder:
+    """Per step: write the scheduled drafts into the batch, lay out the
+    positions to sample, verify them, and propose the next drafts."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, input_batch: InputBatch, sampler: Sampler
+    ):
+        # Imported here: the n-gram proposer compiles its numba kernel on import.
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+        spec = vllm_config.speculative_config
+        assert spec is not None and spec.method in SUPPORTED_METHODS
+        self.input_batch = input_batch
+        self.proposer = NgramProposer(vllm_config)
+        self.rejection_sampler = HpuRejectionSampler(sampler, spec)
+        self._drafts: DraftTokenIds | None = None
+
+    def update(
+        self,
+        scheduler_output: SchedulerOutput,
+        requests: Mapping[str, CachedRequestState],
+    ) -> None:
+        """Put each row's scheduled drafts after its tokens, where the pass
+        reads its input ids; a row without drafts gets none."""
+        scheduled = scheduler_output.scheduled_spec_decode_tokens
+        for req_id in self.input_batch.req_ids:
+            self.input_batch.update_req_spec_token_ids(requests[req_id], scheduled)
+
+    def num_draft_tokens(self) -> np.ndarray:
+        rows = self.input_batch.spec_token_ids[: self.input_batch.num_reqs]
+        return np.array([len(drafts) for drafts in rows], dtype=np.int64)
+
+    def metadata(self, device: torch.device) -> SpecDecodeMetadata | None:
+        """None when no row has drafts this step."""
+        rows = self.input_batch.spec_token_ids[: self.input_batch.num_reqs]
+        return spec_decode_metadata(rows, device) if any(rows) else None
+
+    def sample(
+        self,
+        metadata: SpecDecodeMetadata,
+        logits: torch.Tensor,
+        sampling_metadata: SamplingMetadata,
+        discard_rows: list[int],
+    ) -> tuple[list[list[int]], LogprobsLists | None]:
+        """Each row's accepted drafts plus one token (none for discarded rows)."""
+        output = self.rejection_sampler(metadata, None, logits, sampling_metadata)
+        return self.rejection_sampler.parse_output(
+            output.sampled_token_ids,
+            self.input_batch.vocab_size,
+            discard_rows,
+            output.logprobs_tensors,
+        )
+
+    def propose(
+        self, scheduler_output: SchedulerOutput, sampled: list[list[int]]
+    ) -> None:
+        """Draft from the tokens so far (accepted ones included); rows that
+        sampled nothing (inside a prompt) get no drafts."""
+        batch = self.input_batch
+        drafts = self.proposer.propose(
+            scheduler_output.num_spec_tokens_to_schedule,
+            sampled,
+            batch.num_tokens_no_spec,
+            batch.token_ids_cpu,
+        )
+        self._drafts = DraftTokenIds(list(batch.req_ids), drafts)
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        drafts, self._drafts = self._drafts, None
+        return drafts
