@@ -11,7 +11,6 @@ from vllm.model_executor.layers.linear import (
     register_weight_loader_v2_supported_method,
 )
 from vllm.model_executor.layers.quantization import register_quantization_config
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
     is_layer_skipped,
 )
@@ -21,12 +20,13 @@ from vllm.model_executor.parameter import (
 )
 
 from vllm_hpu.ops import int4
+from vllm_hpu.ops.int4_config import HpuInt4Config
 
-ACT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
-
-class HpuAWQConfig(QuantizationConfig):
+class HpuAWQConfig(HpuInt4Config):
     """The ``quantization_config`` of an AutoAWQ checkpoint, GEMM variant only."""
+
+    METHOD = "awq"
 
     def __init__(self, group_size: int, modules_to_not_convert: list[str]) -> None:
         super().__init__()
@@ -35,18 +35,6 @@ class HpuAWQConfig(QuantizationConfig):
 
     def __repr__(self) -> str:
         return f"HpuAWQConfig(group_size={self.group_size})"
-
-    @classmethod
-    def get_name(cls) -> Any:
-        return "awq"
-
-    @classmethod
-    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
-        return ACT_DTYPES
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return 0
 
     @staticmethod
     def get_config_filenames() -> list[str]:
@@ -74,15 +62,6 @@ class HpuAWQConfig(QuantizationConfig):
         group_size = cls.get_from_keys(config, ["q_group_size", "group_size"])
         skipped = cls.get_from_keys_or(config, ["modules_to_not_convert"], None)
         return cls(group_size, skipped or [])
-
-    @classmethod
-    def override_quantization_method(
-        cls, hf_quant_cfg: dict[str, Any], user_quant: str | None, hf_config: Any = None
-    ) -> Any:
-        """Claims AWQ checkpoints (vLLM's own AWQ methods need CUDA kernels)."""
-        if hf_quant_cfg.get("quant_method", "").lower() != "awq":
-            return None
-        return "awq" if user_quant in (None, "awq") else None
 
     def get_quant_method(
         self, layer: torch.nn.Module, prefix: str

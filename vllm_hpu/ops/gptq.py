@@ -11,7 +11,6 @@ from vllm.model_executor.layers.linear import (
     register_weight_loader_v2_supported_method,
 )
 from vllm.model_executor.layers.quantization import register_quantization_config
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.utils.gptq_utils import (
     is_layer_gptq_quantized,
 )
@@ -25,14 +24,16 @@ from vllm.model_executor.parameter import (
 )
 
 from vllm_hpu.ops import int4
-from vllm_hpu.ops.awq import ACT_DTYPES
+from vllm_hpu.ops.int4_config import HpuInt4Config
 
 SYMMETRIC_ZERO = 8  # the zero point of symmetric 4-bit GPTQ (uint4 with bias 8)
 
 
-class HpuGPTQConfig(QuantizationConfig):
+class HpuGPTQConfig(HpuInt4Config):
     """The ``quantization_config`` of a GPTQ checkpoint (``gptq`` v1 format, whose
     qzeros hold zero - 1, or ``gptq_v2``, whose qzeros hold the zero itself)."""
+
+    METHOD = "gptq"
 
     def __init__(self, group_size: int, desc_act: bool, sym: bool, v1: bool) -> None:
         super().__init__()
@@ -47,18 +48,6 @@ class HpuGPTQConfig(QuantizationConfig):
             f"HpuGPTQConfig(group_size={self.group_size}, desc_act={self.desc_act}, "
             f"sym={self.sym}, v1={self.v1})"
         )
-
-    @classmethod
-    def get_name(cls) -> Any:
-        return "gptq"
-
-    @classmethod
-    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
-        return ACT_DTYPES
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return 0
 
     @staticmethod
     def get_config_filenames() -> list[str]:
@@ -78,15 +67,6 @@ class HpuGPTQConfig(QuantizationConfig):
         blocks = cls.get_from_keys_or(config, ["modules_in_block_to_quantize"], None)
         quant.modules_in_block_to_quantize = blocks or []
         return quant
-
-    @classmethod
-    def override_quantization_method(
-        cls, hf_quant_cfg: dict[str, Any], user_quant: str | None, hf_config: Any = None
-    ) -> Any:
-        """Claims GPTQ checkpoints (vLLM's own GPTQ methods need CUDA kernels)."""
-        if hf_quant_cfg.get("quant_method", "").lower() != "gptq":
-            return None
-        return "gptq" if user_quant in (None, "gptq") else None
 
     @staticmethod
     def get_checkpoint_weight_mapper() -> WeightsMapper:
