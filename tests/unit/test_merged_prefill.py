@@ -6,6 +6,7 @@ tokens through its slot_mapping (as the attention impl does) and compare every
 prompt's rows with naive causal attention over that prompt alone.
 """
 
+import itertools
 import random
 from collections.abc import Iterator
 
@@ -107,7 +108,10 @@ def test_packed_attention_matches_each_prompt_alone(
     seq_lens = [c + q for c, q in shapes]
     layout = random_layout(rng, seq_lens, BLOCK, (num_kv_heads, head_size), dtype)
     fill_cache(layout, contexts, BLOCK)
-    seqs = [SeqLayout(t, c, q) for t, (c, q) in zip(layout.block_tables, shapes)]
+    seqs = [
+        SeqLayout(t, c, q)
+        for t, (c, q) in zip(layout.block_tables, shapes, strict=True)
+    ]
     num_tokens = sum(q for _, q in shapes) + 7
     num_blocks = sum(-(-c // BLOCK) for c in contexts) + 1
     windows = (variant.sliding_window,) if variant.sliding_window else ()
@@ -141,7 +145,7 @@ def test_packed_attention_matches_each_prompt_alone(
     out = prompt_attention(query, key, value, attn_bias, scoring, past_kv)
 
     assert torch.isfinite(out).all(), "padding rows must stay finite"
-    for i, (start, stop) in enumerate(zip(offsets, offsets[1:])):
+    for i, (start, stop) in enumerate(itertools.pairwise(offsets)):
         expected = naive_attention(
             query[0, start:stop], layout.keys[i], layout.values[i], scale, variant
         )
@@ -172,9 +176,7 @@ def test_merged_buckets_are_tokens_by_context() -> None:
     manager = _manager()
     assert manager.config.merged_prefill
     tokens = [128, 256, 384, 512, 640, 896, 1152, 1536, 2048]
-    assert manager.prompt_buckets == [
-        Bucket(1, t, c) for t in tokens for c in (0, 32)
-    ]
+    assert manager.prompt_buckets == [Bucket(1, t, c) for t in tokens for c in (0, 32)]
     assert merged_prompt_buckets(manager.config) == manager.prompt_buckets
 
 
