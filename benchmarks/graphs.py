@@ -3,22 +3,19 @@
 Each configuration's step trace (``benchmarks/traces/``, recorded from the benchmark
 workload by ``benchmarks/step_trace.py``; ``--record`` records them again) is
 replayed against several bucket sets, through the runner's own pass split: the
-reference's exponential buckets, today's linear ones, and our default. The targets
+reference's exponential buckets, today's linear ones, the compact set with one row
+per prompt, and our default (compact, merged prefill). The targets
 are checked on the same steps and printed with the table.
 """
 
 import argparse
 import dataclasses
 import logging
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager, ServingLimits
-from vllm_hpu.bucketing.padding import PaddingCounter
-from vllm_hpu.bucketing.ranges import cover_value
-from vllm_hpu.bucketing.reference import log2_limit, reference_range
 from vllm_hpu.bucketing.replay import ReplayResult, replay_trace
 from vllm_hpu.bucketing.trace import StepTrace
 from vllm_hpu.envs import read_envs
@@ -50,11 +47,15 @@ CONFIGURATIONS = (
     Configuration("chat (8 seqs, 8k)", "chat.jsonl", 8, 8192, 512),
 )
 # Bucket sets compared: name, and the variables that select them.
+# The reference and linear sets run one row per prompt, as those stacks do.
+UNPACKED = {"VLLM_HPU_MERGED_PREFILL": "false"}
 STRATEGIES = (
-    ("reference", {"VLLM_HPU_BUCKETING_STRATEGY": "reference"}),
-    ("today (linear)", {"VLLM_HPU_BUCKETING_STRATEGY": "linear"}),
-    ("ours (compact, default)", {}),
+    ("reference", {"VLLM_HPU_BUCKETING_STRATEGY": "reference", **UNPACKED}),
+    ("today (linear)", {"VLLM_HPU_BUCKETING_STRATEGY": "linear", **UNPACKED}),
+    ("compact, one row per prompt", UNPACKED),
+    ("ours (compact, merged prefill, default)", {}),
 )
+OURS = STRATEGIES[-1][0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,39 +84,6 @@ def measure(trace: StepTrace, environ: dict[str, str], name: str) -> Measured:
     return Measured(name, num_prompt, num_decode, replay_trace(trace, manager))
 
 
-def merged_prefill_projection(trace: StepTrace, decode: Measured) -> Measured:
-    """What merged prefill would give (not implemented: it changes the runner and
-    the prompt mask): each step's chunks packed into one pass of their total tokens,
-    padded to the reference's query ladder, with context padded to 0 or the most
-    one request can have (a pack with more context is split in two)."""
-    block_size = trace.block_size
-    token_ladder = reference_range(
-        block_size,
-        block_size,
-        trace.max_num_batched_tokens,
-        log2_limit(trace.max_num_batched_tokens) - 2,
-    )
-    most_context = math.ceil((trace.max_model_len - 1) / block_size)
-    result = ReplayResult(stats=decode.result.stats)
-    result.stats.prompt = PaddingCounter()
-    for step in trace.steps:
-        if not (step.prompts or step.decode_blocks):
-            continue
-        tokens = sum(chunk.query_len for chunk in step.prompts)
-        context = sum(chunk.context_blocks(block_size) for chunk in step.prompts)
-        num_passes = bool(step.decode_blocks) + (
-            math.ceil(context / most_context) if context else bool(step.prompts)
-        )
-        if step.prompts:
-            result.stats.prompt.add(tokens, cover_value(token_ladder, tokens))
-        result.steps += 1
-        result.passes += num_passes
-    num_prompt = len(token_ladder) * 2
-    return Measured(
-        "merged prefill (projection)", num_prompt, decode.num_decode, result
-    )
-
-
 def row(config: Configuration, measured: Measured) -> str:
     stats, result = measured.result.stats, measured.result
     cells = [
@@ -134,7 +102,7 @@ def row(config: Configuration, measured: Measured) -> str:
 
 def checks(config: Configuration, by_name: dict[str, Measured]) -> list[str]:
     """The issue's targets for one configuration: ours against the others."""
-    ours, ref = by_name["ours (compact, default)"], by_name["reference"]
+    ours, ref = by_name[OURS], by_name["reference"]
     today = by_name["today (linear)"]
     graph_limit = (
         EXAMPLE_GRAPH_TARGET if config.trace == "example.jsonl" else ref.num_graphs // 2
@@ -206,7 +174,6 @@ def report_rows(traces: Path = TRACES) -> list[str]:
     for config in CONFIGURATIONS:
         trace = StepTrace.load(traces / config.trace)
         measured = [measure(trace, environ, name) for name, environ in STRATEGIES]
-        measured.append(merged_prefill_projection(trace, measure(trace, {}, "ours")))
         table += [row(config, m) for m in measured]
         target_rows += checks(config, {m.name: m for m in measured})
     logging.disable(logging.NOTSET)

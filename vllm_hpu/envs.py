@@ -169,6 +169,14 @@ class HpuEnvs:
         "",
         "a bucket file (reference format) to warm up instead of generated buckets",
     )
+    # Prompt passes pack their chunks into one sequence (docs/bucketing.md).
+    merged_prefill: bool = _var(
+        "VLLM_HPU_MERGED_PREFILL",
+        _bool,
+        True,
+        "pack a step's prompt chunks into one sequence with a block-diagonal mask "
+        "(prompt buckets by total tokens); false: one padded row per prompt",
+    )
     # Written by the runner after warmup; read by python -m vllm_hpu.bucketing.
     bucket_trace: str = _var(
         "VLLM_HPU_BUCKET_TRACE",

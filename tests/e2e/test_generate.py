@@ -1,7 +1,8 @@
 """Greedy generations through vLLM on the plugin equal transformers' token for token.
 
 Float32, tiny local models; each case changes one thing the runner must get right:
-block size, architecture, preemption, prefix caching, chunked prompts.
+block size, architecture, preemption, prefix caching, chunked prompts. Prompt
+passes are merged (packed) by default; one case runs one row per prompt.
 """
 
 import functools
@@ -97,6 +98,18 @@ def test_generate_matches_hf_with_chunked_prompts(name):
     # A 64-token step budget splits every longer prompt into chunks.
     check_against_hf(
         name,
+        block_size=16,
+        max_num_batched_tokens=64,
+        enable_chunked_prefill=True,
+    )
+
+
+def test_generate_matches_hf_with_one_row_per_prompt(hpu_env):
+    """VLLM_HPU_MERGED_PREFILL=false (the cases above run merged prefill, the
+    default): padded rows per prompt, chunked prompts with cached context."""
+    hpu_env(VLLM_HPU_MERGED_PREFILL="false")
+    check_against_hf(
+        "tiny-llama",
         block_size=16,
         max_num_batched_tokens=64,
         enable_chunked_prefill=True,

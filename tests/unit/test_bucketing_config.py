@@ -153,8 +153,9 @@ def test_zero_for_batch_or_seq_variables_rejected_when_read(name):
         (False, False, True, True),  # drafts are verified after the context
     ],
 )
+@pytest.mark.parametrize("runner_type", ["generate", "pooling"])
 def test_from_vllm_config_reads_limits(
-    prefix_caching, chunked_prefill, speculative, use_context
+    prefix_caching, chunked_prefill, speculative, use_context, runner_type
 ):
     vllm_config = SimpleNamespace(
         scheduler_config=SimpleNamespace(
@@ -165,10 +166,12 @@ def test_from_vllm_config_reads_limits(
         cache_config=SimpleNamespace(
             block_size=128, enable_prefix_caching=prefix_caching
         ),
-        model_config=SimpleNamespace(max_model_len=1024),
+        model_config=SimpleNamespace(max_model_len=1024, runner_type=runner_type),
         speculative_config=SimpleNamespace(method="ngram") if speculative else None,
     )
     config = BucketingConfig.from_vllm_config(vllm_config, read_envs({}))
+    # Pooling prompts keep one row each (they may be bidirectional).
+    assert config.merged_prefill == (runner_type == "generate")
     assert (config.max_num_seqs, config.max_num_batched_tokens) == (16, 2048)
     assert (config.max_model_len, config.block_size) == (1024, 128)
     assert config.use_context_buckets == use_context

@@ -10,7 +10,8 @@ from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager, Servin
 from vllm_hpu.envs import read_envs
 
 # These tests are about the range (linear/exponential) strategies.
-LINEAR = {"VLLM_HPU_BUCKETING_STRATEGY": "linear"}
+# One row per prompt: these tests pin the unpacked prompt buckets.
+LINEAR = {"VLLM_HPU_BUCKETING_STRATEGY": "linear", "VLLM_HPU_MERGED_PREFILL": "false"}
 
 # The documented run: prompt bs:[1, 32, 4] seq:[128, 128, 1024], block size 128.
 DOC_PROMPT = {"VLLM_PROMPT_BS_BUCKET_MAX": "4", "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024"}

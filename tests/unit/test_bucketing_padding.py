@@ -19,7 +19,8 @@ from vllm_hpu.envs import read_envs
 TRACES = Path(__file__).parents[2] / "benchmarks" / "traces"
 
 # These tests are about the range (linear/exponential) strategies.
-LINEAR = {"VLLM_HPU_BUCKETING_STRATEGY": "linear"}
+# One row per prompt: these tests pin the unpacked prompt buckets.
+LINEAR = {"VLLM_HPU_BUCKETING_STRATEGY": "linear", "VLLM_HPU_MERGED_PREFILL": "false"}
 
 
 def doc_manager():
@@ -97,6 +98,7 @@ def test_measure_padding_rejects_unknown_phase():
                 "1024",
                 "--max-num-batched-tokens",
                 "4096",
+                "--no-merged-prefill",
             ],
             # Decode: batch sizes 1, 2, 4, each with the block counts from its
             # size up to 8 blocks per sequence (1024 tokens): 4 + 4 + 4.
@@ -108,9 +110,10 @@ def test_measure_padding_rejects_unknown_phase():
         ),
         (
             ["--trace", str(TRACES / "example.jsonl"), "--graph-cost-s", "60"],
-            "53 buckets (compact): 25 prompt + 28 decode\nwarmup: 53 forward steps, "
-            "then up to 53 graph captures as the graph memory budget allows; at 60 s "
-            "per bucket about 53 min\ntrace: 251 steps,",
+            "46 buckets (compact): 18 prompt + 28 decode\nwarmup: 46 forward steps, "
+            "then up to 46 graph captures as the graph memory budget allows; at 60 s "
+            "per bucket about 46 min\nprompt passes: merged prefill (a step's prompts "
+            "packed into one sequence)\ntrace: 251 steps,",
         ),
     ],
 )

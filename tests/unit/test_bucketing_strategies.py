@@ -23,6 +23,8 @@ from vllm_hpu.envs import read_envs
 TRACES = Path(__file__).parents[2] / "benchmarks" / "traces"
 # The reference stack's example configuration (issue 26).
 EXAMPLE = ServingLimits(64, 2048, 4096, 128, use_context_buckets=True)
+# One row per prompt (VLLM_HPU_MERGED_PREFILL=false): batch sizes above 1.
+UNPACKED = {"VLLM_HPU_MERGED_PREFILL": "false"}
 
 
 def manager_for(environ, limits=EXAMPLE, num_kv_blocks=1000):
@@ -53,9 +55,13 @@ def test_reference_strategy_gives_the_issues_graph_counts():
 @pytest.mark.parametrize(
     ("environ", "counts"),
     [
-        ({}, (25, 28)),  # compact, the default: at most half the reference's 106
-        ({"VLLM_HPU_BUCKETING_STRATEGY": "linear"}, (296, 195)),
-        ({"VLLM_EXPONENTIAL_BUCKETING": "1"}, (214, 61)),
+        # compact with merged prefill, the default: at most half the reference's 106
+        ({}, (18, 28)),
+        ({**UNPACKED}, (25, 28)),
+        ({"VLLM_HPU_BUCKETING_STRATEGY": "linear", **UNPACKED}, (296, 195)),
+        ({"VLLM_EXPONENTIAL_BUCKETING": "1", **UNPACKED}, (214, 61)),
+        # Merged prefill keeps a strategy's one-row buckets.
+        ({"VLLM_HPU_BUCKETING_STRATEGY": "reference"}, (63, 43)),
     ],
 )
 def test_strategy_graph_counts_for_the_example_configuration(environ, counts):
@@ -64,7 +70,7 @@ def test_strategy_graph_counts_for_the_example_configuration(environ, counts):
 
 
 def test_user_ranges_win_over_the_compact_set_for_their_phase():
-    manager = manager_for({"VLLM_PROMPT_BS_BUCKET_MAX": "4"})
+    manager = manager_for({"VLLM_PROMPT_BS_BUCKET_MAX": "4", **UNPACKED})
     assert manager.config.prompt_strategy == "linear"
     assert manager.config.decode_strategy == "compact"
     assert max(b.batch_size for b in manager.prompt_buckets) == 4
@@ -121,9 +127,16 @@ def test_bad_bucket_file_lines_name_the_line(line, message):
 def test_bucket_file_strategy_is_used_by_the_manager(tmp_path):
     path = tmp_path / "buckets.txt"
     write_bucket_file(path, BucketSets([Bucket(2, 256, 0)], [Bucket(8, 1, 64)]))
-    manager = manager_for({"VLLM_BUCKETING_FROM_FILE": str(path)})
+    manager = manager_for({"VLLM_BUCKETING_FROM_FILE": str(path), **UNPACKED})
     assert manager.prompt_buckets == [Bucket(2, 256, 0)]
     assert manager.decode_buckets == [Bucket(8, 1, 64)]
+
+
+def test_merged_prefill_refuses_a_bucket_file_without_one_row_buckets(tmp_path):
+    path = tmp_path / "buckets.txt"
+    write_bucket_file(path, BucketSets([Bucket(2, 256, 0)], [Bucket(8, 1, 64)]))
+    with pytest.raises(ValueError, match="VLLM_HPU_MERGED_PREFILL=false"):
+        manager_for({"VLLM_BUCKETING_FROM_FILE": str(path)})
 
 
 def small_trace() -> StepTrace:
@@ -185,4 +198,4 @@ def test_trace_recorder_writes_what_a_trace_loads(tmp_path):
 def test_compact_manager_logs_its_strategy(vllm_log):
     manager_for({})
     assert "Prompt buckets: compact (strategy)" in vllm_log.messages()
-    assert any(m.startswith("Generated 25 prompt buckets") for m in vllm_log.messages())
+    assert any(m.startswith("Generated 18 prompt buckets") for m in vllm_log.messages())

@@ -13,7 +13,10 @@ BUDGET = 2048
 
 def manager(exact_shapes=False):
     limits = ServingLimits(64, BUDGET, 2048, BLOCK, True)
-    config = BucketingConfig.from_limits(limits, read_envs({}))
+    # split_prefills is the unpacked mode's split (merged prefill packs instead).
+    config = BucketingConfig.from_limits(
+        limits, read_envs({"VLLM_HPU_MERGED_PREFILL": "false"})
+    )
     return HpuBucketManager(config, exact_shapes=exact_shapes)
 
 

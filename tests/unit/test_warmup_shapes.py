@@ -52,7 +52,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-STRATEGIES = [{}, {"VLLM_HPU_BUCKETING_STRATEGY": "linear"}]
+STRATEGIES = [
+    {},
+    {"VLLM_HPU_BUCKETING_STRATEGY": "linear"},
+    {"VLLM_HPU_MERGED_PREFILL": "false"},
+    {"VLLM_HPU_BUCKETING_STRATEGY": "linear", "VLLM_HPU_MERGED_PREFILL": "false"},
+]
 
 
 @pytest.mark.parametrize("environ", STRATEGIES)
@@ -64,12 +69,18 @@ def test_warmup_prompt_requests_land_on_their_bucket(limits, environ):
     for bucket in manager.prompt_buckets:
         seqs = warmup.prompt_seqs(bucket)
         assert seqs is not None, f"no request lands on {bucket}"
-        query_len = max(s.num_tokens - s.num_computed for s in seqs)
-        context = max(cdiv(s.num_computed, limits.block_size) for s in seqs)
+        queries = [s.num_tokens - s.num_computed for s in seqs]
+        contexts = [cdiv(s.num_computed, limits.block_size) for s in seqs]
         # Within vLLM's limits, with room left for the sampled token.
         assert all(s.num_tokens < limits.max_model_len for s in seqs)
-        assert len(seqs) * query_len <= limits.max_num_batched_tokens
-        assert manager.find_prompt_bucket(len(seqs), query_len, context) == bucket
+        assert len(seqs) <= limits.max_num_seqs and min(queries) >= 2
+        if config.merged_prefill:  # one packed sequence
+            shape = (1, sum(queries), sum(contexts))
+            assert sum(queries) <= limits.max_num_batched_tokens
+        else:
+            shape = (len(seqs), max(queries), max(contexts))
+            assert len(seqs) * max(queries) <= limits.max_num_batched_tokens
+        assert manager.find_prompt_bucket(*shape) == bucket
 
 
 @pytest.mark.parametrize("environ", STRATEGIES)

@@ -28,6 +28,10 @@ DEFAULTS = {
 # What Gaudi users report one bucket's warmup costs (compile and capture), seconds.
 DEFAULT_GRAPH_COST_S = 14.0
 STRATEGIES = ("compact", "linear", "exponential", "reference")
+PASS_KINDS = {
+    True: "merged prefill (a step's prompts packed into one sequence)",
+    False: "one padded row per prompt",
+}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -64,6 +68,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--bucket-file", help="default: VLLM_BUCKETING_FROM_FILE")
     parser.add_argument(
+        "--merged-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pack prompt passes (default: VLLM_HPU_MERGED_PREFILL)",
+    )
+    parser.add_argument(
         "--trace", type=Path, help="a step trace (VLLM_HPU_BUCKET_TRACE) to replay"
     )
     parser.add_argument(
@@ -91,6 +101,8 @@ def chosen_envs(args: argparse.Namespace) -> envs.HpuEnvs:
         overrides["exponential_bucketing"] = None
     if args.bucket_file is not None:
         overrides["bucketing_from_file"] = args.bucket_file
+    if args.merged_prefill is not None:
+        overrides["merged_prefill"] = args.merged_prefill
     return dataclasses.replace(envs.get_envs(), **overrides)  # type: ignore[arg-type]
 
 
@@ -138,7 +150,8 @@ def report(
         f"{num_decode} decode\n"
         f"warmup: {total} forward steps, then up to {total} graph captures as the "
         f"graph memory budget allows; at {graph_cost_s:g} s per bucket about "
-        f"{minutes:.0f} min"
+        f"{minutes:.0f} min\n"
+        f"prompt passes: {PASS_KINDS[manager.config.merged_prefill]}"
     )
 
 

@@ -70,6 +70,8 @@ class BucketingConfig:
     decode_bs: BucketRange
     # In KV blocks: the padded total block count P of a flat decode batch.
     decode_block: BucketRange
+    # Prompt passes pack their chunks: prompt buckets are (1, tokens, context).
+    merged_prefill: bool = False
 
     @classmethod
     def from_vllm_config(
@@ -90,7 +92,12 @@ class BucketingConfig:
                 or vllm_config.speculative_config is not None
             ),
         )
-        return cls.from_limits(limits, envs)
+        config = cls.from_limits(limits, envs)
+        if config.merged_prefill and vllm_config.model_config.runner_type == "pooling":
+            # Pooling prompts may be bidirectional and are pooled per row.
+            logger.info("Pooling model: prompt passes keep one row per prompt.")
+            config = dataclasses.replace(config, merged_prefill=False)
+        return config
 
     @classmethod
     def from_limits(cls, limits: ServingLimits, envs: HpuEnvs) -> "BucketingConfig":
@@ -115,6 +122,7 @@ class BucketingConfig:
             prompt_strategy=phase_strategy(envs, "prompt", strategy),
             decode_strategy=phase_strategy(envs, "decode", strategy),
             bucket_file=envs.bucketing_from_file,
+            merged_prefill=envs.merged_prefill,
             **ranges,
         )
 

@@ -1,6 +1,6 @@
 """Replay a step-shape trace against a bucket set, as the runner would pad it.
 
-Prompt chunks are grouped into passes by the runner's own ``split_prefills``, so
+Prompt chunks are grouped into passes by the runner's own split (packed or not), so
 the passes, padding and misses are what serving would see with those buckets.
 """
 
@@ -12,7 +12,8 @@ from vllm_hpu.attention.metadata import SeqLayout
 from vllm_hpu.bucketing.manager import HpuBucketManager
 from vllm_hpu.bucketing.padding import PaddingCounter, PaddingStats
 from vllm_hpu.bucketing.trace import StepShape, StepTrace
-from vllm_hpu.worker.inputs import ScheduledSeq, context_blocks, split_prefills
+from vllm_hpu.worker.inputs import ScheduledSeq, context_blocks
+from vllm_hpu.worker.merged_prefill import pass_shape, split_prompt_passes
 
 
 @dataclasses.dataclass
@@ -54,13 +55,13 @@ def replay_step(
     """Plan one step's passes as the runner does, pad them, count into ``result``."""
     config = manager.config
     seqs = _scheduled_seqs(step, config.block_size)
-    batches = split_prefills(
+    batches = split_prompt_passes(
         seqs, config.max_num_batched_tokens, manager, config.block_size
     )
     for batch in batches:
         contexts = [context_blocks(s, config.block_size) for s in batch]
         bucket = manager.find_prompt_bucket(
-            len(batch), max(s.layout.num_scheduled_tokens for s in batch), max(contexts)
+            *pass_shape(batch, config.merged_prefill, config.block_size)
         )
         result.stats.record_prompt(
             bucket, [s.layout.num_scheduled_tokens for s in batch]

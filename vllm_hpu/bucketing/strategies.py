@@ -10,6 +10,7 @@ from vllm_hpu.bucketing.buckets import (
 )
 from vllm_hpu.bucketing.compact import compact_decode_buckets, compact_prompt_buckets
 from vllm_hpu.bucketing.config import BucketingConfig
+from vllm_hpu.bucketing.merged import merged_prompt_buckets, single_row_buckets
 from vllm_hpu.bucketing.reference import (
     reference_decode_buckets,
     reference_prompt_buckets,
@@ -20,6 +21,14 @@ RANGE_STRATEGIES = ("linear", "exponential")
 
 
 def strategy_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
+    if config.merged_prefill:
+        if config.prompt_strategy == "compact":
+            return merged_prompt_buckets(config)
+        return single_row_buckets(_prompt_buckets(config), config.prompt_strategy)
+    return _prompt_buckets(config)
+
+
+def _prompt_buckets(config: BucketingConfig) -> list[Bucket]:
     strategy = config.prompt_strategy
     if strategy in RANGE_STRATEGIES:
         return generate_prompt_buckets(config)

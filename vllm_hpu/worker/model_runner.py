@@ -46,13 +46,7 @@ from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.worker import pipeline
 from vllm_hpu.worker.async_output import AsyncTokenFeed, HpuAsyncOutput
 from vllm_hpu.worker.execution import ExecutionMode, select_mode
-from vllm_hpu.worker.inputs import (
-    ForwardPass,
-    ScheduledSeq,
-    build_decode_pass,
-    build_prompt_pass,
-    split_prefills,
-)
+from vllm_hpu.worker.inputs import ForwardPass, ScheduledSeq, build_decode_pass
 from vllm_hpu.worker.kv_caches import (
     bind_kv_caches,
     bind_scratch_kv_caches,
@@ -62,6 +56,11 @@ from vllm_hpu.worker.kv_caches import (
 from vllm_hpu.worker.layer_split import split_graph_every
 from vllm_hpu.worker.lora import HpuLoRA
 from vllm_hpu.worker.multimodal import MultimodalInputs
+from vllm_hpu.worker.merged_prefill import (
+    build_prompt_forward,
+    profile_seqs,
+    split_prompt_passes,
+)
 from vllm_hpu.worker.pooling import StepPooler
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.request_states import RequestStates
@@ -238,17 +237,17 @@ class HpuModelRunner:
             (b for b in self.buckets.prompt_buckets if b.num_blocks == 0),
             key=lambda b: (b.batch_size * b.query_len, b.query_len),
         )
-        layout = SeqLayout(
-            block_table=[0] * -(-bucket.query_len // self.block_size),
-            num_computed_tokens=0,
-            num_scheduled_tokens=bucket.query_len,
+        seqs = profile_seqs(
+            bucket,
+            self.buckets.config.merged_prefill,
+            self.block_size,
+            self.model_config.max_model_len,
         )
-        seqs = [ScheduledSeq(row=0, layout=layout)] * bucket.batch_size
         bind_scratch_kv_caches(
             self._attention_layers(), self.get_kv_cache_spec(), self.device
         )
         token_ids = torch.zeros((1, bucket.query_len), dtype=torch.int64).numpy()
-        forward_pass = build_prompt_pass(
+        forward_pass = build_prompt_forward(
             seqs, self.buckets, token_ids, self._geometry(1)
         )
         self._forward(forward_pass, *self._stage_inputs([forward_pass], None))
@@ -380,11 +379,13 @@ class HpuModelRunner:
             self.step_trace.record(self._step_shape(prompts, decodes))
         token_ids = self.input_batch.token_ids_cpu
         passes = []
-        batches = split_prefills(
+        batches = split_prompt_passes(
             prompts, self.max_num_tokens, self.buckets, self.block_size
         )
         for batch in batches:
-            forward_pass = build_prompt_pass(batch, self.buckets, token_ids, self.cache)
+            forward_pass = build_prompt_forward(
+                batch, self.buckets, token_ids, self.cache
+            )
             self.buckets.stats.record_prompt(
                 forward_pass.bucket, [s.layout.num_scheduled_tokens for s in batch]
             )

@@ -38,6 +38,7 @@ from vllm_hpu.worker.graphs import (
     capture_graphs,
     describe_budget,
 )
+from vllm_hpu.worker.merged_prefill import merged_fake_chunks
 from vllm_hpu.worker.model_runner import HpuModelRunner
 from vllm_hpu.worker.pooling import supported_pooling_tasks
 
@@ -86,6 +87,8 @@ class HpuWarmup:
         """Requests whose prompt pass pads to ``bucket``, or None if no request
         within the limits does. Largest first: the most context blocks and rows,
         then as long a chunk as the limits allow."""
+        if self.runner.buckets.config.merged_prefill:
+            return self._merged_prompt_seqs(bucket)
         for blocks in range(bucket.num_blocks, -1, -1):
             context = context_tokens(blocks, self.block_size)
             for num_seqs in range(min(bucket.batch_size, self.max_num_seqs), 0, -1):
@@ -102,6 +105,17 @@ class HpuWarmup:
                 )
                 if found == bucket:
                     return [FakeSeq(context + query_len, context)] * num_seqs
+        return None
+
+    def _merged_prompt_seqs(self, bucket: Bucket) -> list[FakeSeq] | None:
+        """Requests packing into ``bucket``: its tokens, the most context first."""
+        for blocks in range(bucket.num_blocks, -1, -1):
+            chunks = merged_fake_chunks(bucket, blocks, self.block_size, self.max_len)
+            if not chunks or len(chunks) > self.max_num_seqs:
+                continue
+            shape = (1, sum(n - c for n, c in chunks), blocks)
+            if self.runner.buckets.covering_prompt_bucket(*shape) == bucket:
+                return [FakeSeq(n, c) for n, c in chunks]
         return None
 
     def decode_seqs(self, bucket: Bucket) -> list[FakeSeq]:

@@ -1,0 +1,118 @@
+"""Metadata of a merged prompt pass: the step's prompt chunks packed into one
+sequence ``[1, T]`` with their cached context blocks ``[1, C]`` (docs/bucketing.md,
+"Merged prefill"). The attention ops see an ordinary one-row prompt pass."""
+
+import torch
+
+from vllm_hpu.attention.metadata import (
+    CacheGeometry,
+    HpuAttentionMetadata,
+    SeqLayout,
+    _as_bias,
+    _window_biases,
+)
+from vllm_hpu.ops.packed_mask import packed_allowed
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def packed_context_blocks(seqs: list[SeqLayout], block_size: int) -> int:
+    return sum(_cdiv(seq.num_computed_tokens, block_size) for seq in seqs)
+
+
+def packed_tokens(seqs: list[SeqLayout]) -> int:
+    return sum(seq.num_scheduled_tokens for seq in seqs)
+
+
+def _check_fits(
+    seqs: list[SeqLayout], num_tokens: int, num_context_blocks: int, block_size: int
+) -> None:
+    tokens, blocks = packed_tokens(seqs), packed_context_blocks(seqs, block_size)
+    if tokens > num_tokens or blocks > num_context_blocks:
+        raise ValueError(
+            f"a merged prompt pass of {tokens} tokens and {blocks} context blocks "
+            f"does not fit the bucket ({num_tokens}, {num_context_blocks}); "
+            "pick a larger bucket."
+        )
+
+
+class _Packing:
+    """Per flat query and per context key: its prompt (owner) and position."""
+
+    def __init__(self, seqs: list[SeqLayout], block_size: int) -> None:
+        self.query_owner: list[int] = []
+        self.query_position: list[int] = []
+        self.slots: list[int] = []
+        self.context_owner: list[int] = []
+        self.context_position: list[int] = []
+        self.context_blocks: list[int] = []
+        for owner, seq in enumerate(seqs):
+            self._add(owner, seq, block_size)
+
+    def _add(self, owner: int, seq: SeqLayout, block_size: int) -> None:
+        start = seq.num_computed_tokens
+        for position in range(start, start + seq.num_scheduled_tokens):
+            block = seq.block_table[position // block_size]
+            self.slots.append(block * block_size + position % block_size)
+        self.query_owner += [owner] * seq.num_scheduled_tokens
+        self.query_position += range(start, start + seq.num_scheduled_tokens)
+        num_blocks = _cdiv(start, block_size)
+        self.context_blocks += seq.block_table[:num_blocks]
+        # Slots of a partly cached last block past the context are hidden.
+        positions = range(num_blocks * block_size)
+        self.context_owner += [owner if p < start else -1 for p in positions]
+        self.context_position += positions
+
+
+def _padded_tensor(values: list[int], length: int, fill: int) -> torch.Tensor:
+    return torch.tensor(values + [fill] * (length - len(values)), dtype=torch.long)
+
+
+def build_merged_prompt_metadata(
+    seqs: list[SeqLayout],
+    num_tokens: int,
+    num_context_blocks: int,
+    cache: CacheGeometry,
+) -> HpuAttentionMetadata:
+    """Metadata of one packed prompt pass of ``num_tokens`` (T) tokens over
+    ``num_context_blocks`` (C) context blocks: mask [1, 1, T, C * B + T].
+
+    Cost: O(T + C * B) Python list work and a [T, C * B + T] mask on the device.
+    """
+    block_size, dummy = cache.block_size, cache.num_blocks
+    _check_fits(seqs, num_tokens, num_context_blocks, block_size)
+    packing = _Packing(seqs, block_size)
+    past_len = num_context_blocks * block_size
+    dummy_slots = [dummy * block_size + i % block_size for i in range(num_tokens)]
+    slots = packing.slots + dummy_slots[len(packing.slots) :]
+    query_owner = _padded_tensor(packing.query_owner, num_tokens, -1)
+    query_position = _padded_tensor(packing.query_position, num_tokens, 0)
+    key_owner = torch.cat(
+        (_padded_tensor(packing.context_owner, past_len, -1), query_owner)
+    )
+    key_position = torch.cat(
+        (_padded_tensor(packing.context_position, past_len, 0), query_position)
+    )
+    to_device = cache.device
+    allowed = packed_allowed(
+        query_owner.to(to_device),
+        query_position.to(to_device),
+        key_owner.to(to_device),
+        key_position.to(to_device),
+    )[None]
+    key_positions = key_position[None].to(to_device)
+    block_list = None
+    if num_context_blocks > 0:
+        blocks = _padded_tensor(packing.context_blocks, num_context_blocks, dummy)
+        block_list = blocks.to(to_device)
+    return HpuAttentionMetadata(
+        is_prompt=True,
+        slot_mapping=torch.tensor(slots, dtype=torch.long).to(to_device),
+        block_list=block_list,
+        attn_bias=_as_bias(allowed, cache.dtype),
+        key_positions=key_positions,
+        window_bias=_window_biases(allowed, key_positions, cache),
+        query_lens=torch.tensor([packed_tokens(seqs)]).to(to_device),
+    )
