@@ -88,9 +88,12 @@ def test_platform_respects_user_block_size():
 
 
 def test_platform_rejects_unsupported_features_at_startup():
-    with pytest.raises(ValueError, match="does not support speculative decoding"):
+    with pytest.raises(ValueError, match="does not support KV transfer"):
         _engine_config(
-            speculative_config={"method": "ngram", "num_speculative_tokens": 2}
+            kv_transfer_config={
+                "kv_connector": "ExampleConnector",
+                "kv_role": "kv_both",
+            }
         )
 
 

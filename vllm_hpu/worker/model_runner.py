@@ -55,12 +55,12 @@ from vllm_hpu.worker.kv_caches import (
 )
 from vllm_hpu.worker.layer_split import split_graph_every
 from vllm_hpu.worker.lora import HpuLoRA
-from vllm_hpu.worker.multimodal import MultimodalInputs
 from vllm_hpu.worker.merged_prefill import (
     build_prompt_forward,
     profile_seqs,
     split_prompt_passes,
 )
+from vllm_hpu.worker.multimodal import MultimodalInputs
 from vllm_hpu.worker.pooling import StepPooler
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.request_states import RequestStates
