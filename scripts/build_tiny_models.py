@@ -11,6 +11,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -304,6 +305,21 @@ MODEL_SPECS.update(SEQUENCE_CLASSIFIERS)
 # template (scripts/tiny_multimodal.py).
 MULTIMODAL_MODELS = {"tiny-llava": ("llava", GQA_SHAPE)}
 MODEL_SPECS.update(MULTIMODAL_MODELS)
+
+# ---- Draft models for speculative decoding (issue 23) ------------------------
+# The first layer of a target, with its embeddings, final norm and LM head: a
+# smaller model sharing the target's tokenizer whose greedy choice often, but
+# not always, agrees with the target's (drafts accepted and rejected).
+DRAFT_MODELS = {"tiny-llama-draft": ("tiny-llama", 1)}
+MODEL_SPECS.update(
+    {
+        draft: (
+            MODEL_SPECS[target][0],
+            {**MODEL_SPECS[target][1], "num_hidden_layers": layers},
+        )
+        for draft, (target, layers) in DRAFT_MODELS.items()
+    }
+)
 # ------------------------------------------------------------------------------
 
 PASSAGES = [
@@ -475,14 +491,29 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
         init_weights(classifier, seed, {})
         classifier.save_pretrained(out_dir)
         return
+    if name in DRAFT_MODELS:
+        target, num_layers = DRAFT_MODELS[name]
+        seed = SEED + zlib.crc32(target.encode())
+        config = AutoConfig.for_model(
+            model_type, **MODEL_SPECS[target][1], **token_ids, dtype="float32"
+        )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     norm_means = {part: mean for (n, part), mean in NORM_MEANS.items() if n == name}
     init_weights(model, seed, norm_means)
+    if name in DRAFT_MODELS:
+        truncate_layers(model, num_layers)
     im_end_id = tokenizer.token_to_id(IM_END)
     model.generation_config = GenerationConfig(
         **{**token_ids, "eos_token_id": [token_ids["eos_token_id"], im_end_id]}
     )
     model.save_pretrained(out_dir)
+
+
+def truncate_layers(model: torch.nn.Module, num_layers: int) -> None:
+    """Keep a decoder's first ``num_layers`` layers (a draft of the model)."""
+    decoder: Any = model.get_decoder()
+    decoder.layers = decoder.layers[:num_layers]
+    model.config.num_hidden_layers = num_layers
 
 
 def is_built(model_dir: Path) -> bool:

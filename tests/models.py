@@ -38,6 +38,8 @@ TINY_MODELS = (
 POOLING_MODELS = ("tiny-llama-classify",)
 # Built by the set-up too, with their processors: they take images.
 MULTIMODAL_MODELS = ("tiny-llava",)
+# Built by the set-up too: a target's first layer, its speculative draft.
+DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}
 SMOLLM2 = "smollm2-135m-instruct"
 
 

@@ -97,7 +97,7 @@ class HpuModelRunner:
         self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
         self.spec: SpecDecoder | None = None
         if vllm_config.speculative_config is not None:
-            self.spec = SpecDecoder(vllm_config, self.input_batch, self.sampler)
+            self.spec = SpecDecoder(self)
         self.buckets = HpuBucketManager(
             BucketingConfig.from_vllm_config(vllm_config, get_envs())
         )
@@ -171,6 +171,8 @@ class HpuModelRunner:
             # take oneDNN's packed weights as graph inputs.
             device.prepare_weights(self.model)
         split_graph_every(self.model, get_envs().config_hidden_layers)
+        if self.spec is not None:  # a draft model loads after the target
+            self.spec.proposer.load_model()
         if self.is_pooling_model:
             self.pooler = StepPooler(self.input_batch, self.model, self.model_config)
         if supports_multimodal(self.model) and self.stage.is_first:
@@ -444,6 +446,8 @@ class HpuModelRunner:
                 **self._token_inputs(forward_pass),
             )
             device.mark_step()
+        if self.spec is not None:  # a draft model writes the pass into its KV
+            self.spec.proposer.after_target_pass(forward_pass, hidden)
         return hidden
 
     def _token_inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
