@@ -311,13 +311,21 @@ MODEL_SPECS.update(MULTIMODAL_MODELS)
 # smaller model sharing the target's tokenizer whose greedy choice often, but
 # not always, agrees with the target's (drafts accepted and rejected).
 DRAFT_MODELS = {"tiny-llama-draft": ("tiny-llama", 1)}
+# An EAGLE-1 head for a target, in the layout vLLM loads for method "eagle"
+# (EagleLlamaForCausalLM): one decoder layer without its input norm, and "fc"
+# over [token embedding, target hidden state]; no embeddings and no LM head,
+# so vLLM shares the target's.
+EAGLE_HEADS = {"tiny-llama-eagle": "tiny-llama"}
 MODEL_SPECS.update(
     {
         draft: (
             MODEL_SPECS[target][0],
             {**MODEL_SPECS[target][1], "num_hidden_layers": layers},
         )
-        for draft, (target, layers) in DRAFT_MODELS.items()
+        for draft, (target, layers) in {
+            **DRAFT_MODELS,
+            **{head: (target, 1) for head, target in EAGLE_HEADS.items()},
+        }.items()
     }
 )
 # ------------------------------------------------------------------------------
@@ -486,6 +494,9 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
             out_dir,
         )
         return
+    if name in EAGLE_HEADS:
+        build_eagle_head(config, seed, out_dir)
+        return
     if name in SEQUENCE_CLASSIFIERS:
         classifier = AutoModelForSequenceClassification.from_config(config)
         init_weights(classifier, seed, {})
@@ -507,6 +518,28 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
         **{**token_ids, "eos_token_id": [token_ids["eos_token_id"], im_end_id]}
     )
     model.save_pretrained(out_dir)
+
+
+def build_eagle_head(config: Any, seed: int, out_dir: Path) -> None:
+    """A one-layer EAGLE head: the layer's weights as EAGLE checkpoints name
+    them (no ``model.`` prefix, no input norm) and a random ``fc``."""
+    from safetensors.torch import save_file
+
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    init_weights(model, seed, {})
+    weights = {
+        name.removeprefix("model."): param.detach().contiguous()
+        for name, param in model.named_parameters()
+        if name.startswith("model.layers.0.") and "input_layernorm" not in name
+    }
+    generator = torch.Generator().manual_seed(seed + 1)
+    hidden = config.hidden_size
+    weights["fc.weight"] = torch.randn(hidden, 2 * hidden, generator=generator)
+    weights["fc.weight"] *= WEIGHT_STD
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(out_dir)
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
 def truncate_layers(model: torch.nn.Module, num_layers: int) -> None:

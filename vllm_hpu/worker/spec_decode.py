@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from vllm_hpu.worker.model_runner import HpuModelRunner
 
 # Proposers the HPU runner drafts with; the others are refused at start-up.
-SUPPORTED_METHODS = ("ngram", "draft_model")
+SUPPORTED_METHODS = ("ngram", "draft_model", "eagle")
 
 
 def check_speculative_config(vllm_config: VllmConfig) -> None:
@@ -37,7 +37,7 @@ def check_speculative_config(vllm_config: VllmConfig) -> None:
             f"decoding method yet; use one of {list(SUPPORTED_METHODS)} in "
             "--speculative-config, or start vLLM without it."
         )
-    if spec.method == "draft_model":
+    if spec.method in ("draft_model", "eagle"):
         _check_draft_options(spec)
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         raise ValueError(
@@ -47,7 +47,7 @@ def check_speculative_config(vllm_config: VllmConfig) -> None:
 
 
 def _check_draft_options(spec: Any) -> None:
-    """Draft-model options the HPU proposer does not implement."""
+    """Draft-model and EAGLE options the HPU proposers do not implement."""
     unsupported = {
         "draft_sample_method 'probabilistic' (drafts are greedy here)": (
             spec.draft_sample_method != "greedy"
@@ -60,7 +60,7 @@ def _check_draft_options(spec: Any) -> None:
     for option, setting in unsupported.items():
         if setting:
             raise ValueError(
-                f"The HPU plugin's draft-model proposer does not support {option}; "
+                f"The HPU plugin's {spec.method} proposer does not support {option}; "
                 "drop it from --speculative-config."
             )
 
@@ -153,6 +153,10 @@ def make_proposer(runner: "HpuModelRunner") -> Proposer:
         from vllm_hpu.worker.draft_model import HpuDraftModelProposer
 
         return HpuDraftModelProposer(runner)
+    if spec.method == "eagle":
+        from vllm_hpu.worker.eagle import HpuEagleProposer
+
+        return HpuEagleProposer(runner)
     return NgramDrafts(runner.vllm_config, runner.input_batch)
 
 
