@@ -31,6 +31,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-speculative-tokens", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument(
+        "--methods",
+        default="ngram,draft_model",
+        help="comma-separated proposers to compare with no speculation",
+    )
+    parser.add_argument(
         "--draft-model", help="the draft_model proposer's model (default: --model)"
     )
     return parser.parse_args()
@@ -97,8 +102,9 @@ def main() -> None:
     }
     result, reference = run(args, None)
     print(json.dumps(result))
-    for config in (ngram, draft_model):
-        result, tokens = run(args, config)
+    configs = {"ngram": ngram, "draft_model": draft_model}
+    for method in args.methods.split(","):
+        result, tokens = run(args, configs[method])
         print(json.dumps({**result, "same_tokens_as_none": tokens == reference}))
 
 

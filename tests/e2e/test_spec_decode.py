@@ -87,14 +87,23 @@ def test_ngram_accepts_drafts_on_a_repetitive_prompt():
 
 @pytest.mark.parametrize(
     "speculative_config",
-    [NGRAM, draft_model("tiny-llama")],
-    ids=["ngram", "draft_model_of_itself"],
+    [
+        NGRAM,
+        draft_model("tiny-llama"),
+        {
+            "method": "eagle",
+            "model": model_dir("tiny-llama-eagle"),
+            "num_speculative_tokens": 3,
+        },
+    ],
+    ids=["ngram", "draft_model_of_itself", "eagle"],
 )
 def test_speculation_compiles_nothing_after_warmup(hpu_env, speculative_config: dict):
     """Compiled emulation without prefix caching or chunked prefill: the
     context buckets that verification passes take are warmed up too, and a
-    draft model's passes, through the same buckets. The target drafting for
-    itself accepts (almost) every draft: its draft KV is the target's."""
+    draft model's or EAGLE head's passes, through the same buckets. The target
+    drafting for itself accepts (almost) every draft: its draft KV is the
+    target's."""
     from torch._dynamo.utils import counters
 
     hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
@@ -115,6 +124,6 @@ def test_speculation_compiles_nothing_after_warmup(hpu_env, speculative_config: 
         assert int(counters["stats"]["unique_graphs"]) == warmed
         drafted = counter(llm, "vllm:spec_decode_num_draft_tokens")
         assert drafted > 0
-        if speculative_config["method"] == "draft_model":
+        if speculative_config.get("model") == model_dir("tiny-llama"):
             accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
             assert accepted >= 0.9 * drafted

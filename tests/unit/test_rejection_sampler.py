@@ -109,15 +109,23 @@ def test_seeded_request_draws_the_same_tokens():
 @pytest.mark.parametrize(
     ("method", "pipeline", "refusal"),
     [
-        ("eagle", 1, "'eagle' speculative decoding method"),
-        ("eagle3", 1, "'eagle3' speculative decoding method"),
-        ("draft_model", 1, "'draft_model' speculative decoding method"),
+        ("eagle3", 1, "'eagle3' speculative decoding method.*auxiliary hidden"),
+        ("mtp", 1, "'mtp' speculative decoding method"),
+        ("suffix", 1, "'suffix' speculative decoding method"),
         ("ngram", 2, "pipeline parallelism"),
+        ("draft_model", 1, "probabilistic"),
+        ("eagle", 1, "probabilistic"),
     ],
 )
 def test_unsupported_speculative_configs_are_refused(method, pipeline, refusal):
+    spec = SimpleNamespace(
+        method=method,
+        draft_sample_method="probabilistic",
+        use_heterogeneous_vocab=False,
+        parallel_drafting=False,
+    )
     config = SimpleNamespace(
-        speculative_config=SimpleNamespace(method=method),
+        speculative_config=spec,
         parallel_config=SimpleNamespace(pipeline_parallel_size=pipeline),
     )
     with pytest.raises(ValueError, match=refusal):

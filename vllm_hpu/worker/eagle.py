@@ -53,6 +53,7 @@ class HpuEagleProposer(HpuDraftModelProposer):
         LM head shared where the checkpoint has none."""
         spec = self.vllm_config.speculative_config
         assert spec is not None
+        model: Any
         with set_current_vllm_config(self.vllm_config):
             model = get_model(
                 vllm_config=self.vllm_config,

@@ -24,6 +24,15 @@ if TYPE_CHECKING:
 
 # Proposers the HPU runner drafts with; the others are refused at start-up.
 SUPPORTED_METHODS = ("ngram", "draft_model", "eagle")
+# What a refused method needs on the HPU runner, where it is known.
+MISSING = {
+    "eagle3": (
+        " (its head reads auxiliary hidden states of several target layers, "
+        "which the runner does not collect, and maps its draft vocabulary "
+        "onto the target's)"
+    ),
+    "mtp": " (its draft layers share the target's KV cache groups and weights)",
+}
 
 
 def check_speculative_config(vllm_config: VllmConfig) -> None:
@@ -34,8 +43,9 @@ def check_speculative_config(vllm_config: VllmConfig) -> None:
     if spec.method not in SUPPORTED_METHODS:
         raise ValueError(
             f"The HPU plugin does not support the '{spec.method}' speculative "
-            f"decoding method yet; use one of {list(SUPPORTED_METHODS)} in "
-            "--speculative-config, or start vLLM without it."
+            f"decoding method yet{MISSING.get(str(spec.method), '')}; use one of "
+            f"{list(SUPPORTED_METHODS)} in --speculative-config, or start vLLM "
+            "without it."
         )
     if spec.method in ("draft_model", "eagle"):
         _check_draft_options(spec)
