@@ -10,6 +10,7 @@ import pytest
 import torch
 from models import (
     DRAFT_MODELS,
+    EAGLE_HEADS,
     MULTIMODAL_MODELS,
     POOLING_MODELS,
     SMOLLM2,
@@ -44,6 +45,7 @@ def test_tiny_models_build_deterministically(tmp_path: Path) -> None:
         *POOLING_MODELS,
         *MULTIMODAL_MODELS,
         *DRAFT_MODELS,
+        *EAGLE_HEADS,
     }
     assert first.keys() == second.keys()
     differing = [name for name in first if first[name] != second[name]]
