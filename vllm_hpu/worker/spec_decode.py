@@ -49,6 +49,7 @@ def check_speculative_config(vllm_config: VllmConfig) -> None:
         )
     if spec.method in ("draft_model", "eagle"):
         _check_draft_options(spec)
+        _check_draft_target(vllm_config)
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         raise ValueError(
             "The HPU plugin does not support speculative decoding with pipeline "
@@ -72,6 +73,31 @@ def _check_draft_options(spec: Any) -> None:
             raise ValueError(
                 f"The HPU plugin's {spec.method} proposer does not support {option}; "
                 "drop it from --speculative-config."
+            )
+
+
+def _check_draft_target(vllm_config: VllmConfig) -> None:
+    """Targets the draft-model and EAGLE proposers do not run beside yet."""
+    spec = vllm_config.speculative_config
+    assert spec is not None
+    model_config = vllm_config.model_config
+    draft_tp = getattr(spec.draft_parallel_config, "tensor_parallel_size", 1)
+    unsupported = {
+        # The draft would read the target's LoRA logits state.
+        "LoRA adapters (--enable-lora)": vllm_config.lora_config is not None,
+        # The draft would read image placeholders without their embeddings.
+        "a multimodal target": model_config is not None
+        and model_config.is_multimodal_model,
+        # Each rank would hold a whole draft beside its shard (vLLM's rule).
+        "a draft_tensor_parallel_size other than --tensor-parallel-size": (
+            draft_tp != vllm_config.parallel_config.tensor_parallel_size
+        ),
+    }
+    for feature, setting in unsupported.items():
+        if setting:
+            raise ValueError(
+                f"The HPU plugin's {spec.method} proposer does not run with "
+                f"{feature} yet; drop one of them."
             )
 
 
