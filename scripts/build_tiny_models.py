@@ -316,6 +316,13 @@ DRAFT_MODELS = {"tiny-llama-draft": ("tiny-llama", 1)}
 # over [token embedding, target hidden state]; no embeddings and no LM head,
 # so vLLM shares the target's.
 EAGLE_HEADS = {"tiny-llama-eagle": "tiny-llama"}
+# An EAGLE-3 head, as vLLM loads one for method "eagle3"
+# (Eagle3LlamaForCausalLM): "midlayer" over [normed embedding, normed fc of
+# the target's states before layer 0, after layer 1 and after layer 2], its
+# own final norm and LM head over the whole vocabulary; the target's
+# embeddings.
+EAGLE3_HEADS = {"tiny-llama-eagle3": "tiny-llama"}
+EAGLE3_AUX_LAYERS = [0, 1, 2]
 MODEL_SPECS.update(
     {
         draft: (
@@ -324,7 +331,10 @@ MODEL_SPECS.update(
         )
         for draft, (target, layers) in {
             **DRAFT_MODELS,
-            **{head: (target, 1) for head, target in EAGLE_HEADS.items()},
+            **{
+                head: (target, 1)
+                for head, target in {**EAGLE_HEADS, **EAGLE3_HEADS}.items()
+            },
         }.items()
     }
 )
@@ -497,6 +507,9 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
     if name in EAGLE_HEADS:
         build_eagle_head(config, seed, out_dir)
         return
+    if name in EAGLE3_HEADS:
+        build_eagle3_head(config, seed, out_dir)
+        return
     if name in SEQUENCE_CLASSIFIERS:
         classifier = AutoModelForSequenceClassification.from_config(config)
         init_weights(classifier, seed, {})
@@ -538,6 +551,38 @@ def build_eagle_head(config: Any, seed: int, out_dir: Path) -> None:
     weights["fc.weight"] *= WEIGHT_STD
     out_dir.mkdir(parents=True, exist_ok=True)
     config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(out_dir)
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def build_eagle3_head(config: Any, seed: int, out_dir: Path) -> None:
+    """A one-layer EAGLE-3 head with random weights in its checkpoint's names."""
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(seed)
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    kv = config.num_key_value_heads * config.head_dim
+    shapes = {
+        "midlayer.self_attn.q_proj.weight": (heads * config.head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": (hidden, heads * config.head_dim),
+        "midlayer.mlp.gate_proj.weight": (config.intermediate_size, hidden),
+        "midlayer.mlp.up_proj.weight": (config.intermediate_size, hidden),
+        "midlayer.mlp.down_proj.weight": (hidden, config.intermediate_size),
+        "fc.weight": (hidden, len(EAGLE3_AUX_LAYERS) * hidden),
+        "lm_head.weight": (config.vocab_size, hidden),
+    }
+    weights = {
+        name: torch.randn(shape, generator=generator) * WEIGHT_STD
+        for name, shape in shapes.items()
+    }
+    for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        weights[f"midlayer.{norm}.weight"] = torch.ones(hidden)
+    weights["norm.weight"] = torch.ones(hidden)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config.architectures = ["LlamaForCausalLM"]
+    config.eagle_aux_hidden_state_layer_ids = EAGLE3_AUX_LAYERS
     config.save_pretrained(out_dir)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 

@@ -40,8 +40,8 @@ POOLING_MODELS = ("tiny-llama-classify",)
 MULTIMODAL_MODELS = ("tiny-llava",)
 # Built by the set-up too: a target's first layer, its speculative draft.
 DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}
-# Built by the set-up too: an EAGLE head for tiny-llama, as vLLM loads one.
-EAGLE_HEADS = ("tiny-llama-eagle",)
+# Built by the set-up too: EAGLE and EAGLE-3 heads for tiny-llama, as vLLM loads them.
+EAGLE_HEADS = ("tiny-llama-eagle", "tiny-llama-eagle3")
 SMOLLM2 = "smollm2-135m-instruct"
 
 

@@ -1,7 +1,7 @@
-"""EAGLE drafts on the plugin: greedy outputs equal transformers' (float32), and
-every step's drafts equal those of a naive EAGLE head over the whole sequence
-(transformers' Llama layer, recomputed from scratch for each draft), through
-prefix hits, preemption and chunked prompts."""
+"""EAGLE and EAGLE-3 drafts on the plugin: greedy outputs equal transformers'
+(float32), and every step's drafts equal those of a naive head over the whole
+sequence (transformers' Llama layers, recomputed from scratch for each draft),
+through prefix hits, preemption and chunked prompts."""
 
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from e2e.test_spec_decode import counter, repetitive_prompts
 
 pytestmark = pytest.mark.slow
 
-TARGET, HEAD = "tiny-llama", "tiny-llama-eagle"
+TARGET = "tiny-llama"
 NUM_DRAFTS = 3
 
 
@@ -29,9 +29,9 @@ class NaiveEagle:
         from transformers import AutoConfig, AutoModelForCausalLM, LlamaModel
 
         self.target = AutoModelForCausalLM.from_pretrained(model_dir(TARGET)).eval()
-        config = AutoConfig.from_pretrained(model_dir(HEAD))
+        config = AutoConfig.from_pretrained(model_dir("tiny-llama-eagle"))
         self.head = LlamaModel(config).eval()
-        weights = load_file(Path(model_dir(HEAD)) / "model.safetensors")
+        weights = load_file(Path(model_dir("tiny-llama-eagle")) / "model.safetensors")
         self.fc = weights.pop("fc.weight")
         missing = self.head.load_state_dict(weights, strict=False).missing_keys
         assert set(missing) == {
@@ -61,6 +61,94 @@ class NaiveEagle:
         return drafts
 
 
+class NaiveEagle3:
+    """The EAGLE-3 recurrence without a KV cache: fc over the target's states
+    before layer 0 and after layers 0 and 1 (a draft's own pre-norm state
+    instead), then the head's layer over [normed embedding of token p + 1,
+    normed state], its final norm and LM head."""
+
+    @torch.no_grad()
+    def __init__(self) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.models.llama import modeling_llama as llama
+
+        self.target = AutoModelForCausalLM.from_pretrained(model_dir(TARGET)).eval()
+        path = model_dir("tiny-llama-eagle3")
+        config = AutoConfig.from_pretrained(path)
+        config._attn_implementation = "eager"
+        w = load_file(Path(path) / "model.safetensors")
+        self.w = w
+        self.attn = llama.LlamaAttention(config, layer_idx=0).eval()
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            weight = w[f"midlayer.self_attn.{name}.weight"]
+            linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+            linear.weight.copy_(weight)
+            setattr(self.attn, name, linear)
+        self.rotary = llama.LlamaRotaryEmbedding(config)
+        self.eps = config.rms_norm_eps
+        self.aux_layers = config.eagle_aux_hidden_state_layer_ids
+
+    def norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(variance + self.eps) * self.w[name]
+
+    def layer(self, embeds: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """The head's pre-norm output state at every position."""
+        w, length = self.w, states.shape[0]
+        x = torch.cat(
+            [
+                self.norm(embeds, "midlayer.input_layernorm.weight"),
+                self.norm(states, "midlayer.hidden_norm.weight"),
+            ],
+            dim=-1,
+        )[None]
+        positions = torch.arange(length)[None]
+        mask = torch.full((length, length), float("-inf")).triu(1)[None, None]
+        attn, _ = self.attn(x, self.rotary(x, positions), mask)
+        residual = states + attn[0]
+        mlp_in = self.norm(residual, "midlayer.post_attention_layernorm.weight")
+        gate = torch.nn.functional.silu(mlp_in @ w["midlayer.mlp.gate_proj.weight"].T)
+        up = mlp_in @ w["midlayer.mlp.up_proj.weight"].T
+        return residual + (gate * up) @ w["midlayer.mlp.down_proj.weight"].T
+
+    def aux_states(self, ids: torch.Tensor) -> torch.Tensor:
+        """The target's states before layer 0 and after each layer, pre-norm."""
+        captured: list[torch.Tensor] = []
+        model = self.target.model
+        hooks = [
+            model.embed_tokens.register_forward_hook(
+                lambda m, i, o: captured.append(o[0])
+            )
+        ]
+        for layer in model.layers:
+            hooks.append(
+                layer.register_forward_hook(
+                    lambda m, i, o: captured.append(
+                        (o[0] if isinstance(o, tuple) else o)[0]
+                    )
+                )
+            )
+        self.target(ids)
+        for hook in hooks:
+            hook.remove()
+        return torch.cat([captured[i] for i in self.aux_layers], dim=-1)
+
+    @torch.no_grad()
+    def drafts(self, tokens: list[int], count: int) -> list[int]:
+        ids = torch.tensor([tokens])
+        states = (self.aux_states(ids) @ self.w["fc.weight"].T)[:-1]
+        embed = self.target.get_input_embeddings()
+        next_ids = ids[0, 1:]
+        drafts: list[int] = []
+        for _ in range(count):
+            out = self.layer(embed(next_ids), states)
+            logits = self.norm(out[-1], "norm.weight") @ self.w["lm_head.weight"].T
+            drafts.append(int(logits.argmax()))
+            states = torch.cat([states, out[-1:]])
+            next_ids = torch.cat([next_ids, torch.tensor([drafts[-1]])])
+        return drafts
+
+
 def record_drafts(monkeypatch) -> list[tuple[list[int], list[int]]]:
     """(tokens so far, drafts proposed after them) of every row and step."""
     from vllm_hpu.worker.spec_decode import SpecDecoder
@@ -80,11 +168,20 @@ def record_drafts(monkeypatch) -> list[tuple[list[int], list[int]]]:
     return records
 
 
-def test_eagle_drafts_equal_a_naive_head_and_greedy_matches_hf(monkeypatch):
+@pytest.mark.parametrize(
+    ("method", "head", "naive_head"),
+    [
+        ("eagle", "tiny-llama-eagle", NaiveEagle),
+        ("eagle3", "tiny-llama-eagle3", NaiveEagle3),
+    ],
+)
+def test_drafts_equal_a_naive_head_and_greedy_matches_hf(
+    monkeypatch, method, head, naive_head
+):
     prompts = repetitive_prompts()
     expected = hf_greedy(model_dir(TARGET), prompts, 24, torch.float32)
     records = record_drafts(monkeypatch)
-    config = {"method": "eagle", "model": model_dir(HEAD)}
+    config = {"method": method, "model": model_dir(head)}
     with vllm_engine(
         model_dir(TARGET),
         block_size=16,
@@ -100,7 +197,7 @@ def test_eagle_drafts_equal_a_naive_head_and_greedy_matches_hf(monkeypatch):
         assert counter(llm, "vllm:spec_decode_num_draft_tokens") > 0
         assert counter(llm, "vllm:num_preemptions") > 0
         assert counter(llm, "vllm:prefix_cache_hits") > 0
-    naive = NaiveEagle()
+    naive = naive_head()
     # Every step's drafts, recomputed naively.
     assert len(records) >= 40
     for tokens, drafts in records:

@@ -91,17 +91,18 @@ def test_ngram_accepts_drafts_on_a_repetitive_prompt():
         NGRAM,
         draft_model("tiny-llama"),
         {
-            "method": "eagle",
-            "model": model_dir("tiny-llama-eagle"),
+            "method": "eagle3",
+            "model": model_dir("tiny-llama-eagle3"),
             "num_speculative_tokens": 3,
         },
     ],
-    ids=["ngram", "draft_model_of_itself", "eagle"],
+    ids=["ngram", "draft_model_of_itself", "eagle3"],
 )
 def test_speculation_compiles_nothing_after_warmup(hpu_env, speculative_config: dict):
     """Compiled emulation without prefix caching or chunked prefill: the
     context buckets that verification passes take are warmed up too, and a
-    draft model's or EAGLE head's passes, through the same buckets. The target
+    draft model's or EAGLE-3 head's passes (the target returning its layers'
+    states too), through the same buckets. The target
     drafting for itself accepts (almost) every draft: its draft KV is the
     target's."""
     from torch._dynamo.utils import counters

@@ -109,12 +109,13 @@ def test_seeded_request_draws_the_same_tokens():
 @pytest.mark.parametrize(
     ("method", "pipeline", "refusal"),
     [
-        ("eagle3", 1, "'eagle3' speculative decoding method.*auxiliary hidden"),
-        ("mtp", 1, "'mtp' speculative decoding method"),
+        ("mtp", 1, "'mtp' speculative decoding method.*multi-token-prediction"),
+        ("medusa", 1, "'medusa' speculative decoding method"),
         ("suffix", 1, "'suffix' speculative decoding method"),
         ("ngram", 2, "pipeline parallelism"),
         ("draft_model", 1, "probabilistic"),
         ("eagle", 1, "probabilistic"),
+        ("eagle3", 1, "probabilistic"),
     ],
 )
 def test_unsupported_speculative_configs_are_refused(method, pipeline, refusal):
@@ -140,7 +141,7 @@ def test_unsupported_speculative_configs_are_refused(method, pipeline, refusal):
         (False, False, 2, "a draft_tensor_parallel_size"),
     ],
 )
-@pytest.mark.parametrize("method", ["draft_model", "eagle"])
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3"])
 def test_draft_targets_not_run_yet_are_refused(
     method, lora, multimodal, draft_tp, refusal
 ):

@@ -139,9 +139,11 @@ class HpuDraftModelProposer:
             device.mark_step()
         return output if isinstance(output, tuple) else (output, None)
 
-    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> None:
-        """Write the pass's tokens into the draft's KV cache."""
+    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
+        """Write the pass's tokens into the draft's KV cache; returns the
+        target's hidden states."""
         self._forward(forward_pass)
+        return hidden
 
     def _first_hidden(self, rows: list[int], first: np.ndarray) -> torch.Tensor | None:
         """What the first decode of each row reads besides its token."""

@@ -1,5 +1,6 @@
-"""The ``eagle`` proposer on the HPU runner: a draft head that reads the
-target's hidden states (EAGLE-1, e.g. vLLM's ``EagleLlamaForCausalLM``).
+"""The ``eagle`` and ``eagle3`` proposers on the HPU runner: a draft head that
+reads the target's hidden states (EAGLE-1, e.g. vLLM's ``EagleLlamaForCausalLM``;
+EAGLE-3 heads read several of the target's layers, combined by their ``fc``).
 
 The head's KV at position ``p`` is computed from ``(token p + 1, target hidden
 state at p)`` and predicts token ``p + 2``, as in vLLM's ``EagleProposer``
@@ -67,7 +68,7 @@ class HpuEagleProposer(HpuDraftModelProposer):
             model.lm_head = target.lm_head
         return model
 
-    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> None:
+    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
         """Run the head over the pass's next tokens and the target's states;
         keep each row's last states for its first decode."""
         for seq, last in zip(
@@ -80,6 +81,7 @@ class HpuEagleProposer(HpuDraftModelProposer):
             self._target_hidden[seq.row] = (seq.end - count, kept)
         shifted = replace(forward_pass, input_ids=self._next_tokens(forward_pass))
         self._forward(shifted, hidden)
+        return hidden
 
     def _next_tokens(self, forward_pass: ForwardPass) -> torch.Tensor:
         """Each token's successor in its request: the pass's next token, or
@@ -102,3 +104,44 @@ class HpuEagleProposer(HpuDraftModelProposer):
             states.append(kept[position - start])
         self._target_hidden.clear()
         return torch.stack(states)
+
+
+class HpuEagle3Proposer(HpuEagleProposer):
+    """EAGLE-3: the head reads the target's states at several layers (vLLM's
+    ``Eagle3LlamaForCausalLM`` and kin), which the target returns beside its
+    output once asked (``set_aux_hidden_state_layers``), combined by the
+    head's ``fc``; its logits cover the target's vocabulary (a smaller draft
+    vocabulary is mapped by the head's ``compute_logits``)."""
+
+    def _load(self) -> Any:
+        model = super()._load()
+        target = self.runner.get_model()
+        if model.model.use_aux_hidden_state:
+            if not hasattr(target, "set_aux_hidden_state_layers"):
+                raise ValueError(
+                    f"{type(target).__name__} does not give EAGLE-3 heads its "
+                    "layers' hidden states in vLLM; use 'eagle' or 'draft_model'."
+                )
+            target.set_aux_hidden_state_layers(self._aux_layers(target))
+        return model
+
+    def _aux_layers(self, target: Any) -> tuple[int, ...]:
+        """The head's layers to read (its config), or the target's default."""
+        spec = self.vllm_config.speculative_config
+        assert spec is not None
+        config = spec.draft_model_config.hf_config
+        eagle_config = getattr(config, "eagle_config", None) or {}
+        layers = getattr(config, "eagle_aux_hidden_state_layer_ids", None)
+        layers = layers or eagle_config.get("eagle_aux_hidden_state_layer_ids")
+        if layers:
+            return tuple(layers)
+        return tuple(target.get_eagle3_default_aux_hidden_state_layers())
+
+    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
+        """The target returns (its output, states at the head's layers)."""
+        if not isinstance(hidden, tuple):
+            return super().after_target_pass(forward_pass, hidden)
+        output, aux = hidden
+        combined = self.model.combine_hidden_states(torch.cat(aux, dim=-1))
+        super().after_target_pass(forward_pass, combined)
+        return output

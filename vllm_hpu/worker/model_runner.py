@@ -447,7 +447,7 @@ class HpuModelRunner:
             )
             device.mark_step()
         if self.spec is not None:  # a draft model writes the pass into its KV
-            self.spec.proposer.after_target_pass(forward_pass, hidden)
+            hidden = self.spec.proposer.after_target_pass(forward_pass, hidden)
         return hidden
 
     def _token_inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:

@@ -23,15 +23,13 @@ if TYPE_CHECKING:
     from vllm_hpu.worker.model_runner import HpuModelRunner
 
 # Proposers the HPU runner drafts with; the others are refused at start-up.
-SUPPORTED_METHODS = ("ngram", "draft_model", "eagle")
+SUPPORTED_METHODS = ("ngram", "draft_model", "eagle", "eagle3")
 # What a refused method needs on the HPU runner, where it is known.
 MISSING = {
-    "eagle3": (
-        " (its head reads auxiliary hidden states of several target layers, "
-        "which the runner does not collect, and maps its draft vocabulary "
-        "onto the target's)"
+    "mtp": (
+        " (the target's own multi-token-prediction layers drafting as an "
+        "EAGLE-style head, which the HPU proposers do not load)"
     ),
-    "mtp": " (its draft layers share the target's KV cache groups and weights)",
 }
 
 
@@ -47,7 +45,7 @@ def check_speculative_config(vllm_config: VllmConfig) -> None:
             f"{list(SUPPORTED_METHODS)} in --speculative-config, or start vLLM "
             "without it."
         )
-    if spec.method in ("draft_model", "eagle"):
+    if spec.method in ("draft_model", "eagle", "eagle3"):
         _check_draft_options(spec)
         _check_draft_target(vllm_config)
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
@@ -150,7 +148,9 @@ class Proposer(Protocol):
 
     def prepare(self, mode: ExecutionMode, options: CompileOptions | None) -> None: ...
 
-    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> None: ...
+    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
+        """Returns the target's hidden states (unwrapped where the target
+        returns more for the proposer)."""
 
     def propose(self, num_drafts: int, sampled: list[list[int]]) -> list[list[int]]: ...
 
@@ -172,8 +172,8 @@ class NgramDrafts:
     def prepare(self, mode: ExecutionMode, options: CompileOptions | None) -> None:
         pass
 
-    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> None:
-        pass
+    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
+        return hidden
 
     def propose(self, num_drafts: int, sampled: list[list[int]]) -> list[list[int]]:
         batch = self.input_batch
@@ -193,6 +193,10 @@ def make_proposer(runner: "HpuModelRunner") -> Proposer:
         from vllm_hpu.worker.eagle import HpuEagleProposer
 
         return HpuEagleProposer(runner)
+    if spec.method == "eagle3":
+        from vllm_hpu.worker.eagle import HpuEagle3Proposer
+
+        return HpuEagle3Proposer(runner)
     return NgramDrafts(runner.vllm_config, runner.input_batch)
 
 
