@@ -7,6 +7,7 @@ with the forward and the host's preparation each slowed by a known delay, a
 decode step with async on must take less than the two together.
 """
 
+import itertools
 import statistics
 import time
 from typing import Any
@@ -134,7 +135,7 @@ def test_async_scheduling_overlaps_forward_with_host_preparation():
         (step_starts,) = llm.collective_rpc(slow_down)
         llm.generate([{"prompt_token_ids": prompt}], params)
     # Steps after the prompt's: one decode pass each.
-    decode_steps = [b - a for a, b in zip(step_starts[1:], step_starts[2:])]
+    decode_steps = [b - a for a, b in itertools.pairwise(step_starts[1:])]
     per_step = statistics.median(decode_steps)
     assert max(FORWARD_DELAY_S, PREPARE_DELAY_S) <= per_step
     assert per_step < FORWARD_DELAY_S + PREPARE_DELAY_S

@@ -506,13 +506,9 @@ class HpuModelRunner:
         if self.async_feed is not None:
             # The forward passes are queued: now the host may wait for step N-1.
             self.async_feed.record_on_host()
-        with self.profiler.span("sample"):
-            sampled = self.stream.submit(
-                self._sample,
-                pending,
-                grammar_output,
-                self.input_batch.sampling_metadata,
-            )
+        sampled = self.stream.submit(
+            self._sample, pending, grammar_output, self.input_batch.sampling_metadata
+        )
         if self.async_feed is not None:
             # The sampled tokens stay on the device for the next step; the
             # host copy completes in the output (never with drafts).
@@ -540,7 +536,10 @@ class HpuModelRunner:
                 step.logits,
             )
         generators = self.input_batch.generators
-        with keeping_generators(generators, pending.discard_rows):
+        with (
+            self.profiler.span("sample"),
+            keeping_generators(generators, pending.discard_rows),
+        ):
             if pending.spec_metadata is not None:
                 assert self.spec is not None
                 sampled, logprobs = self.spec.sample(
