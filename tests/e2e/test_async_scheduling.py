@@ -98,8 +98,8 @@ def test_async_scheduling_matches_sync_on_mixed_workload():
 # Injected per step: a forward pass sleeps on the device stream, the host's
 # preparation of the step's passes sleeps on the host (sleeping frees the GIL,
 # as torch's kernels do).
-FORWARD_DELAY_S = 0.15
-PREPARE_DELAY_S = 0.15
+FORWARD_DELAY_S = 0.25
+PREPARE_DELAY_S = 0.25
 
 
 def slow_down(worker: Any) -> list[float]:
