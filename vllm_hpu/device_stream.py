@@ -13,6 +13,7 @@ Ownership: what a submitted function reads belongs to the stream until its
 future is done; the host reads device results only through the futures.
 """
 
+import contextvars
 import queue
 import threading
 import time
@@ -62,7 +63,10 @@ class DeviceStream:
         if self._work is None:
             self._execute(future, fn, args)
         else:
-            self._work.put(lambda: self._execute(future, fn, args))
+            # The work sees the submitter's context variables (torch keeps its
+            # dynamo config in them: the recompile limit the runner sets).
+            context = contextvars.copy_context()
+            self._work.put(lambda: context.run(self._execute, future, fn, args))
         return future
 
     def synchronize(self) -> None:

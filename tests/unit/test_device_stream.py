@@ -48,3 +48,17 @@ def test_device_stream_failure_reaches_its_future_and_the_stream_goes_on(threade
 def test_device_stream_work_runs_without_autograd():
     stream = DeviceStream(threaded=True)
     assert stream.submit(torch.is_grad_enabled).result() is False
+
+
+def test_device_stream_work_sees_the_submitters_context():
+    """torch keeps its dynamo config in context variables: queued work must
+    compile under the recompile limit the runner set on the host thread."""
+    dynamo_config = torch._dynamo.config
+    limit = dynamo_config.recompile_limit
+    dynamo_config.recompile_limit = limit + 1
+    try:
+        stream = DeviceStream(threaded=True)
+        seen = stream.submit(lambda: dynamo_config.recompile_limit).result()
+    finally:
+        dynamo_config.recompile_limit = limit
+    assert seen == limit + 1
