@@ -39,10 +39,13 @@ _MISSING_PIECES = (
     ),
 )
 # Multimodal classes whose inputs the runner feeds (worker/multimodal.py): an
-# encoder whose outputs replace placeholder tokens, with plain causal attention
-# and 1-D positions. Others may need more (M-RoPE positions, bidirectional
-# attention over image tokens), so each is validated before it is listed here.
-FED_MULTIMODAL_ARCHS = frozenset({"LlavaForConditionalGeneration"})
+# encoder whose outputs replace placeholder tokens, with plain causal attention,
+# and 1-D positions or M-RoPE positions (worker/mrope.py). Others may need more
+# (bidirectional attention over image tokens, audio or video encoders, other
+# M-RoPE variants), so each is validated end to end before it is listed here.
+FED_MULTIMODAL_ARCHS = frozenset(
+    {"LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration"}
+)
 
 
 def unsupported_reason(info: "_ModelInfo") -> str | None:
@@ -57,7 +60,7 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
     if info.supports_multimodal and info.architecture not in FED_MULTIMODAL_ARCHS:
         return (
             f"{info.architecture} takes image, audio or video inputs, which the HPU "
-            "plugin feeds only to LLaVA-1.5 style models "
+            "plugin feeds only to the image models it validated "
             f"({', '.join(sorted(FED_MULTIMODAL_ARCHS))}): use one of those or a "
             "text-only model."
         )
