@@ -58,13 +58,11 @@ class MRopePositions:
         if state.mrope_positions is None:
             # A prompt given as embeddings is all text: its length is enough.
             tokens = state.prompt_token_ids or list(range(state.num_prompt_tokens))
-            positions, delta = self.model.get_mrope_input_positions(
-                tokens, state.mm_features
+            state.mrope_positions, state.mrope_position_delta = (
+                self.model.get_mrope_input_positions(tokens, state.mm_features)
             )
-            state.mrope_positions, state.mrope_position_delta = positions, delta
-        delta = state.mrope_position_delta
-        assert delta is not None
-        return state.mrope_positions.numpy(), delta
+        assert state.mrope_position_delta is not None
+        return state.mrope_positions.numpy(), state.mrope_position_delta
 
 
 def mrope_positions_for(
