@@ -46,6 +46,8 @@ _MISSING_PIECES = (
 FED_MULTIMODAL_ARCHS = frozenset(
     {"LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration"}
 )
+# Inputs a fed class takes that have not been validated: none per prompt.
+UNVALIDATED_MODALITIES = {"Qwen2VLForConditionalGeneration": ("video",)}
 
 
 def unsupported_reason(info: "_ModelInfo") -> str | None:
@@ -87,3 +89,24 @@ def model_config_reason(model_config: "ModelConfig") -> str | None:
         ),
     )
     return unsupported_reason(info)
+
+
+def limit_unvalidated_modalities(model_config: "ModelConfig") -> None:
+    """Allow no item per prompt of a modality :data:`UNVALIDATED_MODALITIES`
+    names (vLLM then rejects such a prompt, naming the limit); a limit the user
+    set above zero stops start-up."""
+    from vllm.config.multimodal import VideoDummyOptions
+
+    mm_config = model_config.multimodal_config
+    if mm_config is None:
+        return
+    for modality in UNVALIDATED_MODALITIES.get(model_config.architecture, ()):
+        asked = mm_config.limit_per_prompt.get(modality)
+        if asked is not None and asked.count > 0:
+            raise ValueError(
+                f"{model_config.architecture} takes {modality} inputs, which the "
+                "HPU plugin has not validated (only images): leave "
+                f"--limit-mm-per-prompt's {modality!r} out or at 0."
+            )
+        assert modality == "video", "only video options are built here"
+        mm_config.limit_per_prompt[modality] = VideoDummyOptions(count=0)

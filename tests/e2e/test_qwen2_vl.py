@@ -128,6 +128,19 @@ def test_the_image_changes_the_output(llm: LLM) -> None:
     assert text_only[0] not in with_images
 
 
+def test_a_video_is_refused_and_the_engine_keeps_serving(llm: LLM) -> None:
+    """Video inputs are not validated: vLLM refuses them at the limit the
+    plugin sets (model_support.UNVALIDATED_MODALITIES)."""
+    video = {
+        "prompt": "<|bos|><|vision_start|><|video_pad|><|vision_end|>",
+        "multi_modal_data": {"video": np.zeros((4, 56, 56, 3), dtype=np.uint8)},
+    }
+    with pytest.raises(ValueError, match="video"):
+        llm.generate([video], SamplingParams(max_tokens=1), use_tqdm=False)
+    requests = [(SHORT, (4,))]
+    assert vllm_greedy(llm, requests) == expected(requests)
+
+
 def _record_encoder_shapes(worker: Any) -> list[list[int]]:
     """From now on, record (images, patches) of every vision encoder pass, the
     padding images left out; returns the shapes warmup ran."""

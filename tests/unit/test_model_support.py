@@ -160,3 +160,19 @@ def test_start_up_refuses_a_mamba_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(mamba))
     with pytest.raises(ValueError, match=r"cannot run this model: Mamba.*state"):
         _engine_config(tmp_path)
+
+
+def test_qwen2_vl_takes_images_and_no_video():
+    config = _engine_config(model_path("tiny-qwen2-vl"))
+    mm_config = config.model_config.multimodal_config
+    assert mm_config.get_limit_per_prompt("video") == 0
+    assert mm_config.get_limit_per_prompt("image") > 0
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=str(model_path("tiny-qwen2-vl")),
+        max_model_len=64,
+        limit_mm_per_prompt={"video": 1},
+    )
+    with pytest.raises(ValueError, match="video inputs, which the HPU plugin"):
+        args.create_engine_config()
