@@ -109,4 +109,6 @@ def limit_unvalidated_modalities(model_config: "ModelConfig") -> None:
                 f"--limit-mm-per-prompt's {modality!r} out or at 0."
             )
         assert modality == "video", "only video options are built here"
-        mm_config.limit_per_prompt[modality] = VideoDummyOptions(count=0)
+        mm_config.limit_per_prompt[modality] = VideoDummyOptions(
+            count=0, num_frames=None, width=None, height=None
+        )

@@ -14,6 +14,7 @@ import torch
 from models import model_path
 from PIL import Image
 from vllm import LLM, SamplingParams
+from vllm.exceptions import VLLMValidationError
 
 from e2e.harness import vllm_engine
 
@@ -135,7 +136,7 @@ def test_a_video_is_refused_and_the_engine_keeps_serving(llm: LLM) -> None:
         "prompt": "<|bos|><|vision_start|><|video_pad|><|vision_end|>",
         "multi_modal_data": {"video": np.zeros((4, 56, 56, 3), dtype=np.uint8)},
     }
-    with pytest.raises(ValueError, match="video"):
+    with pytest.raises(VLLMValidationError, match=r"At most 0 video\(s\)"):
         llm.generate([video], SamplingParams(max_tokens=1), use_tqdm=False)
     requests = [(SHORT, (4,))]
     assert vllm_greedy(llm, requests) == expected(requests)
