@@ -75,9 +75,10 @@ class MultimodalInputs:
 
     def _patch_buckets(self, modality: str) -> PatchBuckets | None:
         """Patch buckets sized by vLLM's largest item (its dummy) and budget."""
-        ((_, item),) = self.budget.get_dummy_encoder_profile_inputs(modality, 1)
-        if not is_grid_item(modality, item):
+        dummy = self.budget.get_dummy_encoder_profile_inputs(modality, 1)
+        if not dummy or not is_grid_item(modality, dummy[0][1]):
             return None
+        item = dummy[0][1]
         return PatchBuckets.from_budget(
             self.batch_sizes,
             item_patches(modality, item),
@@ -169,35 +170,37 @@ class MultimodalInputs:
         for _, num_items, kwargs in group_and_batch_mm_kwargs(
             padded, device=self.device
         ):
-            batch_outputs = self.model.embed_multimodal(**kwargs)
-            sanity_check_mm_encoder_outputs(batch_outputs, expected_num_items=num_items)
-            outputs.extend(batch_outputs)
-        device.mark_step()
+            outputs += self._run_encoder(kwargs, num_items)
         return outputs
 
     def warm_up(self) -> None:
         """One encoder pass per bucket on vLLM's dummy item of each modality (at
-        its largest size), so serving meets no new encoder shape; patch grids
-        get one pass per (images, patches) bucket, of padding images only."""
+        its largest size), so serving meets no new encoder shape."""
         for modality in self.budget.mm_max_items_per_batch:
             items = self.budget.get_dummy_encoder_profile_inputs(modality, 1)
             buckets = self.patch_buckets.get(modality)
-            if buckets is None:
-                for size in self.batch_sizes:
-                    self._encode_padded(items * size, size)
-                logger.info("Warmed up encoder passes of %s items", self.batch_sizes)
+            if buckets is not None:
+                self._warm_up_grids(modality, items, buckets)
                 continue
-            ((_, _, kwargs),) = group_and_batch_mm_kwargs(items, device=self.device)
-            empty = buckets.empty(kwargs, modality)
-            shapes = buckets.warmup_shapes()
-            for shape in shapes:
-                self._run_encoder(buckets.pad(empty, modality, shape), shape[0] + 1)
-            logger.info(
-                "Warmed up %s encoder passes of (%ss, patches) %s",
-                len(shapes),
-                modality,
-                shapes,
-            )
+            for size in self.batch_sizes:
+                self._encode_padded(items * size, size)
+            logger.info("Warmed up encoder passes of %s items", self.batch_sizes)
+
+    def _warm_up_grids(
+        self, modality: str, items: list[EncoderItem], buckets: PatchBuckets
+    ) -> None:
+        """One pass per (images, patches) bucket, of padding images only."""
+        ((_, _, kwargs),) = group_and_batch_mm_kwargs(items, device=self.device)
+        empty = buckets.empty(kwargs, modality)
+        shapes = buckets.warmup_shapes()
+        for shape in shapes:
+            self._run_encoder(buckets.pad(empty, modality, shape), shape[0] + 1)
+        logger.info(
+            "Warmed up %d encoder passes of (%ss, patches): %s",
+            len(shapes),
+            modality,
+            shapes,
+        )
 
     # ---- input embeddings ---------------------------------------------------
 
