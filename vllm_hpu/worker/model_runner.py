@@ -67,6 +67,7 @@ from vllm_hpu.worker.merged_prefill import (
     profile_seqs,
     split_prompt_passes,
 )
+from vllm_hpu.worker.mrope import MRopePositions, mrope_positions_for
 from vllm_hpu.worker.multimodal import MultimodalInputs
 from vllm_hpu.worker.pooling import StepPooler
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
@@ -114,6 +115,7 @@ class HpuModelRunner:
         self.pooler: StepPooler | None = None  # set by load_model for pooling
         # Set by load_model for a multimodal model, on the first pipeline stage.
         self.multimodal: MultimodalInputs | None = None
+        self.mrope: MRopePositions | None = None  # set by load_model for M-RoPE
         self.lora = (
             HpuLoRA(vllm_config, self.input_batch) if vllm_config.lora_config else None
         )
@@ -182,6 +184,9 @@ class HpuModelRunner:
             # take oneDNN's packed weights as graph inputs.
             device.prepare_weights(self.model)
         split_graph_every(self.model, get_envs().config_hidden_layers)
+        self.mrope = mrope_positions_for(
+            self.model, self.model_config, self.input_batch, self.states.requests
+        )
         if self.is_pooling_model:
             self.pooler = StepPooler(self.input_batch, self.model, self.model_config)
         if supports_multimodal(self.model) and self.stage.is_first:
@@ -464,12 +469,18 @@ class HpuModelRunner:
             ),
         ):
             hidden = model(
-                positions=forward_pass.positions,
+                positions=self._positions(forward_pass),
                 intermediate_tensors=intermediate_tensors,
                 **self._token_inputs(forward_pass),
             )
             device.mark_step()
         return hidden
+
+    def _positions(self, forward_pass: ForwardPass) -> torch.Tensor:
+        """[num_tokens], or [3, num_tokens] for an M-RoPE model."""
+        if self.mrope is None:
+            return forward_pass.positions
+        return self.mrope.positions(forward_pass)
 
     def _token_inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
         """Token ids, or for a multimodal model input embeddings on every pass
