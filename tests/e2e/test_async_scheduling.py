@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "tiny-llama"
 MAX_TOKENS = 24
+MIN_TOKENS = 10
 
 
 def mixed_requests() -> tuple[list[list[int]], list]:
@@ -32,7 +33,7 @@ def mixed_requests() -> tuple[list[list[int]], list]:
     size = vocab_size(MODEL)
     shared = random_prompts([48], size, seed=3)[0]
     prompts = [shared + t for t in random_prompts([2, 30, 150], size, seed=4)]
-    prompts += random_prompts([1, 17, 90, 200], size, seed=5)
+    prompts += random_prompts([1, 17, 90, 200, 40], size, seed=5)
     greedy = {"max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0.0}
     params = [
         SamplingParams(**greedy),
@@ -50,6 +51,14 @@ def mixed_requests() -> tuple[list[list[int]], list]:
             max_tokens=8,
             temperature=0.0,
             structured_outputs=StructuredOutputsParams(choice=["yes", "no", "maybe"]),
+        ),
+        # All but 64 tokens stop the request, but not before MIN_TOKENS: where
+        # the stop mask lifts must not move with async on.
+        SamplingParams(
+            max_tokens=MAX_TOKENS,
+            temperature=0.0,
+            min_tokens=MIN_TOKENS,
+            stop_token_ids=list(range(64, size)),
         ),
     ]
     return prompts, params
@@ -93,6 +102,9 @@ def test_async_scheduling_matches_sync_on_mixed_workload():
         *(logprob_values(r.prompt_logprobs) for r in with_logprobs)
     )
     assert on[6].outputs[0].text in ("yes", "no", "maybe")
+    # Stop tokens held back for MIN_TOKENS, then it ends on the first one.
+    *kept, last = on[7].outputs[0].token_ids
+    assert len(kept) >= MIN_TOKENS and last >= 64 and max(kept) < 64
 
 
 # Injected per step: a forward pass sleeps on the device stream, the host's

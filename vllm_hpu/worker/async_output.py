@@ -34,6 +34,7 @@ from vllm.v1.outputs import (
     LogprobsTensors,
     ModelRunnerOutput,
 )
+from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu.device_stream import DeviceStream
@@ -142,10 +143,21 @@ class AsyncTokenFeed:
         """Before the host applies a step that changes the batch: the queued
         sampling reads the batch, and a request leaving it and coming back is
         rebuilt from its host tokens, so wait for the stream and record the
-        tokens in flight. A step that keeps the batch waits for nothing."""
-        if self._changes_batch(scheduler_output):
+        tokens in flight. A step that keeps the batch waits for nothing, unless
+        a request still counts its tokens towards ``min_tokens``."""
+        if self._changes_batch(scheduler_output) or self._counts_min_tokens():
             self.record_on_host()
             self.stream.synchronize()
+
+    def _counts_min_tokens(self) -> bool:
+        """vLLM's min-tokens processor counts each request's host tokens when
+        the batch is updated and swaps the stop-token mask the queued sampling
+        reads: while it holds requests, every step sees all tokens on the host
+        (the count a synchronous step sees) and no sampling in flight."""
+        return any(
+            isinstance(processor, MinTokensLogitsProcessor) and processor.min_toks
+            for processor in self.input_batch.logitsprocs.all
+        )
 
     def _changes_batch(self, scheduler_output: SchedulerOutput) -> bool:
         in_batch = self.input_batch.req_id_to_index.keys()
