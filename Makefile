@@ -19,7 +19,7 @@ $(VENV)/.installed: requirements-emulation.txt requirements-vllm.txt pyproject.t
 	@$(PY) scripts/check_no_cuda.py
 	touch $@
 
-$(MODELS)/.built: $(VENV)/.installed scripts/build_tiny_models.py scripts/convert_smollm2.py
+$(MODELS)/.built: $(VENV)/.installed scripts/build_tiny_models.py scripts/tiny_*.py scripts/convert_smollm2.py
 	$(PY) scripts/build_tiny_models.py $(MODELS)
 	$(PY) scripts/convert_smollm2.py $(MODELS)
 	touch $@

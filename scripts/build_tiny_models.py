@@ -22,6 +22,7 @@ from vllm_hpu.patches import allow_torchvision_import
 # transformers imports torchvision once it is installed (see that patch).
 allow_torchvision_import()
 from tiny_multimodal import build_llava  # noqa: E402  (beside this script)
+from tiny_qwen2_vl import build_qwen2_vl  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
     AutoModelForCausalLM,
@@ -301,9 +302,14 @@ SEQUENCE_CLASSIFIERS = {
 MODEL_SPECS.update(SEQUENCE_CLASSIFIERS)
 
 # ---- Multimodal models (issue 25) -------------------------------------------
-# LLaVA-1.5 style around the tiny Llama; written with its processor and chat
-# template (scripts/tiny_multimodal.py).
-MULTIMODAL_MODELS = {"tiny-llava": ("llava", GQA_SHAPE)}
+# LLaVA-1.5 style around the tiny Llama (scripts/tiny_multimodal.py), and
+# Qwen2-VL with M-RoPE (scripts/tiny_qwen2_vl.py); each written with its processor
+# and chat template.
+MULTIMODAL_MODELS = {
+    "tiny-llava": ("llava", GQA_SHAPE),
+    "tiny-qwen2-vl": ("qwen2_vl", GQA_SHAPE),
+}
+MULTIMODAL_BUILDERS = {"llava": build_llava, "qwen2_vl": build_qwen2_vl}
 MODEL_SPECS.update(MULTIMODAL_MODELS)
 
 # ---- Draft models for speculative decoding (issue 23) ------------------------
@@ -494,16 +500,16 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
     """Write one checkpoint into out_dir (config, weights, generation config)."""
     model_type, shape = MODEL_SPECS[name]
     token_ids = special_token_ids(tokenizer)
-    config = AutoConfig.for_model(model_type, **shape, **token_ids, dtype="float32")
     seed = SEED + zlib.crc32(name.encode())
     if name in MULTIMODAL_MODELS:
-        build_llava(
+        MULTIMODAL_BUILDERS[model_type](
             shape,
             wrap_tokenizer(tokenizer),
             lambda m: init_weights(m, seed, {}),
             out_dir,
         )
         return
+    config = AutoConfig.for_model(model_type, **shape, **token_ids, dtype="float32")
     if name in EAGLE_HEADS:
         build_eagle_head(config, seed, out_dir)
         return

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from vllm_hpu.device_stream import DeviceStream
 from vllm_hpu.envs import get_envs
 
 GiB = 1 << 30
@@ -111,6 +112,13 @@ def mark_step() -> None:
 def synchronize() -> None:
     if hpu_available():
         torch.hpu.synchronize()  # type: ignore[attr-defined]
+
+
+def device_stream(queued: bool) -> DeviceStream:
+    """Where the runner's device work runs. Gaudi's bridge queues it itself, so
+    it is submitted inline; in emulation it runs on one worker thread when
+    ``queued`` (async scheduling), so the host overlaps it as on Gaudi."""
+    return DeviceStream(threaded=queued and not hpu_available())
 
 
 def set_device(device: torch.device) -> None:

@@ -39,10 +39,15 @@ _MISSING_PIECES = (
     ),
 )
 # Multimodal classes whose inputs the runner feeds (worker/multimodal.py): an
-# encoder whose outputs replace placeholder tokens, with plain causal attention
-# and 1-D positions. Others may need more (M-RoPE positions, bidirectional
-# attention over image tokens), so each is validated before it is listed here.
-FED_MULTIMODAL_ARCHS = frozenset({"LlavaForConditionalGeneration"})
+# encoder whose outputs replace placeholder tokens, with plain causal attention,
+# and 1-D positions or M-RoPE positions (worker/mrope.py). Others may need more
+# (bidirectional attention over image tokens, audio or video encoders, other
+# M-RoPE variants), so each is validated end to end before it is listed here.
+FED_MULTIMODAL_ARCHS = frozenset(
+    {"LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration"}
+)
+# Inputs a fed class takes that have not been validated: none per prompt.
+UNVALIDATED_MODALITIES = {"Qwen2VLForConditionalGeneration": ("video",)}
 
 
 def unsupported_reason(info: "_ModelInfo") -> str | None:
@@ -57,7 +62,7 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
     if info.supports_multimodal and info.architecture not in FED_MULTIMODAL_ARCHS:
         return (
             f"{info.architecture} takes image, audio or video inputs, which the HPU "
-            "plugin feeds only to LLaVA-1.5 style models "
+            "plugin feeds only to the image models it validated "
             f"({', '.join(sorted(FED_MULTIMODAL_ARCHS))}): use one of those or a "
             "text-only model."
         )
@@ -84,3 +89,26 @@ def model_config_reason(model_config: "ModelConfig") -> str | None:
         ),
     )
     return unsupported_reason(info)
+
+
+def limit_unvalidated_modalities(model_config: "ModelConfig") -> None:
+    """Allow no item per prompt of a modality :data:`UNVALIDATED_MODALITIES`
+    names (vLLM then rejects such a prompt, naming the limit); a limit the user
+    set above zero stops start-up."""
+    from vllm.config.multimodal import VideoDummyOptions
+
+    mm_config = model_config.multimodal_config
+    if mm_config is None:
+        return
+    for modality in UNVALIDATED_MODALITIES.get(model_config.architecture, ()):
+        asked = mm_config.limit_per_prompt.get(modality)
+        if asked is not None and asked.count > 0:
+            raise ValueError(
+                f"{model_config.architecture} takes {modality} inputs, which the "
+                "HPU plugin has not validated (only images): leave "
+                f"--limit-mm-per-prompt's {modality!r} out or at 0."
+            )
+        assert modality == "video", "only video options are built here"
+        mm_config.limit_per_prompt[modality] = VideoDummyOptions(
+            count=0, num_frames=None, width=None, height=None
+        )

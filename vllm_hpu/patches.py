@@ -155,6 +155,8 @@ def _with_delayed_sampling(create: Callable[..., Any]) -> Callable[..., Any]:
             async_scheduling_source = f"VLLM_DELAYED_SAMPLING={delayed_sampling}"
             if not delayed_sampling:
                 self.async_scheduling = False
+        else:  # per engine: a process may create several
+            async_scheduling_source = "vLLM's default"
         return create(self, *args, **kwargs)
 
     return wrapped

@@ -271,6 +271,8 @@ def _reject_unsupported_model(vllm_config: "VllmConfig") -> None:
     reason = model_config and model_support.model_config_reason(model_config)
     if reason:
         raise ValueError(f"The HPU plugin cannot run this model: {reason}")
+    if model_config is not None:
+        model_support.limit_unvalidated_modalities(model_config)
 
 
 def _reject_split_pooled_prompts(vllm_config: "VllmConfig") -> None:

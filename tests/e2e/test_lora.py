@@ -126,6 +126,14 @@ def test_lora_generations_match_merged_adapters(name, cases):
         check(case, lora_greedy(llm, case))
 
 
+def test_more_adapters_than_max_loras_wait_their_turn(cases):
+    """Two adapters in the batch, one slot: vLLM's scheduler keeps each step to
+    max_loras distinct adapters, and every prompt still gets its own."""
+    case = cases("tiny-llama")
+    with vllm_engine(case.base, **(ENGINE | {"max_loras": 1})) as llm:
+        check(case, lora_greedy(llm, case))
+
+
 def test_lora_after_warmup_compiles_nothing(cases, hpu_env):
     hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
     case = cases("tiny-llama")

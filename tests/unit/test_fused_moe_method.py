@@ -12,11 +12,14 @@ from vllm.model_executor.layers.fused_moe.config import (
     FusedMoEParallelConfig,
     RoutingMethodType,
 )
+from vllm.model_executor.layers.fused_moe.router.zero_expert_router import (
+    ZeroExpertRouter,
+)
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
 
-from vllm_hpu.ops.fused_moe import HpuUnquantizedFusedMoEMethod
+from vllm_hpu.ops.fused_moe import HpuUnquantizedFusedMoEMethod, check_router
 from vllm_hpu.ops.moe import ACTIVATIONS
 
 
@@ -52,6 +55,8 @@ REFUSED = {
     },
     "expert biases": {"has_bias": True},
     "'swigluoai' expert activation": {"activation": MoEActivation.SWIGLUOAI},
+    "expert activation parameters \\(swiglu_limit\\)": {"swiglu_limit": 7.0},
+    "hash routing": {"has_hash_routing": True},
 }
 
 
@@ -76,3 +81,17 @@ def test_every_vllm_expert_activation_runs_or_is_refused(activation):
         else:
             with pytest.raises(ValueError, match=f"'{activation.value}' expert"):
                 UnquantizedFusedMoEMethod(moe_config(activation=activation))
+
+
+def test_zero_expert_router_is_refused():
+    """Its identity experts' output is computed by the router, which the
+    monolithic method skips: refused rather than silently dropped."""
+    router = ZeroExpertRouter(
+        top_k=2,
+        global_num_experts=4,
+        e_score_correction_bias=torch.zeros(6),
+        num_logical_experts=4,
+        zero_expert_type="identity",
+    )
+    with pytest.raises(ValueError, match="does not support zero experts"):
+        check_router(router)

@@ -47,7 +47,9 @@ REFUSED = {
     "Qwen3NextForCausalLM": "mixes attention with Mamba or linear-attention",
     "PaliGemmaForConditionalGeneration": "image, audio or video inputs",
     "Phi3VForCausalLM": "image, audio or video inputs",
-    "Qwen2VLForConditionalGeneration": "image, audio or video inputs",
+    # Qwen2.5-VL's tower (windowed attention) has not been validated.
+    "Qwen2_5_VLForConditionalGeneration": "image, audio or video inputs",
+    "Qwen2AudioForConditionalGeneration": "image, audio or video inputs",
     "WhisperForConditionalGeneration": "speech-to-text",
 }
 ALLOWED = (
@@ -100,9 +102,12 @@ def test_classes_the_plugin_runs_are_allowed(registry_walk, arch):
     assert _reasons(registry_walk)[arch] is None
 
 
-def test_llava_imports_and_is_the_multimodal_class_allowed(registry_walk):
+def test_llava_and_qwen2_vl_import_and_are_the_multimodal_classes_allowed(
+    registry_walk,
+):
     # torchvision imports beside the CPU torch (patches.allow_torchvision_import).
     assert "import_error" not in registry_walk["LlavaForConditionalGeneration"]
+    assert "import_error" not in registry_walk["Qwen2VLForConditionalGeneration"]
     allowed = {
         arch
         for arch, reason in _reasons(registry_walk).items()
@@ -155,3 +160,19 @@ def test_start_up_refuses_a_mamba_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(mamba))
     with pytest.raises(ValueError, match=r"cannot run this model: Mamba.*state"):
         _engine_config(tmp_path)
+
+
+def test_qwen2_vl_takes_images_and_no_video():
+    config = _engine_config(model_path("tiny-qwen2-vl"))
+    mm_config = config.model_config.multimodal_config
+    assert mm_config.get_limit_per_prompt("video") == 0
+    assert mm_config.get_limit_per_prompt("image") > 0
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=str(model_path("tiny-qwen2-vl")),
+        max_model_len=64,
+        limit_mm_per_prompt={"video": 1},
+    )
+    with pytest.raises(ValueError, match="video inputs, which the HPU plugin"):
+        args.create_engine_config()

@@ -1,4 +1,5 @@
-"""Out-of-tree overrides of vLLM's RMSNorm, RotaryEmbedding and SiluAndMul.
+"""Out-of-tree overrides of vLLM's RMSNorm, RotaryEmbedding, SiluAndMul and
+MMEncoderAttention.
 
 With an out-of-tree platform and custom_ops=["all"], vLLM constructs these
 subclasses and calls forward_oot: Gaudi's fused kernel, or forward_native without it.
@@ -7,10 +8,12 @@ subclasses and calls forward_oot: Gaudi's fused kernel, or forward_native withou
 import torch
 from vllm.model_executor.custom_op import CustomOp, op_registry_oot
 from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.attention import MMEncoderAttention
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
 from vllm_hpu import device
+from vllm_hpu.ops.encoder_attention import encoder_attention
 
 
 def _register_oot(base: type[CustomOp], op_cls: type[CustomOp]) -> None:
@@ -87,6 +90,37 @@ class HpuSiluAndMul(SiluAndMul):
         return self.forward_native(x)
 
 
+class HpuMMEncoderAttention(MMEncoderAttention):
+    """One masked attention over the whole encoder pass instead of vLLM's
+    attention per image, so a bucketed pass keeps one shape on Gaudi.
+
+    Takes both layouts of MMEncoderAttention.forward: [batch, seq_len, hidden]
+    (CLIP, no cu_seqlens) and [batch, seq_len, heads, head_size] (Qwen2-VL, with
+    cu_seqlens). The classmethods vLLM forwards to us (maybe_compute_seq_lens,
+    maybe_recompute_cu_seqlens) stay vLLM's: with the torch SDPA backend our
+    platform reports, they only move cu_seqlens to the device."""
+
+    def forward_oot(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: torch.Tensor | None = None,
+        sequence_lengths: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # max_seqlen and sequence_lengths size FlashAttention's and FlashInfer's
+        # varlen kernels; the mask needs neither.
+        batch, seq_len = query.shape[:2]
+        flat = query.dim() == 3
+        query, key, value = self.view_qkv_to_4d(
+            query, key, value, batch, seq_len, key.shape[1]
+        )
+        out = encoder_attention(query, key, value, self.scale, cu_seqlens)
+        return out.reshape(batch, seq_len, -1) if flat else out
+
+
 _register_oot(RMSNorm, HpuRMSNorm)
 _register_oot(RotaryEmbedding, HpuRotaryEmbedding)
 _register_oot(SiluAndMul, HpuSiluAndMul)
+_register_oot(MMEncoderAttention, HpuMMEncoderAttention)

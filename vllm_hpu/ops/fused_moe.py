@@ -11,6 +11,16 @@ from typing import TYPE_CHECKING, cast
 import torch
 from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+from vllm.model_executor.layers.fused_moe.router.fused_moe_router import (
+    FusedMoERouter,
+)
+from vllm.model_executor.layers.fused_moe.router.routing_simulator_router import (
+    RoutingSimulatorRouter,
+)
+from vllm.model_executor.layers.fused_moe.router.zero_expert_router import (
+    ZeroExpertRouter,
+)
+from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
@@ -24,6 +34,14 @@ if TYPE_CHECKING:
     )
 
 SCORING_FUNCS = ("softmax", "sigmoid")
+# FusedMoEConfig fields that change the expert activation; ops/moe.py has none.
+ACTIVATION_PARAMS = (
+    "swiglu_limit",
+    "swiglu_alpha",
+    "swiglu_beta",
+    "activation_situ_beta",
+    "activation_situ_linear_beta",
+)
 
 
 def _refuse(what: str, fix: str) -> None:
@@ -46,6 +64,14 @@ def check_supported(moe: FusedMoEConfig) -> None:
             f"the '{moe.activation.value}' expert activation",
             f"use a model with a gated {'/'.join(ACTIVATIONS)} activation",
         )
+    clamped = [name for name in ACTIVATION_PARAMS if getattr(moe, name) is not None]
+    if clamped:
+        _refuse(
+            f"expert activation parameters ({', '.join(clamped)})",
+            "use a model whose experts use the plain gated activation",
+        )
+    if moe.has_hash_routing:
+        _refuse("hash routing (experts chosen by token id)", "use another MoE model")
 
 
 def check_layer(layer: RoutedExperts) -> None:
@@ -64,11 +90,28 @@ def check_layer(layer: RoutedExperts) -> None:
         _refuse("routing weights applied to the input", "use another MoE model")
 
 
+def check_router(router: FusedMoERouter) -> None:
+    """Refuse routers whose work the monolithic method would skip: it routes from
+    the router logits itself, so a router's own extra output would be lost."""
+    if isinstance(router, ZeroExpertRouter):
+        _refuse(
+            "zero experts (tokens routed to an identity expert)",
+            "use another MoE model",
+        )
+    if isinstance(router, RoutingSimulatorRouter):
+        _refuse(
+            "simulated routing",
+            "unset VLLM_MOE_ROUTING_SIMULATION_STRATEGY",
+        )
+
+
 def check_moe_layers(model: torch.nn.Module) -> None:
     """Run at load time over every MoE layer of the model."""
     for module in model.modules():
         if isinstance(module, RoutedExperts):
             check_layer(module)
+        elif isinstance(module, MoERunner):
+            check_router(module.router)
 
 
 def routing_of(layer: RoutedExperts) -> MoeRouting:

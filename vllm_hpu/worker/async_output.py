@@ -4,77 +4,175 @@ Under vLLM's async scheduling the scheduler plans step N+1 before step N's token
 reach the host, so the runner keeps them on the device (``InFlightTokens``), puts
 them into the next decode pass's input ids there, and records them on the host
 later, before anything on the host reads them (sampling, resumed prompts).
+
+The step's device work (passes, logits, sampling) runs on the device stream
+(``vllm_hpu/device_stream.py``) while the host prepares the next step; who owns
+what meanwhile:
+- a step's inputs (input ids, positions, attention metadata with its block
+  tables and slot mappings) are fresh tensors per step: the host hands them to
+  the stream and never writes them again; in-flight tokens are written into
+  them on the stream, by queued work;
+- the KV cache and the weights: only queued work reads or writes them;
+- the InputBatch and the request states: the host's, but the queued sampling
+  reads the batch's sampling state, generators, logits processors and LoRA
+  mapping, so the host waits for the stream before it changes the batch
+  (``before_update``); a step that keeps the batch waits for nothing;
+- sampled tokens: the stream's; the host reads them only through the step's
+  future (``HpuAsyncOutput.get_output``, ``record_on_host``).
 """
 
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.outputs import AsyncModelRunnerOutput, LogprobsTensors, ModelRunnerOutput
+from vllm.v1.outputs import (
+    AsyncModelRunnerOutput,
+    LogprobsLists,
+    LogprobsTensors,
+    ModelRunnerOutput,
+)
+from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
+from vllm_hpu.device_stream import DeviceStream
 from vllm_hpu.worker.inputs import ForwardPass
 from vllm_hpu.worker.request_states import RequestStates
+
+
+@dataclass
+class StepLogits:
+    """A step's passes, run: the logits to sample and the prompt logprobs of
+    the prompts the step completed."""
+
+    logits: torch.Tensor  # [num_sampled, vocab_size]
+    prompt_logprobs: dict[str, LogprobsTensors | None]
+
+
+@dataclass
+class SampledStep:
+    """A step's samples: on the device ([num_reqs, 1] and tensors), or per row
+    on the host already (speculative decoding's accepted tokens)."""
+
+    sampled_token_ids: torch.Tensor | list[list[int]]
+    logprobs: LogprobsTensors | LogprobsLists | None
+    prompt_logprobs: dict[str, LogprobsTensors | None]
+
+    def on_host(
+        self, discard_rows: list[int]
+    ) -> tuple[list[list[int]], LogprobsLists | None]:
+        """Tokens per row (none for ``discard_rows``) and logprobs, as lists."""
+        sampled = self.sampled_token_ids
+        if isinstance(sampled, torch.Tensor):
+            sampled = sampled.tolist()
+        for row in discard_rows:
+            sampled[row].clear()
+        logprobs = self.logprobs
+        if isinstance(logprobs, LogprobsTensors):
+            logprobs = logprobs.tolists()
+        return sampled, logprobs
+
+
+@contextmanager
+def keeping_generators(
+    generators: dict[int, torch.Generator], rows: list[int]
+) -> Iterator[None]:
+    """Sampling inside leaves the seeded generators of ``rows`` as they were:
+    a discarded sample must not advance its request's generator."""
+    saved = {row: generators[row].get_state() for row in rows if row in generators}
+    yield
+    for row, state in saved.items():
+        generators[row].set_state(state)
 
 
 @dataclass
 class InFlightTokens:
     """One step's sampled tokens, not yet recorded on the host."""
 
-    sampled_token_ids: torch.Tensor  # [num_reqs, 1], on the device
+    sampled: "Future[SampledStep]"  # sampled_token_ids [num_reqs, 1], on the device
     req_id_to_index: dict[str, int]  # rows that sampled (prompt chunks left out)
 
 
 class HpuAsyncOutput(AsyncModelRunnerOutput):
-    """A step's output whose host copy of the sampled tokens is taken on demand."""
+    """A step's output whose host copy of the samples is taken on demand."""
 
     def __init__(
         self,
         output: ModelRunnerOutput,
-        sampled_token_ids: torch.Tensor,
-        logprobs: LogprobsTensors | None,
+        sampled: "Future[SampledStep]",
         discard_rows: list[int],
     ):
         self._output = output
-        self._sampled_token_ids = sampled_token_ids
-        self._logprobs = logprobs
+        self._sampled = sampled
         self._discard_rows = discard_rows
 
     def get_output(self) -> ModelRunnerOutput:
-        sampled: list[list[int]] = self._sampled_token_ids.tolist()
-        for row in self._discard_rows:
-            sampled[row].clear()
-        self._output.sampled_token_ids = sampled
-        if self._logprobs is not None:
-            self._output.logprobs = self._logprobs.tolists()
-        return self._output
+        step = self._sampled.result()  # waits for the stream
+        output = self._output
+        output.sampled_token_ids, output.logprobs = step.on_host(self._discard_rows)
+        output.prompt_logprobs_dict = step.prompt_logprobs
+        return output
+
+
+def _put_tokens(
+    input_ids: torch.Tensor,
+    dst: torch.Tensor,
+    src: torch.Tensor,
+    sampled: "Future[SampledStep]",
+) -> None:
+    """Device work: ``input_ids[dst] = sampled tokens[src]``."""
+    tokens = sampled.result().sampled_token_ids  # done: it was queued before
+    assert isinstance(tokens, torch.Tensor)
+    input_ids[dst] = tokens[src, 0].to(input_ids.dtype)
 
 
 class AsyncTokenFeed:
     """The runner's side of async scheduling: tokens in flight, fed and recorded."""
 
-    def __init__(self, input_batch: InputBatch, states: RequestStates):
+    def __init__(
+        self, input_batch: InputBatch, states: RequestStates, stream: DeviceStream
+    ):
         self.input_batch = input_batch
         self.states = states
+        self.stream = stream
         self.in_flight: InFlightTokens | None = None
 
-    def needs_host_tokens_now(self, scheduler_output: SchedulerOutput) -> bool:
-        """Whether tokens in flight must reach the host before the batch changes:
-        a request leaving it and coming back is rebuilt from its host tokens."""
-        if self.in_flight is None:
-            return False
-        pending = self.in_flight.req_id_to_index.keys()
-        resumed = scheduler_output.scheduled_cached_reqs.resumed_req_ids
-        leaving = (
-            pending
-            - scheduler_output.num_scheduled_tokens.keys()
-            - scheduler_output.finished_req_ids
+    def before_update(self, scheduler_output: SchedulerOutput) -> None:
+        """Before the host applies a step that changes the batch: the queued
+        sampling reads the batch, and a request leaving it and coming back is
+        rebuilt from its host tokens, so wait for the stream and record the
+        tokens in flight. A step that keeps the batch waits for nothing, unless
+        a request still counts its tokens towards ``min_tokens``."""
+        if self._changes_batch(scheduler_output) or self._counts_min_tokens():
+            self.record_on_host()
+            self.stream.synchronize()
+
+    def _counts_min_tokens(self) -> bool:
+        """vLLM's min-tokens processor counts each request's host tokens when
+        the batch is updated and swaps the stop-token mask the queued sampling
+        reads: while it holds requests, every step sees all tokens on the host
+        (the count a synchronous step sees) and no sampling in flight."""
+        return any(
+            isinstance(processor, MinTokensLogitsProcessor) and processor.min_toks
+            for processor in self.input_batch.logitsprocs.all
         )
-        return bool(leaving or pending & resumed)
+
+    def _changes_batch(self, scheduler_output: SchedulerOutput) -> bool:
+        in_batch = self.input_batch.req_id_to_index.keys()
+        return bool(
+            scheduler_output.scheduled_new_reqs
+            or scheduler_output.scheduled_cached_reqs.resumed_req_ids
+            or in_batch & scheduler_output.finished_req_ids
+            or in_batch - scheduler_output.num_scheduled_tokens.keys()
+            or scheduler_output.scheduled_encoder_inputs
+            or scheduler_output.free_encoder_mm_hashes
+        )
 
     def feed(self, forward_pass: ForwardPass) -> None:
-        """Put the in-flight tokens into a decode pass's input ids, on the device.
-        A decode seq reads one: its token at ``start`` is not on the host yet."""
+        """Queue the in-flight tokens into a decode pass's input ids. A decode
+        seq reads one: its token at ``start`` is not on the host yet."""
         if self.in_flight is None or forward_pass.is_prompt:
             return
         batch = self.input_batch
@@ -88,18 +186,22 @@ class AsyncTokenFeed:
             src.append(self.in_flight.req_id_to_index[req_id])
         if dst:
             device = forward_pass.input_ids.device
-            tokens = self.in_flight.sampled_token_ids[
-                torch.tensor(src, device=device), 0
-            ]
-            input_ids = forward_pass.input_ids
-            input_ids[torch.tensor(dst, device=device)] = tokens.to(input_ids.dtype)
+            self.stream.submit(
+                _put_tokens,
+                forward_pass.input_ids,
+                torch.tensor(dst, device=device),
+                torch.tensor(src, device=device),
+                self.in_flight.sampled,
+            )
 
     def record_on_host(self) -> None:
         """Append the in-flight tokens to their requests (this waits for them)."""
         in_flight, self.in_flight = self.in_flight, None
         if in_flight is None:
             return
-        tokens = in_flight.sampled_token_ids[:, 0].tolist()
+        sampled = in_flight.sampled.result().sampled_token_ids
+        assert isinstance(sampled, torch.Tensor)
+        tokens = sampled[:, 0].tolist()
         batch = self.input_batch
         for req_id, index in in_flight.req_id_to_index.items():
             state = self.states.requests.get(req_id)
@@ -114,18 +216,17 @@ class AsyncTokenFeed:
     def launch(
         self,
         output: ModelRunnerOutput,
-        sampled_token_ids: torch.Tensor,
-        logprobs: LogprobsTensors | None,
+        sampled: "Future[SampledStep]",
         discard_rows: list[int],
     ) -> HpuAsyncOutput:
         """Keep this step's tokens in flight; hand back its output to complete."""
         discard = set(discard_rows)
         self.in_flight = InFlightTokens(
-            sampled_token_ids=sampled_token_ids,
+            sampled=sampled,
             req_id_to_index={
                 req_id: row
                 for req_id, row in output.req_id_to_index.items()
                 if row not in discard
             },
         )
-        return HpuAsyncOutput(output, sampled_token_ids, logprobs, discard_rows)
+        return HpuAsyncOutput(output, sampled, discard_rows)

@@ -189,6 +189,7 @@ class HpuWorker(WorkerBase):
     def _lora(self) -> HpuLoRA:
         if self.runner.lora is None:
             raise RuntimeError("LoRA is not enabled: start vLLM with --enable-lora.")
+        self.runner.stream.synchronize()  # queued passes read the adapters
         return self.runner.lora
 
     def check_health(self) -> None:

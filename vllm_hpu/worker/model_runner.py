@@ -9,6 +9,7 @@ their passes' intermediate tensors from ``execute_model`` for the worker to send
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,10 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import (
     EMPTY_MODEL_RUNNER_OUTPUT,
     DraftTokenIds,
-    LogprobsLists,
     ModelRunnerOutput,
 )
 from vllm.v1.sample.logits_processor import build_logitsprocs
+from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
@@ -44,7 +45,13 @@ from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.fused_moe import check_moe_layers
 from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.worker import pipeline
-from vllm_hpu.worker.async_output import AsyncTokenFeed, HpuAsyncOutput
+from vllm_hpu.worker.async_output import (
+    AsyncTokenFeed,
+    HpuAsyncOutput,
+    SampledStep,
+    StepLogits,
+    keeping_generators,
+)
 from vllm_hpu.worker.execution import ExecutionMode, select_mode
 from vllm_hpu.worker.inputs import ForwardPass, ScheduledSeq, build_decode_pass
 from vllm_hpu.worker.kv_caches import (
@@ -60,6 +67,7 @@ from vllm_hpu.worker.merged_prefill import (
     profile_seqs,
     split_prompt_passes,
 )
+from vllm_hpu.worker.mrope import MRopePositions, mrope_positions_for
 from vllm_hpu.worker.multimodal import MultimodalInputs
 from vllm_hpu.worker.pooling import StepPooler
 from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
@@ -74,9 +82,10 @@ class _PendingStep:
     """What execute_model hands to sample_tokens."""
 
     scheduler_output: SchedulerOutput
-    # [num_sampled, vocab_size]: per row in InputBatch order, its draft
-    # positions (speculative decoding) then its last token.
-    logits: torch.Tensor
+    # The passes on the device stream; logits [num_sampled, vocab_size]: per
+    # row in InputBatch order, its draft positions (speculative decoding)
+    # then its last token.
+    device: "Future[StepLogits]"
     discard_rows: list[int]  # rows inside a prompt: their sample is dropped
     spec_metadata: SpecDecodeMetadata | None  # None: one token per row
 
@@ -106,6 +115,7 @@ class HpuModelRunner:
         self.pooler: StepPooler | None = None  # set by load_model for pooling
         # Set by load_model for a multimodal model, on the first pipeline stage.
         self.multimodal: MultimodalInputs | None = None
+        self.mrope: MRopePositions | None = None  # set by load_model for M-RoPE
         self.lora = (
             HpuLoRA(vllm_config, self.input_batch) if vllm_config.lora_config else None
         )
@@ -121,10 +131,13 @@ class HpuModelRunner:
         self.kv_caches: dict[str, Any] = {}
         self.cache: CacheGeometry | None = None
         self._pending: _PendingStep | None = None
-        # Async scheduling: step N's tokens reach step N+1 on the device.
+        # Async scheduling: step N's tokens reach step N+1 on the device, and
+        # in emulation the device stream runs step N while the host prepares N+1.
+        is_async = bool(vllm_config.scheduler_config.async_scheduling)
+        self.stream = device.device_stream(queued=is_async)
         self.async_feed = (
-            AsyncTokenFeed(self.input_batch, self.states)
-            if vllm_config.scheduler_config.async_scheduling
+            AsyncTokenFeed(self.input_batch, self.states, self.stream)
+            if is_async
             else None
         )
         # Set by warmup (worker/warmup.py): what runs the buckets given graphs.
@@ -173,6 +186,9 @@ class HpuModelRunner:
         split_graph_every(self.model, get_envs().config_hidden_layers)
         if self.spec is not None:  # a draft model loads after the target
             self.spec.proposer.load_model()
+        self.mrope = mrope_positions_for(
+            self.model, self.model_config, self.input_batch, self.states.requests
+        )
         if self.is_pooling_model:
             self.pooler = StepPooler(self.input_batch, self.model, self.model_config)
         if supports_multimodal(self.model) and self.stage.is_first:
@@ -285,9 +301,8 @@ class HpuModelRunner:
         with self.profiler.span("prepare"):
             if self.pooler is not None:
                 self.pooler.prepare_new_requests(scheduler_output)
-            feed = self.async_feed
-            if feed is not None and feed.needs_host_tokens_now(scheduler_output):
-                feed.record_on_host()
+            if self.async_feed is not None:
+                self.async_feed.before_update(scheduler_output)
             self.states.update(scheduler_output)
             if self.multimodal is not None:
                 self.multimodal.update(scheduler_output)
@@ -306,6 +321,24 @@ class HpuModelRunner:
             outputs = ((p, self._forward(p, x)) for p, x in pairs)
             return self.pooler.pool(scheduler_output, outputs)
         num_sampled = 1 + self._num_draft_tokens()
+        self._pending = _PendingStep(
+            scheduler_output=scheduler_output,
+            device=self.stream.submit(
+                self._run_passes, pairs, num_sampled, scheduler_output
+            ),
+            discard_rows=self._rows_inside_prompt(scheduler_output),
+            spec_metadata=self.spec.metadata(self.device) if self.spec else None,
+        )
+        return None
+
+    def _run_passes(
+        self,
+        pairs: list[tuple[ForwardPass, IntermediateTensors | None]],
+        num_sampled: np.ndarray,
+        scheduler_output: SchedulerOutput,
+    ) -> StepLogits:
+        """Device work: the step's passes, then the logits of the positions to
+        sample (``num_sampled`` per row)."""
         cu_num_sampled = np.cumsum(num_sampled)
         hidden_size = self.model_config.get_hidden_size()
         sample_hidden = torch.empty(
@@ -318,13 +351,10 @@ class HpuModelRunner:
             self.prompt_logprobs.collect(forward_pass, hidden, self._compute_logits)
         # Each sampled position's InputBatch row (several per row with drafts).
         sample_rows = np.repeat(np.arange(len(num_sampled)), num_sampled).tolist()
-        self._pending = _PendingStep(
-            scheduler_output=scheduler_output,
+        return StepLogits(
             logits=self._compute_logits(sample_hidden, sample_rows),
-            discard_rows=self._rows_inside_prompt(scheduler_output),
-            spec_metadata=self.spec.metadata(self.device) if self.spec else None,
+            prompt_logprobs=self.prompt_logprobs.finish(scheduler_output),
         )
-        return None
 
     def _num_draft_tokens(self) -> np.ndarray:
         if self.spec is None:
@@ -441,7 +471,7 @@ class HpuModelRunner:
             ),
         ):
             hidden = model(
-                positions=forward_pass.positions,
+                positions=self._positions(forward_pass),
                 intermediate_tensors=intermediate_tensors,
                 **self._token_inputs(forward_pass),
             )
@@ -449,6 +479,12 @@ class HpuModelRunner:
         if self.spec is not None:  # a draft model writes the pass into its KV
             hidden = self.spec.proposer.after_target_pass(forward_pass, hidden)
         return hidden
+
+    def _positions(self, forward_pass: ForwardPass) -> torch.Tensor:
+        """[num_tokens], or [3, num_tokens] for an M-RoPE model."""
+        if self.mrope is None:
+            return forward_pass.positions
+        return self.mrope.positions(forward_pass)
 
     def _token_inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
         """Token ids, or for a multimodal model input embeddings on every pass
@@ -485,79 +521,60 @@ class HpuModelRunner:
         if self.async_feed is not None:
             # The forward passes are queued: now the host may wait for step N-1.
             self.async_feed.record_on_host()
+        sampled = self.stream.submit(
+            self._sample, pending, grammar_output, self.input_batch.sampling_metadata
+        )
+        if self.async_feed is not None:
+            # The sampled tokens stay on the device for the next step; the
+            # host copy completes in the output (never with drafts).
+            output = ModelRunnerOutput(
+                req_ids=list(self.input_batch.req_ids),
+                req_id_to_index=dict(self.input_batch.req_id_to_index),
+            )
+            return self.async_feed.launch(output, sampled, pending.discard_rows)
+        return self._make_output(pending, sampled.result())
+
+    def _sample(
+        self,
+        pending: _PendingStep,
+        grammar_output: GrammarOutput | None,
+        sampling_metadata: SamplingMetadata,
+    ) -> SampledStep:
+        """Device work, after the step's passes: the grammar mask, then each
+        row's token, or its accepted drafts plus one."""
+        step = pending.device.result()  # done: it was queued before
         if grammar_output is not None:
             apply_grammar_bitmask(
                 pending.scheduler_output,
                 grammar_output,
                 self.input_batch,
-                pending.logits,
+                step.logits,
             )
         generators = self.input_batch.generators
-        # A discarded sample must not advance its request's seeded generator.
-        saved = {
-            row: generators[row].get_state()
-            for row in pending.discard_rows
-            if row in generators
-        }
-        output: ModelRunnerOutput | HpuAsyncOutput
-        with self.profiler.span("sample"):
-            if self.async_feed is not None:
-                output = self._launch_async(pending)
-            else:
-                output = self._make_output(pending, *self._sample(pending))
-        for row, state in saved.items():
-            generators[row].set_state(state)
-        return output
-
-    def _launch_async(self, pending: _PendingStep) -> HpuAsyncOutput:
-        """Async scheduling (never with drafts): the sampled tokens stay on the
-        device for the next step; the host copy completes in the output."""
-        assert self.async_feed is not None and pending.spec_metadata is None
-        output = self.sampler(
-            logits=pending.logits, sampling_metadata=self.input_batch.sampling_metadata
-        )
-        return self.async_feed.launch(
-            ModelRunnerOutput(
-                req_ids=list(self.input_batch.req_ids),
-                req_id_to_index=dict(self.input_batch.req_id_to_index),
-                prompt_logprobs_dict=self.prompt_logprobs.finish(
-                    pending.scheduler_output
-                ),
-            ),
-            output.sampled_token_ids,
-            output.logprobs_tensors,
-            pending.discard_rows,
-        )
-
-    def _sample(
-        self, pending: _PendingStep
-    ) -> tuple[list[list[int]], LogprobsLists | None]:
-        """Each row's tokens: one, or its accepted drafts plus one; none for
-        rows inside a prompt."""
-        sampling_metadata = self.input_batch.sampling_metadata
-        if pending.spec_metadata is not None:
-            assert self.spec is not None
-            return self.spec.sample(
-                pending.spec_metadata,
-                pending.logits,
-                sampling_metadata,
-                pending.discard_rows,
+        with (
+            self.profiler.span("sample"),
+            keeping_generators(generators, pending.discard_rows),
+        ):
+            if pending.spec_metadata is not None:
+                assert self.spec is not None
+                sampled, logprobs = self.spec.sample(
+                    pending.spec_metadata,
+                    step.logits,
+                    sampling_metadata,
+                    pending.discard_rows,
+                )
+                return SampledStep(sampled, logprobs, step.prompt_logprobs)
+            output = self.sampler(
+                logits=step.logits, sampling_metadata=sampling_metadata
             )
-        output = self.sampler(
-            logits=pending.logits, sampling_metadata=sampling_metadata
+        return SampledStep(
+            output.sampled_token_ids, output.logprobs_tensors, step.prompt_logprobs
         )
-        sampled: list[list[int]] = output.sampled_token_ids.tolist()
-        for row in pending.discard_rows:
-            sampled[row].clear()
-        logprobs = output.logprobs_tensors
-        return sampled, logprobs.tolists() if logprobs is not None else None
 
     def _make_output(
-        self,
-        pending: _PendingStep,
-        sampled_token_ids: list[list[int]],
-        logprobs: LogprobsLists | None,
+        self, pending: _PendingStep, step: SampledStep
     ) -> ModelRunnerOutput:
+        sampled_token_ids, logprobs = step.on_host(pending.discard_rows)
         for row, tokens in enumerate(sampled_token_ids):
             for token_id in tokens:
                 self.states.append_sampled(row, token_id)
@@ -568,7 +585,7 @@ class HpuModelRunner:
             req_id_to_index=dict(self.input_batch.req_id_to_index),
             sampled_token_ids=sampled_token_ids,
             logprobs=logprobs,
-            prompt_logprobs_dict=self.prompt_logprobs.finish(pending.scheduler_output),
+            prompt_logprobs_dict=step.prompt_logprobs,
         )
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:

@@ -2,6 +2,7 @@
 embeddings of each forward pass with the encoder outputs merged in.
 """
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,12 @@ from vllm.v1.worker.utils import sanity_check_mm_encoder_outputs
 
 from vllm_hpu import device
 from vllm_hpu.worker.inputs import ForwardPass
+from vllm_hpu.worker.vision_buckets import (
+    PatchBuckets,
+    group_by_patches,
+    is_grid_item,
+    item_patches,
+)
 
 logger = init_logger("vllm.hpu.multimodal")
 
@@ -38,8 +45,9 @@ class MultimodalInputs:
     builds the input embeddings of every pass (text, or text and encoder outputs).
 
     Encoder passes are padded to a bucket of items per pass by repeating the
-    last item (its extra outputs are dropped), so the encoder sees only the
-    shapes :meth:`warm_up` ran.
+    last item (its extra outputs are dropped); a dynamic-resolution tower's
+    passes to a bucket of images and patches (``worker/vision_buckets.py``). So
+    the encoder sees only the shapes :meth:`warm_up` ran.
     """
 
     def __init__(
@@ -57,7 +65,26 @@ class MultimodalInputs:
         self.budget = MultiModalBudget(vllm_config, MULTIMODAL_REGISTRY)
         max_items = max(self.budget.mm_max_items_per_batch.values(), default=1)
         self.batch_sizes = encoder_batch_sizes(max_items)
+        # Per modality whose items are patch grids (dynamic resolution).
+        self.patch_buckets = {
+            modality: buckets
+            for modality in self.budget.mm_max_items_per_batch
+            if (buckets := self._patch_buckets(modality)) is not None
+        }
         self.encoder_cache: dict[str, torch.Tensor] = {}
+
+    def _patch_buckets(self, modality: str) -> PatchBuckets | None:
+        """Patch buckets sized by vLLM's largest item (its dummy) and budget."""
+        dummy = self.budget.get_dummy_encoder_profile_inputs(modality, 1)
+        if not dummy or not is_grid_item(modality, dummy[0][1]):
+            return None
+        item = dummy[0][1]
+        return PatchBuckets.from_budget(
+            self.batch_sizes,
+            item_patches(modality, item),
+            self.budget.mm_max_toks_per_item[modality],
+            self.budget.encoder_compute_budget,
+        )
 
     # ---- encoder -----------------------------------------------------------
 
@@ -80,7 +107,48 @@ class MultimodalInputs:
             self.encoder_cache[hashes[i]] = output
 
     def encode(self, items: Sequence[EncoderItem]) -> list[torch.Tensor]:
-        """Encoder outputs of ``items``, in order, in bucketed passes."""
+        """Encoder outputs of ``items`` (sorted by modality), in order, in
+        bucketed passes."""
+        outputs: list[torch.Tensor] = []
+        for _, group in itertools.groupby(items, key=self._grid_modality):
+            run = list(group)
+            modality, item = run[0]
+            if is_grid_item(modality, item) and modality in self.patch_buckets:
+                outputs += self._encode_grids(run, self.patch_buckets[modality])
+            else:
+                outputs += self._encode_items(run)
+        return outputs
+
+    @staticmethod
+    def _grid_modality(item: EncoderItem) -> tuple[str, bool]:
+        return item[0], is_grid_item(*item)
+
+    def _encode_grids(
+        self, items: list[EncoderItem], buckets: PatchBuckets
+    ) -> list[torch.Tensor]:
+        """Patch grids of one modality, in passes padded to (images, patches)."""
+        modality = items[0][0]
+        patches = [item_patches(modality, item) for _, item in items]
+        outputs: list[torch.Tensor] = []
+        for start, end in group_by_patches(buckets, patches):
+            ((_, num_items, kwargs),) = group_and_batch_mm_kwargs(
+                items[start:end], device=self.device
+            )
+            shape = buckets.shape(num_items, sum(patches[start:end]))
+            padded = buckets.pad(kwargs, modality, shape)
+            outputs += self._run_encoder(padded, shape[0] + 1)[:num_items]
+        return outputs
+
+    def _run_encoder(
+        self, kwargs: dict[str, Any], num_items: int
+    ) -> list[torch.Tensor]:
+        batch_outputs = self.model.embed_multimodal(**kwargs)
+        sanity_check_mm_encoder_outputs(batch_outputs, expected_num_items=num_items)
+        device.mark_step()
+        return list(batch_outputs)
+
+    def _encode_items(self, items: Sequence[EncoderItem]) -> list[torch.Tensor]:
+        """Fixed-size items in passes padded to a bucket of items."""
         outputs: list[torch.Tensor] = []
         start = 0
         while start < len(items):
@@ -102,10 +170,7 @@ class MultimodalInputs:
         for _, num_items, kwargs in group_and_batch_mm_kwargs(
             padded, device=self.device
         ):
-            batch_outputs = self.model.embed_multimodal(**kwargs)
-            sanity_check_mm_encoder_outputs(batch_outputs, expected_num_items=num_items)
-            outputs.extend(batch_outputs)
-        device.mark_step()
+            outputs += self._run_encoder(kwargs, num_items)
         return outputs
 
     def warm_up(self) -> None:
@@ -113,9 +178,29 @@ class MultimodalInputs:
         its largest size), so serving meets no new encoder shape."""
         for modality in self.budget.mm_max_items_per_batch:
             items = self.budget.get_dummy_encoder_profile_inputs(modality, 1)
+            buckets = self.patch_buckets.get(modality)
+            if buckets is not None:
+                self._warm_up_grids(modality, items, buckets)
+                continue
             for size in self.batch_sizes:
                 self._encode_padded(items * size, size)
-        logger.info("Warmed up encoder passes of %s items", self.batch_sizes)
+            logger.info("Warmed up encoder passes of %s items", self.batch_sizes)
+
+    def _warm_up_grids(
+        self, modality: str, items: list[EncoderItem], buckets: PatchBuckets
+    ) -> None:
+        """One pass per (images, patches) bucket, of padding images only."""
+        ((_, _, kwargs),) = group_and_batch_mm_kwargs(items, device=self.device)
+        empty = buckets.empty(kwargs, modality)
+        shapes = buckets.warmup_shapes()
+        for shape in shapes:
+            self._run_encoder(buckets.pad(empty, modality, shape), shape[0] + 1)
+        logger.info(
+            "Warmed up %d encoder passes of (%ss, patches): %s",
+            len(shapes),
+            modality,
+            shapes,
+        )
 
     # ---- input embeddings ---------------------------------------------------
 

@@ -1,0 +1,88 @@
+"""A device stream: device work runs in the order it is submitted, while the host
+goes on to the next step.
+
+On Gaudi the bridge queues device work itself (lazy mode, HPU graphs): a
+submitted function runs at once on the host thread, only enqueueing, and its
+future is complete when ``submit`` returns. In emulation one worker thread runs
+the functions in order, so the CPU computes step N while the host schedules and
+prepares step N+1 (torch releases the GIL in its kernels), and a host write to
+something queued work still reads shows up as a wrong token here, not first on
+hardware. ``device.device_stream`` picks the kind.
+
+Ownership: what a submitted function reads belongs to the stream until its
+future is done; the host reads device results only through the futures.
+"""
+
+import contextvars
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+_Work = Callable[[], None]
+
+
+def _run_in_order(work: "queue.SimpleQueue[_Work | None]") -> None:
+    """The worker thread: run each submitted function, until told to stop."""
+    while (task := work.get()) is not None:
+        task()
+        del task  # hold nothing between tasks, so an idle stream can be freed
+
+
+class DeviceStream:
+    def __init__(self, threaded: bool):
+        # Seconds spent running device work, from the stream's side: the time
+        # the device was busy, in emulation (benchmarks/async_overlap.py).
+        self.busy_s = 0.0
+        self._work: queue.SimpleQueue[_Work | None] | None = None
+        if threaded:
+            self._work = queue.SimpleQueue()
+            thread = threading.Thread(
+                target=_run_in_order,
+                args=(self._work,),
+                name="hpu-device-stream",
+                daemon=True,
+            )
+            thread.start()
+            weakref.finalize(self, self._work.put, None)
+
+    @property
+    def is_threaded(self) -> bool:
+        return self._work is not None
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> "Future[T]":
+        """Queue ``fn(*args)`` behind the work submitted before it."""
+        future: Future[T] = Future()
+        if self._work is None:
+            self._execute(future, fn, args)
+        else:
+            # The work sees the submitter's context variables (torch keeps its
+            # dynamo config in them: the recompile limit the runner sets).
+            context = contextvars.copy_context()
+            self._work.put(lambda: context.run(self._execute, future, fn, args))
+        return future
+
+    def synchronize(self) -> None:
+        """Wait until every function submitted so far has run."""
+        self.submit(lambda: None).result()
+
+    def _execute(
+        self, future: "Future[T]", fn: Callable[..., T], args: tuple[Any, ...]
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            with torch.no_grad():  # grad mode is per thread
+                result = fn(*args)
+        except BaseException as error:  # handed to whoever waits on the future
+            self.busy_s += time.perf_counter() - started
+            future.set_exception(error)
+        else:
+            self.busy_s += time.perf_counter() - started
+            future.set_result(result)
