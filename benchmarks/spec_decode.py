@@ -1,5 +1,7 @@
-"""Tokens per second with and without n-gram speculative decoding, and the
-acceptance rate from vLLM's spec-decode metrics (greedy, SmolLM2 by default).
+"""Tokens per second with and without speculative decoding (n-gram, a draft
+model), the acceptance rate from vLLM's spec-decode metrics, and whether the
+greedy outputs equal those without speculation (SmolLM2 by default, drafting
+for itself unless --draft-model names a smaller model sharing its tokenizer).
 
 Run: VLLM_HPU_EMULATION=1 PYTHONPATH=$PWD python -m benchmarks.spec_decode
 """
@@ -28,12 +30,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--num-speculative-tokens", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--methods",
+        default="ngram,draft_model",
+        help="comma-separated proposers to compare with no speculation",
+    )
+    parser.add_argument(
+        "--draft-model", help="the draft_model proposer's model (default: --model)"
+    )
     return parser.parse_args()
 
 
-def run(args: argparse.Namespace, speculative_config: dict | None) -> dict:
+def run(
+    args: argparse.Namespace, speculative_config: dict | None
+) -> tuple[dict, list[list[int]]]:
     """One engine: output tokens per second of the greedy batch, and the
-    spec-decode counters (absent without speculative decoding)."""
+    spec-decode counters (absent without speculative decoding); its tokens."""
     from vllm import LLM, SamplingParams
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
@@ -51,7 +63,8 @@ def run(args: argparse.Namespace, speculative_config: dict | None) -> dict:
     started = time.perf_counter()
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     seconds = time.perf_counter() - started
-    num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    num_tokens = sum(len(t) for t in tokens)
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     drafted = metrics.get("vllm:spec_decode_num_draft_tokens") or 0
     accepted = metrics.get("vllm:spec_decode_num_accepted_tokens") or 0
@@ -59,13 +72,16 @@ def run(args: argparse.Namespace, speculative_config: dict | None) -> dict:
     del llm
     gc.collect()
     cleanup_dist_env_and_memory()
-    return {
-        "method": speculative_config["method"] if speculative_config else "none",
+    config = speculative_config or {}
+    result = {
+        "method": config.get("method", "none"),
+        "draft": config.get("model"),
         "tokens_per_s": round(num_tokens / seconds, 2),
         "draft_tokens": drafted,
         "accepted_tokens": accepted,
         "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
     }
+    return result, tokens
 
 
 def main() -> None:
@@ -79,8 +95,17 @@ def main() -> None:
         "prompt_lookup_min": 1,
         "prompt_lookup_max": 3,
     }
-    for config in (None, ngram):
-        print(json.dumps(run(args, config)))
+    draft_model = {
+        "method": "draft_model",
+        "model": args.draft_model or args.model,
+        "num_speculative_tokens": args.num_speculative_tokens,
+    }
+    result, reference = run(args, None)
+    print(json.dumps(result))
+    configs = {"ngram": ngram, "draft_model": draft_model}
+    for method in args.methods.split(","):
+        result, tokens = run(args, configs[method])
+        print(json.dumps({**result, "same_tokens_as_none": tokens == reference}))
 
 
 if __name__ == "__main__":

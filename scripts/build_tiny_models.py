@@ -11,6 +11,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -310,6 +311,39 @@ MULTIMODAL_MODELS = {
 }
 MULTIMODAL_BUILDERS = {"llava": build_llava, "qwen2_vl": build_qwen2_vl}
 MODEL_SPECS.update(MULTIMODAL_MODELS)
+
+# ---- Draft models for speculative decoding (issue 23) ------------------------
+# The first layer of a target, with its embeddings, final norm and LM head: a
+# smaller model sharing the target's tokenizer whose greedy choice often, but
+# not always, agrees with the target's (drafts accepted and rejected).
+DRAFT_MODELS = {"tiny-llama-draft": ("tiny-llama", 1)}
+# An EAGLE-1 head for a target, in the layout vLLM loads for method "eagle"
+# (EagleLlamaForCausalLM): one decoder layer without its input norm, and "fc"
+# over [token embedding, target hidden state]; no embeddings and no LM head,
+# so vLLM shares the target's.
+EAGLE_HEADS = {"tiny-llama-eagle": "tiny-llama"}
+# An EAGLE-3 head, as vLLM loads one for method "eagle3"
+# (Eagle3LlamaForCausalLM): "midlayer" over [normed embedding, normed fc of
+# the target's states before layer 0, after layer 1 and after layer 2], its
+# own final norm and LM head over the whole vocabulary; the target's
+# embeddings.
+EAGLE3_HEADS = {"tiny-llama-eagle3": "tiny-llama"}
+EAGLE3_AUX_LAYERS = [0, 1, 2]
+MODEL_SPECS.update(
+    {
+        draft: (
+            MODEL_SPECS[target][0],
+            {**MODEL_SPECS[target][1], "num_hidden_layers": layers},
+        )
+        for draft, (target, layers) in {
+            **DRAFT_MODELS,
+            **{
+                head: (target, 1)
+                for head, target in {**EAGLE_HEADS, **EAGLE3_HEADS}.items()
+            },
+        }.items()
+    }
+)
 # ------------------------------------------------------------------------------
 
 PASSAGES = [
@@ -476,19 +510,94 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
         )
         return
     config = AutoConfig.for_model(model_type, **shape, **token_ids, dtype="float32")
+    if name in EAGLE_HEADS:
+        build_eagle_head(config, seed, out_dir)
+        return
+    if name in EAGLE3_HEADS:
+        build_eagle3_head(config, seed, out_dir)
+        return
     if name in SEQUENCE_CLASSIFIERS:
         classifier = AutoModelForSequenceClassification.from_config(config)
         init_weights(classifier, seed, {})
         classifier.save_pretrained(out_dir)
         return
+    if name in DRAFT_MODELS:
+        target, num_layers = DRAFT_MODELS[name]
+        seed = SEED + zlib.crc32(target.encode())
+        config = AutoConfig.for_model(
+            model_type, **MODEL_SPECS[target][1], **token_ids, dtype="float32"
+        )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     norm_means = {part: mean for (n, part), mean in NORM_MEANS.items() if n == name}
     init_weights(model, seed, norm_means)
+    if name in DRAFT_MODELS:
+        truncate_layers(model, num_layers)
     im_end_id = tokenizer.token_to_id(IM_END)
     model.generation_config = GenerationConfig(
         **{**token_ids, "eos_token_id": [token_ids["eos_token_id"], im_end_id]}
     )
     model.save_pretrained(out_dir)
+
+
+def build_eagle_head(config: Any, seed: int, out_dir: Path) -> None:
+    """A one-layer EAGLE head: the layer's weights as EAGLE checkpoints name
+    them (no ``model.`` prefix, no input norm) and a random ``fc``."""
+    from safetensors.torch import save_file
+
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    init_weights(model, seed, {})
+    weights = {
+        name.removeprefix("model."): param.detach().contiguous()
+        for name, param in model.named_parameters()
+        if name.startswith("model.layers.0.") and "input_layernorm" not in name
+    }
+    generator = torch.Generator().manual_seed(seed + 1)
+    hidden = config.hidden_size
+    weights["fc.weight"] = torch.randn(hidden, 2 * hidden, generator=generator)
+    weights["fc.weight"] *= WEIGHT_STD
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(out_dir)
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def build_eagle3_head(config: Any, seed: int, out_dir: Path) -> None:
+    """A one-layer EAGLE-3 head with random weights in its checkpoint's names."""
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(seed)
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    kv = config.num_key_value_heads * config.head_dim
+    shapes = {
+        "midlayer.self_attn.q_proj.weight": (heads * config.head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": (hidden, heads * config.head_dim),
+        "midlayer.mlp.gate_proj.weight": (config.intermediate_size, hidden),
+        "midlayer.mlp.up_proj.weight": (config.intermediate_size, hidden),
+        "midlayer.mlp.down_proj.weight": (hidden, config.intermediate_size),
+        "fc.weight": (hidden, len(EAGLE3_AUX_LAYERS) * hidden),
+        "lm_head.weight": (config.vocab_size, hidden),
+    }
+    weights = {
+        name: torch.randn(shape, generator=generator) * WEIGHT_STD
+        for name, shape in shapes.items()
+    }
+    for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        weights[f"midlayer.{norm}.weight"] = torch.ones(hidden)
+    weights["norm.weight"] = torch.ones(hidden)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config.architectures = ["LlamaForCausalLM"]
+    config.eagle_aux_hidden_state_layer_ids = EAGLE3_AUX_LAYERS
+    config.save_pretrained(out_dir)
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def truncate_layers(model: torch.nn.Module, num_layers: int) -> None:
+    """Keep a decoder's first ``num_layers`` layers (a draft of the model)."""
+    decoder: Any = model.get_decoder()
+    decoder.layers = decoder.layers[:num_layers]
+    model.config.num_hidden_layers = num_layers
 
 
 def is_built(model_dir: Path) -> bool:

@@ -38,6 +38,10 @@ TINY_MODELS = (
 POOLING_MODELS = ("tiny-llama-classify",)
 # Built by the set-up too, with their processors: they take images.
 MULTIMODAL_MODELS = ("tiny-llava", "tiny-qwen2-vl")
+# Built by the set-up too: a target's first layer, its speculative draft.
+DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}
+# Built by the set-up too: EAGLE and EAGLE-3 heads for tiny-llama, as vLLM loads them.
+EAGLE_HEADS = ("tiny-llama-eagle", "tiny-llama-eagle3")
 SMOLLM2 = "smollm2-135m-instruct"
 
 

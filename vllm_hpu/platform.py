@@ -250,8 +250,9 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
     runner_type = model_config.runner_type if model_config is not None else "generate"
     unsupported = {
         "KV transfer (--kv-transfer-config)": vllm_config.kv_transfer_config,
+        # "draft": a speculative draft model's config (worker/draft_model.py).
         f"the '{runner_type}' runner (--runner)": runner_type
-        not in ("generate", "pooling"),
+        not in ("generate", "pooling", "draft"),
     }
     for feature, setting in unsupported.items():
         if setting:

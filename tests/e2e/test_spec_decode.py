@@ -1,5 +1,5 @@
-"""Speculative decoding with n-gram drafts: greedy outputs equal transformers'
-token for token (float32), and drafts get accepted on a repetitive prompt."""
+"""Speculative decoding with n-gram drafts and a draft model: greedy outputs
+equal transformers' token for token (float32), and drafts get accepted."""
 
 import pytest
 import torch
@@ -17,6 +17,14 @@ NGRAM = {
 }
 
 
+def draft_model(name: str) -> dict:
+    return {
+        "method": "draft_model",
+        "model": model_dir(name),
+        "num_speculative_tokens": 3,
+    }
+
+
 def counter(llm, name: str) -> float:
     metrics = {m.name: m for m in llm.get_metrics()}
     return metrics[name].value if name in metrics else 0.0
@@ -29,11 +37,20 @@ def repetitive_prompts() -> list[list[int]]:
     return [pattern * 6, *(shared + pattern * 2 + tail for tail in tails)]
 
 
-def test_ngram_greedy_matches_hf_with_preemption_chunks_and_prefix_hits():
-    # Repeated patterns give the n-gram proposer drafts (the random model mostly
-    # rejects them: rejected drafts' KV must be overwritten, never cached); a
-    # shared prefix gives prefix hits; 20 blocks of 16 tokens force preemption;
-    # a 48-token step budget splits the longer prompts into chunks.
+@pytest.mark.parametrize(
+    "speculative_config",
+    [NGRAM, draft_model("tiny-llama-draft")],
+    ids=["ngram", "draft_model"],
+)
+def test_greedy_matches_hf_with_preemption_chunks_and_prefix_hits(
+    speculative_config: dict,
+):
+    # Repeated patterns give the n-gram proposer drafts; the draft model (the
+    # target's first layer) agrees with the target now and then. Most drafts
+    # are rejected: their KV, the target's and the draft's, must be overwritten,
+    # never cached. A shared prefix gives prefix hits; 20 blocks of 16 tokens
+    # force preemption; a 48-token step budget splits the longer prompts into
+    # chunks.
     prompts = repetitive_prompts()
     expected = hf_greedy(model_dir("tiny-llama"), prompts, 24, torch.float32)
     with vllm_engine(
@@ -45,10 +62,12 @@ def test_ngram_greedy_matches_hf_with_preemption_chunks_and_prefix_hits():
         max_num_batched_tokens=48,
         enable_chunked_prefill=True,
         enable_prefix_caching=True,
-        speculative_config=NGRAM,
+        speculative_config=speculative_config,
     ) as llm:
         assert vllm_greedy(llm, prompts, 24) == expected
         assert counter(llm, "vllm:spec_decode_num_draft_tokens") > 0
+        if speculative_config["method"] == "draft_model":
+            assert counter(llm, "vllm:spec_decode_num_accepted_tokens") > 0
         assert counter(llm, "vllm:num_preemptions") > 0
         assert counter(llm, "vllm:prefix_cache_hits") > 0
 
@@ -66,9 +85,26 @@ def test_ngram_accepts_drafts_on_a_repetitive_prompt():
         assert counter(llm, "vllm:spec_decode_num_accepted_tokens") > 0
 
 
-def test_ngram_verification_compiles_nothing_after_warmup(hpu_env):
+@pytest.mark.parametrize(
+    "speculative_config",
+    [
+        NGRAM,
+        draft_model("tiny-llama"),
+        {
+            "method": "eagle3",
+            "model": model_dir("tiny-llama-eagle3"),
+            "num_speculative_tokens": 3,
+        },
+    ],
+    ids=["ngram", "draft_model_of_itself", "eagle3"],
+)
+def test_speculation_compiles_nothing_after_warmup(hpu_env, speculative_config: dict):
     """Compiled emulation without prefix caching or chunked prefill: the
-    context buckets that verification passes take are warmed up too."""
+    context buckets that verification passes take are warmed up too, and a
+    draft model's or EAGLE-3 head's passes (the target returning its layers'
+    states too), through the same buckets. The target
+    drafting for itself accepts (almost) every draft: its draft KV is the
+    target's."""
     from torch._dynamo.utils import counters
 
     hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
@@ -82,9 +118,13 @@ def test_ngram_verification_compiles_nothing_after_warmup(hpu_env):
         max_num_seqs=2,
         max_num_batched_tokens=256,
         enable_prefix_caching=False,
-        speculative_config=NGRAM,
+        speculative_config=speculative_config,
     ) as llm:
         warmed = int(counters["stats"]["unique_graphs"])
         assert vllm_greedy(llm, prompts, 24) == expected
         assert int(counters["stats"]["unique_graphs"]) == warmed
-        assert counter(llm, "vllm:spec_decode_num_draft_tokens") > 0
+        drafted = counter(llm, "vllm:spec_decode_num_draft_tokens")
+        assert drafted > 0
+        if speculative_config.get("model") == model_dir("tiny-llama"):
+            accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
+            assert accepted >= 0.9 * drafted

@@ -47,9 +47,9 @@ def test_async_scheduling_source_in_force_is_logged(
 
 def test_async_scheduling_off_for_speculative_decoding(vllm_log):
     draft = {"model": model_path("tiny-llama"), "num_speculative_tokens": 2}
-    # Refused after the scheduling step (not supported yet), which logs first.
-    with pytest.raises(ValueError, match="speculative decoding"):
-        _engine_config(speculative_config=draft)
+    config = _engine_config(speculative_config=draft)
+    assert config.speculative_config.method == "draft_model"
+    assert config.scheduler_config.async_scheduling is False
     assert [m for m in vllm_log.messages(logging.INFO) if "Async sched" in m] == [
         "Async scheduling disabled: the HPU runner does not combine it with "
         "speculative decoding yet."

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from models import (
+    DRAFT_MODELS,
+    EAGLE_HEADS,
     MULTIMODAL_MODELS,
     POOLING_MODELS,
     SMOLLM2,
@@ -42,6 +44,8 @@ def test_tiny_models_build_deterministically(tmp_path: Path) -> None:
         *TINY_MODELS,
         *POOLING_MODELS,
         *MULTIMODAL_MODELS,
+        *DRAFT_MODELS,
+        *EAGLE_HEADS,
     }
     assert first.keys() == second.keys()
     differing = [name for name in first if first[name] != second[name]]
@@ -84,6 +88,21 @@ def test_tiny_model_chat_template_renders(name: str) -> None:
         messages, tokenize=False, add_generation_prompt=True
     )
     assert text == "<|bos|><|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize(("draft", "target"), DRAFT_MODELS.items())
+def test_draft_model_is_the_first_layer_of_its_target(draft: str, target: str):
+    from safetensors.torch import load_file
+
+    draft_weights = load_file(Path(model_path(draft)) / "model.safetensors")
+    target_weights = load_file(Path(model_path(target)) / "model.safetensors")
+    assert not any(".layers.1." in name for name in draft_weights)
+    for name, weight in draft_weights.items():
+        assert torch.equal(weight, target_weights[name]), name
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (Path(model_path(draft)) / name).read_bytes() == (
+            Path(model_path(target)) / name
+        ).read_bytes()
 
 
 def test_smollm2_continues_with_paris() -> None:

@@ -109,16 +109,58 @@ def test_seeded_request_draws_the_same_tokens():
 @pytest.mark.parametrize(
     ("method", "pipeline", "refusal"),
     [
-        ("eagle", 1, "'eagle' speculative decoding method"),
-        ("eagle3", 1, "'eagle3' speculative decoding method"),
-        ("draft_model", 1, "'draft_model' speculative decoding method"),
+        ("mtp", 1, "'mtp' speculative decoding method.*multi-token-prediction"),
+        ("medusa", 1, "'medusa' speculative decoding method"),
+        ("suffix", 1, "'suffix' speculative decoding method"),
         ("ngram", 2, "pipeline parallelism"),
+        ("draft_model", 1, "probabilistic"),
+        ("eagle", 1, "probabilistic"),
+        ("eagle3", 1, "probabilistic"),
     ],
 )
 def test_unsupported_speculative_configs_are_refused(method, pipeline, refusal):
+    spec = SimpleNamespace(
+        method=method,
+        draft_sample_method="probabilistic",
+        use_heterogeneous_vocab=False,
+        parallel_drafting=False,
+    )
     config = SimpleNamespace(
-        speculative_config=SimpleNamespace(method=method),
+        speculative_config=spec,
         parallel_config=SimpleNamespace(pipeline_parallel_size=pipeline),
     )
     with pytest.raises(ValueError, match=refusal):
+        check_speculative_config(config)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("lora", "multimodal", "draft_tp", "refusal"),
+    [
+        (True, False, 1, "LoRA adapters"),
+        (False, True, 1, "a multimodal target"),
+        (False, False, 2, "a draft_tensor_parallel_size"),
+    ],
+)
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3"])
+def test_draft_targets_not_run_yet_are_refused(
+    method, lora, multimodal, draft_tp, refusal
+):
+    spec = SimpleNamespace(
+        method=method,
+        draft_sample_method="greedy",
+        use_heterogeneous_vocab=False,
+        parallel_drafting=False,
+        draft_parallel_config=SimpleNamespace(tensor_parallel_size=draft_tp),
+    )
+    config = SimpleNamespace(
+        speculative_config=spec,
+        lora_config=object() if lora else None,
+        model_config=SimpleNamespace(is_multimodal_model=multimodal),
+        parallel_config=SimpleNamespace(
+            pipeline_parallel_size=1, tensor_parallel_size=1
+        ),
+    )
+    with pytest.raises(
+        ValueError, match=f"{method} proposer does not run with {refusal}"
+    ):
         check_speculative_config(config)  # type: ignore[arg-type]

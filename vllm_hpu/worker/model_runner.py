@@ -106,7 +106,7 @@ class HpuModelRunner:
         self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
         self.spec: SpecDecoder | None = None
         if vllm_config.speculative_config is not None:
-            self.spec = SpecDecoder(vllm_config, self.input_batch, self.sampler)
+            self.spec = SpecDecoder(self)
         self.buckets = HpuBucketManager(
             BucketingConfig.from_vllm_config(vllm_config, get_envs())
         )
@@ -184,6 +184,8 @@ class HpuModelRunner:
             # take oneDNN's packed weights as graph inputs.
             device.prepare_weights(self.model)
         split_graph_every(self.model, get_envs().config_hidden_layers)
+        if self.spec is not None:  # a draft model loads after the target
+            self.spec.proposer.load_model()
         self.mrope = mrope_positions_for(
             self.model, self.model_config, self.input_batch, self.states.requests
         )
@@ -474,6 +476,8 @@ class HpuModelRunner:
                 **self._token_inputs(forward_pass),
             )
             device.mark_step()
+        if self.spec is not None:  # a draft model writes the pass into its KV
+            hidden = self.spec.proposer.after_target_pass(forward_pass, hidden)
         return hidden
 
     def _positions(self, forward_pass: ForwardPass) -> torch.Tensor:

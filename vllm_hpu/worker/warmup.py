@@ -284,10 +284,15 @@ def warm_up_model(runner: HpuModelRunner, graph_mem: int) -> None:
     options = None
     if backend is not None:
         num_buckets = len(buckets.prompt_buckets) + len(buckets.decode_buckets)
+        # A draft model of the same class compiles the same code once more.
+        if runner.spec is not None and runner.spec.has_draft_model:
+            num_buckets *= 2
         options = CompileOptions(
             backend, envs.compile_fullgraph, num_buckets + RECOMPILE_HEADROOM
         )
     runner.graph_model = prepare_model(runner.get_model(), mode, options)
+    if runner.spec is not None:
+        runner.spec.proposer.prepare(mode, options)
     if envs.skip_warmup:
         logger.warning(
             "Skipping warmup (VLLM_SKIP_WARMUP): the first requests compile."

@@ -1,0 +1,205 @@
+"""The ``draft_model`` proposer on the HPU runner: a second, smaller model that
+shares the target's tokenizer, with its own KV cache in the target's blocks.
+
+vLLM's ``DraftModelProposer`` (vllm/v1/spec_decode/draft_model.py) loads the
+draft under the prefix ``draft_model`` with the draft's model and parallel
+config; its attention layers land in the same static forward context as the
+target's, so the runner's ``get_kv_cache_spec`` lists them, vLLM sizes one KV
+cache config over both models and ``bind_kv_caches`` gives each draft layer its
+own cache. Both models index their caches with the same block tables: a
+position's draft KV sits in the same slot as its target KV, and prefix caching,
+preemption and freed blocks need nothing more. vLLM's proposer then drafts in
+CUDA-graph buffers with triton kernels; here the plugin's own passes do it:
+
+1. Every target pass (prompt chunks, decodes, verification) runs through the
+   draft too, with the same bucket and attention metadata
+   (``after_target_pass``), so the draft's KV holds every token the target
+   computed; the KV of rejected drafts is overwritten later, as the target's is.
+2. After sampling, each row that sampled drafts ``k`` tokens in ``k`` decode
+   passes: its last sampled token at its position, then each draft after it,
+   greedily. A deterministic draft is verified as the n-gram's are (``q = 1``
+   at the draft token), which keeps the target's distribution. vLLM's
+   scheduler reserves ``k`` lookahead slots for these writes
+   (``VllmConfig.num_lookahead_tokens``).
+
+Decode and prompt passes come from the plugin's builders and buckets, so
+warmup (which mirrors every bucket through the draft) compiles the draft's
+graphs too.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from vllm.config import (
+    VllmConfig,
+    get_layers_from_vllm_config,
+    replace,
+    set_current_vllm_config,
+)
+from vllm.forward_context import set_forward_context
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.model_executor.model_loader import get_model
+
+from vllm_hpu import device
+from vllm_hpu.attention.metadata import SeqLayout
+from vllm_hpu.ops.fused_moe import check_moe_layers
+from vllm_hpu.worker.execution import CompileOptions, ExecutionMode, prepare_model
+from vllm_hpu.worker.inputs import ForwardPass, ScheduledSeq, build_decode_pass
+
+if TYPE_CHECKING:
+    from vllm_hpu.worker.model_runner import HpuModelRunner
+
+
+def draft_vllm_config(vllm_config: VllmConfig) -> VllmConfig:
+    """The target's config with the draft's model and parallel config, as
+    vLLM's ``DraftModelProposer._create_draft_vllm_config`` builds it."""
+    spec = vllm_config.speculative_config
+    assert spec is not None and spec.draft_model_config is not None
+    return replace(
+        vllm_config,
+        quant_config=None,
+        parallel_config=replace(
+            spec.draft_parallel_config, rank=vllm_config.parallel_config.rank
+        ),
+        model_config=spec.draft_model_config,
+    )
+
+
+def attention_layer_names(vllm_config: VllmConfig) -> set[str]:
+    return set(
+        get_layers_from_vllm_config(
+            vllm_config,
+            AttentionLayerBase,  # type: ignore[type-abstract]
+        )
+    )
+
+
+class HpuDraftModelProposer:
+    """Loads the draft beside the target, mirrors the target's passes into
+    the draft's KV cache, and drafts ``k`` tokens per row in decode passes."""
+
+    # The first draft decode's position, counted back from the row's token
+    # count: the draft model reads the last sampled token at its own position.
+    first_decode_offset = 1
+
+    def __init__(self, runner: "HpuModelRunner"):
+        spec = runner.vllm_config.speculative_config
+        assert spec is not None
+        spec.verify_equal_vocab_size_if_draft_model()
+        self.runner = runner
+        self.vllm_config = runner.vllm_config
+        self.max_model_len = runner.model_config.max_model_len
+        self.model: Any = None
+        self.graph_model: Any = None
+        self.layer_names: list[str] = []
+
+    def load_model(self) -> None:
+        """Load the draft after the target: the layers it adds are its own."""
+        target_layers = attention_layer_names(self.vllm_config)
+        self.model = self._load()
+        check_moe_layers(self.model)
+        if self.runner.execution_mode is ExecutionMode.EAGER:
+            device.prepare_weights(self.model)
+        self.layer_names = sorted(
+            attention_layer_names(self.vllm_config) - target_layers
+        )
+        self.graph_model = self.model
+
+    def _load(self) -> Any:
+        draft_config = draft_vllm_config(self.vllm_config)
+        with set_current_vllm_config(draft_config):
+            return get_model(vllm_config=draft_config, prefix="draft_model")
+
+    def prepare(self, mode: ExecutionMode, options: CompileOptions | None) -> None:
+        """Apply the runner's execution mode to the draft (warmup)."""
+        self.graph_model = prepare_model(self.model, mode, options)
+
+    def _forward(
+        self, forward_pass: ForwardPass, hidden_states: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(states to compute logits from, states the next decode reads:
+        None for a draft model, which reads only tokens)."""
+        metadata = forward_pass.attn_metadata
+        phase = "prompt" if forward_pass.is_prompt else "decode"
+        graphed = (phase, forward_pass.bucket) in self.runner.graphed_buckets
+        model = self.graph_model if graphed else self.model
+        extra = {} if hidden_states is None else {"hidden_states": hidden_states}
+        with set_forward_context(
+            dict.fromkeys(self.layer_names, metadata),
+            self.vllm_config,
+            num_tokens=forward_pass.num_tokens,
+            slot_mapping=dict.fromkeys(self.layer_names, metadata.slot_mapping),
+        ):
+            output = model(
+                input_ids=forward_pass.input_ids,
+                positions=forward_pass.positions,
+                **extra,
+            )
+            device.mark_step()
+        return output if isinstance(output, tuple) else (output, None)
+
+    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
+        """Write the pass's tokens into the draft's KV cache; returns the
+        target's hidden states."""
+        self._forward(forward_pass)
+        return hidden
+
+    def _first_hidden(self, rows: list[int], first: np.ndarray) -> torch.Tensor | None:
+        """What the first decode of each row reads besides its token."""
+        return None
+
+    def propose(self, num_drafts: int, sampled: list[list[int]]) -> list[list[int]]:
+        """Up to ``num_drafts`` greedy drafts per row that sampled tokens."""
+        batch = self.runner.input_batch
+        rows = [row for row, tokens in enumerate(sampled) if tokens]
+        drafts: list[list[int]] = [[] for _ in sampled]
+        if not rows or num_drafts == 0:
+            return drafts
+        # Row i's decode j runs at position first[i] + j, reading its last
+        # sampled token, then its drafts; each needs a slot within the model.
+        first = batch.num_tokens_no_spec[rows] - self.first_decode_offset
+        tables = [self._block_table(row) for row in rows]
+        limits = [
+            min(self.max_model_len, len(t) * self.runner.block_size) for t in tables
+        ]
+        counts = np.clip(np.array(limits) - first, 0, num_drafts)
+        tokens = torch.tensor(
+            [sampled[row][-1] for row in rows], device=self.runner.device
+        )
+        carry = self._first_hidden(rows, first)
+        steps: list[torch.Tensor] = []
+        for step in range(int(counts.max(initial=0))):
+            active = np.flatnonzero(counts > step)
+            seqs = [
+                ScheduledSeq(rows[i], SeqLayout(tables[i], int(first[i]) + step, 1))
+                for i in active
+            ]
+            forward_pass = build_decode_pass(
+                seqs, self.runner.buckets, batch.token_ids_cpu, self._cache()
+            )
+            index = torch.from_numpy(active).to(tokens.device)
+            forward_pass.input_ids[: len(seqs)] = tokens[index]
+            hidden_in = None
+            if carry is not None:
+                hidden_in = carry.new_zeros((forward_pass.num_tokens, carry.shape[1]))
+                hidden_in[: len(seqs)] = carry[index]
+            hidden, next_carry = self._forward(forward_pass, hidden_in)
+            logits = self.model.compute_logits(hidden[: len(seqs)])
+            tokens[index] = logits.argmax(dim=-1)
+            if carry is not None and next_carry is not None:
+                carry[index] = next_carry[: len(seqs)]
+            steps.append(tokens.clone())
+        if steps:
+            by_row = torch.stack(steps, dim=1).tolist()
+            for i, row in enumerate(rows):
+                drafts[row] = by_row[i][: counts[i]]
+        return drafts
+
+    def _block_table(self, row: int) -> list[int]:
+        req_id = self.runner.input_batch.req_ids[row]
+        return self.runner.states.requests[req_id].block_ids[0]
+
+    def _cache(self) -> Any:
+        assert self.runner.cache is not None, "initialize_kv_cache() first"
+        return self.runner.cache

@@ -1,0 +1,147 @@
+"""The ``eagle`` and ``eagle3`` proposers on the HPU runner: a draft head that
+reads the target's hidden states (EAGLE-1, e.g. vLLM's ``EagleLlamaForCausalLM``;
+EAGLE-3 heads read several of the target's layers, combined by their ``fc``).
+
+The head's KV at position ``p`` is computed from ``(token p + 1, target hidden
+state at p)`` and predicts token ``p + 2``, as in vLLM's ``EagleProposer``
+(vllm/v1/spec_decode/eagle.py and llm_base_proposer.py), whose CUDA-graph
+buffers and triton kernels are replaced by the plugin's passes, as for a draft
+model (``worker/draft_model.py``):
+
+1. Every target pass runs through the head with the same bucket and metadata,
+   its tokens shifted one to the left within each request and the target's
+   hidden states beside them. A request's last position waits for its next
+   token: known for a chunk inside a prompt, else sampled in this step.
+2. After sampling, each row's first decode runs at its last verified position
+   ``N - 2`` with the token sampled after it and the target's hidden state
+   there, then each draft with the head's own hidden state, greedily.
+
+Every position the target computed and kept then holds the head's KV for the
+true next token, so prefix caching and preemption need nothing more.
+"""
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from vllm.config import set_current_vllm_config
+from vllm.model_executor.model_loader import get_model
+from vllm.model_executor.model_loader.utils import get_draft_load_config
+
+from vllm_hpu.worker.draft_model import HpuDraftModelProposer
+from vllm_hpu.worker.inputs import ForwardPass
+
+if TYPE_CHECKING:
+    from vllm_hpu.worker.model_runner import HpuModelRunner
+
+
+class HpuEagleProposer(HpuDraftModelProposer):
+    # The first decode reads the last sampled token at the position before it.
+    first_decode_offset = 2
+
+    def __init__(self, runner: "HpuModelRunner"):
+        super().__init__(runner)
+        spec = runner.vllm_config.speculative_config
+        assert spec is not None
+        self.num_speculative_tokens = spec.num_speculative_tokens
+        # Per row of this step: (position of the first kept state, the target's
+        # hidden states at its last 1 + k positions).
+        self._target_hidden: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def _load(self) -> Any:
+        """vLLM's loading of an EAGLE head, then the target's embeddings and
+        LM head shared where the checkpoint has none."""
+        spec = self.vllm_config.speculative_config
+        assert spec is not None
+        model: Any
+        with set_current_vllm_config(self.vllm_config):
+            model = get_model(
+                vllm_config=self.vllm_config,
+                model_config=spec.draft_model_config,
+                load_config=get_draft_load_config(self.vllm_config),
+            )
+        target = self.runner.get_model()
+        if not model.has_own_embed_tokens:
+            model.model.embed_tokens = target.model.embed_tokens
+        if not model.has_own_lm_head:
+            model.lm_head = target.lm_head
+        return model
+
+    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
+        """Run the head over the pass's next tokens and the target's states;
+        keep each row's last states for its first decode."""
+        for seq, last in zip(
+            forward_pass.seqs, forward_pass.last_token_indices, strict=True
+        ):
+            count = min(
+                seq.layout.num_scheduled_tokens, 1 + self.num_speculative_tokens
+            )
+            kept = hidden[last - count + 1 : last + 1].clone()
+            self._target_hidden[seq.row] = (seq.end - count, kept)
+        shifted = replace(forward_pass, input_ids=self._next_tokens(forward_pass))
+        self._forward(shifted, hidden)
+        return hidden
+
+    def _next_tokens(self, forward_pass: ForwardPass) -> torch.Tensor:
+        """Each token's successor in its request: the pass's next token, or
+        for a request's last one the prompt's next token if it has one (0
+        until sampled otherwise; the first decode rewrites that position)."""
+        batch = self.runner.input_batch
+        next_ids = torch.roll(forward_pass.input_ids, -1)
+        for seq, last in zip(
+            forward_pass.seqs, forward_pass.last_token_indices, strict=True
+        ):
+            known = seq.end < batch.num_tokens_no_spec[seq.row]
+            next_ids[last] = int(batch.token_ids_cpu[seq.row, seq.end]) if known else 0
+        return next_ids
+
+    def _first_hidden(self, rows: list[int], first: np.ndarray) -> torch.Tensor:
+        """The target's hidden state at each row's last verified position."""
+        states = []
+        for row, position in zip(rows, first.tolist(), strict=True):
+            start, kept = self._target_hidden[row]
+            states.append(kept[position - start])
+        self._target_hidden.clear()
+        return torch.stack(states)
+
+
+class HpuEagle3Proposer(HpuEagleProposer):
+    """EAGLE-3: the head reads the target's states at several layers (vLLM's
+    ``Eagle3LlamaForCausalLM`` and kin), which the target returns beside its
+    output once asked (``set_aux_hidden_state_layers``), combined by the
+    head's ``fc``; its logits cover the target's vocabulary (a smaller draft
+    vocabulary is mapped by the head's ``compute_logits``)."""
+
+    def _load(self) -> Any:
+        model = super()._load()
+        target = self.runner.get_model()
+        if model.model.use_aux_hidden_state:
+            if not hasattr(target, "set_aux_hidden_state_layers"):
+                raise ValueError(
+                    f"{type(target).__name__} does not give EAGLE-3 heads its "
+                    "layers' hidden states in vLLM; use 'eagle' or 'draft_model'."
+                )
+            target.set_aux_hidden_state_layers(self._aux_layers(target))
+        return model
+
+    def _aux_layers(self, target: Any) -> tuple[int, ...]:
+        """The head's layers to read (its config), or the target's default."""
+        spec = self.vllm_config.speculative_config
+        assert spec is not None
+        config = spec.draft_model_config.hf_config
+        eagle_config = getattr(config, "eagle_config", None) or {}
+        layers = getattr(config, "eagle_aux_hidden_state_layer_ids", None)
+        layers = layers or eagle_config.get("eagle_aux_hidden_state_layer_ids")
+        if layers:
+            return tuple(layers)
+        return tuple(target.get_eagle3_default_aux_hidden_state_layers())
+
+    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
+        """The target returns (its output, states at the head's layers)."""
+        if not isinstance(hidden, tuple):
+            return super().after_target_pass(forward_pass, hidden)
+        output, aux = hidden
+        combined = self.model.combine_hidden_states(torch.cat(aux, dim=-1))
+        super().after_target_pass(forward_pass, combined)
+        return output
