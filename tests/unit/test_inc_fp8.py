@@ -36,8 +36,9 @@ def test_casts_saturate_and_round_trip() -> None:
 
 def test_fp8_gemm_is_the_scaled_matmul_of_its_upcasts() -> None:
     a, b = torch.randn(5, 16).to(FP8), torch.randn(16, 3).to(FP8)
-    got = emulated.fp8_gemm(a, b, out_dtype=torch.float32, scale_input_inv=0.5,
-                            scale_other_inv=4.0)
+    got = emulated.fp8_gemm(
+        a, b, out_dtype=torch.float32, scale_input_inv=0.5, scale_other_inv=4.0
+    )
     torch.testing.assert_close(got, a.float() @ b.float() * 2.0)
 
 
@@ -113,15 +114,19 @@ def test_inc_measures_and_converts_the_gaudi_modules(tmp_path) -> None:
     x = torch.randn(8, 64, dtype=torch.bfloat16)
     reference = _GaudiPieces().bfloat16()
     want = _run(reference, x, torch.bfloat16)
-    measured = prepare(_GaudiPieces().bfloat16(), FP8Config.from_json_file(
-        _inc_config(tmp_path, "MEASURE")))
+    measured = prepare(
+        _GaudiPieces().bfloat16(),
+        FP8Config.from_json_file(_inc_config(tmp_path, "MEASURE")),
+    )
     measured.load_state_dict(reference.state_dict())
     _run(measured, x, torch.bfloat16)
     finalize_calibration(measured)
     names = json.loads((tmp_path / "inc_output_hooks_maxabs_mod_list.json").read_text())
     assert tuple(names) == MODULES
     for scale_method, bound in (("maxabs_hw", 0.1), ("unit_scale", 0.3)):
-        config = FP8Config.from_json_file(_inc_config(tmp_path, "QUANTIZE", scale_method))
+        config = FP8Config.from_json_file(
+            _inc_config(tmp_path, "QUANTIZE", scale_method)
+        )
         quantized = _GaudiPieces().bfloat16()
         quantized.load_state_dict(reference.state_dict())
         got = _run(convert(quantized, config), x, FP8)

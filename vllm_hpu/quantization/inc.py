@@ -45,6 +45,9 @@ class IncSettings:
         """The MEASURE pass's files (``<dump_stats_path>_hooks_maxabs*``)."""
         return sorted(glob.glob(f"{self.dump_stats_path}_hooks_maxabs*"))
 
+    def needs_measurements(self) -> bool:
+        return not self.measures and self.scale_method != UNMEASURED_SCALE_METHOD
+
     def quantizes_kv_cache(self) -> bool:
         return not self.measures and KV_CACHE_MODULE not in self.blocklisted_types
 
@@ -131,13 +134,12 @@ def _check_inc_flow(vllm_config: "VllmConfig", settings: IncSettings) -> None:
             f"QUANT_CONFIG={path} quantizes the KV cache: pass --kv-cache-dtype "
             f"fp8_inc (or blocklist the {KV_CACHE_MODULE} type)."
         )
-    if not settings.measures and settings.scale_method != UNMEASURED_SCALE_METHOD:
-        if not settings.measurement_files():
-            raise ValueError(
-                f"QUANT_CONFIG={path}: no measurement files "
-                f"{settings.dump_stats_path}_hooks_maxabs*.npz; run the MEASURE "
-                "pass first (python -m vllm_hpu.calibrate)."
-            )
+    if settings.needs_measurements() and not settings.measurement_files():
+        raise ValueError(
+            f"QUANT_CONFIG={path}: no measurement files "
+            f"{settings.dump_stats_path}_hooks_maxabs*.npz; run the MEASURE "
+            "pass first (python -m vllm_hpu.calibrate)."
+        )
     if device.is_emulation() and ("opt" in settings.scale_method or settings.dynamic):
         raise ValueError(
             f"QUANT_CONFIG={path}: dynamic quantization and the *_opt_* scale "

@@ -5,7 +5,10 @@ from typing import Any
 
 import torch
 from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
-from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization import (
+    QuantizationMethods,
+    register_quantization_config,
+)
 from vllm.model_executor.layers.quantization.base_config import (
     QuantizationConfig,
     QuantizeMethodBase,
@@ -16,7 +19,7 @@ class HpuIncConfig(QuantizationConfig):
     """``--quantization inc``: the weights load unquantized; INC then measures
     or converts the loaded model (vLLM's own ``inc`` is the auto-round format)."""
 
-    def get_name(self) -> str:
+    def get_name(self) -> "QuantizationMethods":
         return "inc"
 
     def get_supported_act_dtypes(self) -> list[torch.dtype]:

@@ -74,7 +74,7 @@ def fp8_gemm(
 
 def softmax_fp8(
     x: torch.Tensor,
-    dim: int | None,
+    dim: int,
     scale_input: Any,
     scale_output: Any,
     inv_attn_head: Any = None,

@@ -38,12 +38,12 @@ from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
-from vllm_hpu.quantization.inc_flow import IncFlow
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
 from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.fused_moe import check_moe_layers
 from vllm_hpu.profiler import StepProfiler
+from vllm_hpu.quantization.inc_flow import IncFlow
 from vllm_hpu.worker import pipeline
 from vllm_hpu.worker.async_output import AsyncTokenFeed, HpuAsyncOutput
 from vllm_hpu.worker.execution import ExecutionMode, select_mode
