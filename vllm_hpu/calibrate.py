@@ -13,11 +13,12 @@ measurements (``<dir>/inc_output_hooks_maxabs_0_1.npz`` ...). Serve with
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from vllm_hpu import envs
 
 MEASURE_CONFIG = "maxabs_measure.json"
 QUANT_CONFIG = "maxabs_quant.json"
@@ -89,7 +90,8 @@ def calibrate(args: argparse.Namespace) -> Path:
     args.output.mkdir(parents=True, exist_ok=True)
     for name, config in inc_configs(args.output, args.scale_method).items():
         (args.output / name).write_text(json.dumps(config, indent=2) + "\n")
-    env = {**os.environ, "QUANT_CONFIG": str(args.output / MEASURE_CONFIG)}
+    environ = envs.process_environ()
+    env = {**environ, "QUANT_CONFIG": str(args.output / MEASURE_CONFIG)}
     command = [sys.executable, "-m", "vllm_hpu.calibrate", *sys_args(args)]
     subprocess.run([*command, "--measure-pass"], env=env, check=True)
     measurements = sorted(args.output.glob(f"{DUMP_NAME}_hooks_maxabs*.npz"))
