@@ -50,17 +50,28 @@ def _prompt_field(record: Any) -> str:
     return str(record.get("prompt") or record.get("text") or "")
 
 
-def inc_configs(output: Path, scale_method: str) -> dict[str, dict[str, Any]]:
-    """The MEASURE and QUANTIZE configs, as Gaudi's calibration writes them."""
+def inc_configs(
+    output: Path, scale_method: str, blocklist: list[str]
+) -> dict[str, dict[str, Any]]:
+    """The MEASURE and QUANTIZE configs, as Gaudi's calibration writes them;
+    modules named in ``blocklist`` stay in bf16 when serving."""
     common = {
         "observer": "maxabs",
         "allowlist": {"types": [], "names": []},
-        "blocklist": {"types": [], "names": []},
         "dump_stats_path": str(output.resolve() / DUMP_NAME),
     }
     return {
-        MEASURE_CONFIG: {"mode": "MEASURE", **common},
-        QUANT_CONFIG: {"mode": "QUANTIZE", "scale_method": scale_method, **common},
+        MEASURE_CONFIG: {
+            "mode": "MEASURE",
+            "blocklist": {"types": [], "names": []},
+            **common,
+        },
+        QUANT_CONFIG: {
+            "mode": "QUANTIZE",
+            "scale_method": scale_method,
+            "blocklist": {"types": [], "names": blocklist},
+            **common,
+        },
     }
 
 
@@ -88,7 +99,8 @@ def calibrate(args: argparse.Namespace) -> Path:
     """Write both configs, measure in a child process; the QUANTIZE config's path."""
     read_prompts(args.dataset, args.max_samples)  # bad input fails before the engine
     args.output.mkdir(parents=True, exist_ok=True)
-    for name, config in inc_configs(args.output, args.scale_method).items():
+    configs = inc_configs(args.output, args.scale_method, args.blocklist)
+    for name, config in configs.items():
         (args.output / name).write_text(json.dumps(config, indent=2) + "\n")
     environ = envs.process_environ()
     env = {**environ, "QUANT_CONFIG": str(args.output / MEASURE_CONFIG)}
@@ -112,6 +124,7 @@ def sys_args(args: argparse.Namespace) -> list[str]:
         f"--max-num-batched-tokens={args.max_num_batched_tokens}",
         f"--tensor-parallel-size={args.tensor_parallel_size}",
         f"--scale-method={args.scale_method}",
+        *(f"--blocklist={name}" for name in args.blocklist),
     ]
 
 
@@ -130,6 +143,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="maxabs_hw",
         choices=["maxabs_hw", "maxabs_pow2", "unit_scale"],
         help="the QUANTIZE config's scale method",
+    )
+    parser.add_argument(
+        "--blocklist",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a module left in bf16 when serving, e.g. lm_head (repeatable)",
     )
     parser.add_argument(
         "--measure-pass",

@@ -42,10 +42,12 @@ def calibrated(tmp_path_factory) -> Path:
             str(model_dir(MODEL)),
             f"--dataset={DATASET}",
             f"--output={output}",
-            "--max-samples=4",
             "--max-tokens=4",
             "--max-model-len=128",
             "--max-num-batched-tokens=128",
+            # A 135M model's LM head in fp8 flips near-ties: 88% of tokens agreed
+            # with it quantized, 94% without (docs/fp8.md).
+            "--blocklist=lm_head",
         ]
     )
     return output
@@ -55,7 +57,7 @@ def _prompt_ids() -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir(MODEL))
-    lines = DATASET.read_text().splitlines()[:4]
+    lines = DATASET.read_text().splitlines()
     texts = [
         r if isinstance(r, str) else r.get("prompt") or r["text"]
         for r in map(json.loads, lines)
@@ -187,3 +189,14 @@ def test_unit_scale_runs_without_calibration(tmp_path, bf16_run, hpu_env):
     with vllm_engine(model_dir(MODEL), kv_cache_dtype="fp8_inc", **ENGINE) as llm:
         tokens = vllm_greedy(llm, _prompt_ids()[:1], 4)
     assert len(tokens[0]) == 4 and not list(tmp_path.glob("none*"))
+
+
+def test_measure_files_written_when_the_engine_shuts_down(tmp_path, hpu_env):
+    """No explicit shutdown_inc: the worker's shutdown writes them."""
+    config = {"mode": "MEASURE", "dump_stats_path": str(tmp_path / "measure")}
+    (tmp_path / "measure.json").write_text(json.dumps(config))
+    hpu_env(QUANT_CONFIG=str(tmp_path / "measure.json"))
+    with vllm_engine(model_dir("tiny-llama"), **ENGINE) as llm:
+        vllm_greedy(llm, [[5, 6, 7]], 2)
+        assert not list(tmp_path.glob("measure_hooks_maxabs*"))
+    assert (tmp_path / "measure_hooks_maxabs_0_1.npz").exists()
