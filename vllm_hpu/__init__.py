@@ -37,7 +37,9 @@ def register_ops() -> None:
     import vllm_hpu.ops.custom_ops  # registers the op overrides
     import vllm_hpu.ops.fused_moe  # noqa: F401  registers the MoE method
     from vllm_hpu.ops import awq, fp8, gptq
+    from vllm_hpu.quantization import inc_config
 
     awq.register()
     gptq.register()
     fp8.register()
+    inc_config.register()

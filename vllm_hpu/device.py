@@ -240,6 +240,15 @@ def prepare_weights(model: torch.nn.Module) -> None:
         pack_linear_layers(model)
 
 
+def enable_inc() -> None:
+    """Before Intel Neural Compressor prepares or converts a model: on Gaudi INC
+    runs as it is; in emulation it is made to take its Gaudi path on the CPU."""
+    if not hpu_available():
+        from vllm_hpu.quantization import inc_emulation
+
+        inc_emulation.install()
+
+
 # Kernels are looked up once per process: compiled regions ask for them on every
 # forward, and torch.compile reads a filled dict as a constant (an env lookup or an
 # import inside a traced region would break the graph).

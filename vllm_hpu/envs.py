@@ -93,12 +93,12 @@ class HpuEnvs:
         4.0,
         "device memory of the emulated HPU, in GiB",
     )
-    # The reference's INC FP8 config (MEASURE or QUANTIZE JSON); refused for now.
+    # The reference's INC FP8 config: MEASURE calibrates, QUANTIZE serves fp8.
     quant_config: str = _var(
         "QUANT_CONFIG",
         _text,
         "",
-        "Intel Neural Compressor FP8 config file (not supported yet: refused)",
+        "Intel Neural Compressor FP8 config file (MEASURE or QUANTIZE JSON)",
     )
     # Read, not set: emulation pools host memory unless these tune glibc's malloc.
     glibc_tunables: str = _var(

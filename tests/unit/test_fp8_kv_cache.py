@@ -1,5 +1,6 @@
 """The fp8_inc KV cache: e4m3 writes through a byte view, attention reads that
-upcast, and the start-up mapping and refusals of the FP8 options."""
+upcast, and the start-up mapping of the cache dtypes (the INC flow's checks:
+test_inc_fp8.py)."""
 
 from types import SimpleNamespace
 
@@ -112,14 +113,6 @@ def test_fp8_names_map_to_fp8_inc(asked: str) -> None:
     config = _vllm_config(asked)
     apply_fp8_options(config)  # type: ignore[arg-type]
     assert config.cache_config.cache_dtype == "fp8_inc"
-
-
-def test_inc_weight_flow_refused_at_start_up(hpu_env) -> None:
-    with pytest.raises(ValueError, match="--quantization inc: Intel Neural"):
-        apply_fp8_options(_vllm_config("auto", "inc"))  # type: ignore[arg-type]
-    hpu_env(QUANT_CONFIG="/tmp/maxabs_quant.json")
-    with pytest.raises(ValueError, match="QUANT_CONFIG: Intel Neural"):
-        apply_fp8_options(_vllm_config("fp8_inc"))  # type: ignore[arg-type]
 
 
 def _selector(**overrides: object) -> AttentionSelectorConfig:

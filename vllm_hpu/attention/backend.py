@@ -20,8 +20,15 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
 from vllm_hpu import device
+from vllm_hpu.attention.inc_modules import (
+    Matmul,
+    ModuleFusedSDPA,
+    Softmax,
+    VLLMKVCache,
+)
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
-from vllm_hpu.ops.kv_cache import kv_cache_shape, write_to_cache
+from vllm_hpu.ops.attention_kernels import AttentionKernels
+from vllm_hpu.ops.kv_cache import kv_cache_shape
 from vllm_hpu.ops.paged_attention import (
     DecodeBlocks,
     blocks_with_alibi,
@@ -176,9 +183,12 @@ class HpuAttentionMetadataBuilder(AttentionMetadataBuilder[HpuAttentionMetadata]
         )
 
 
-class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
+class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
     """Writes the step's keys and values into the cache, then attends: prompts
-    with :func:`prompt_attention`, decodes with flat :func:`paged_attention`."""
+    with :func:`prompt_attention`, decodes with flat :func:`paged_attention`.
+
+    A module whose submodules are the steps Intel Neural Compressor quantizes,
+    named as on Gaudi (``attention/inc_modules.py``)."""
 
     def __init__(
         self,
@@ -200,6 +210,7 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
                     f"The HPU attention backend does not support {name}; "
                     "use a model without it."
                 )
+        torch.nn.Module.__init__(self)
         self.num_heads = num_heads
         self.head_size = head_size
         self.num_kv_heads = num_kv_heads or num_heads
@@ -216,6 +227,28 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.matmul_qk = Matmul()
+        self.softmax = Softmax()
+        self.matmul_av = Matmul()
+        self.k_cache = VLLMKVCache()
+        self.v_cache = VLLMKVCache()
+        fused = device.fused_sdpa() if self.scoring.use_fused else None
+        self.fused_scaled_dot_product_attention = (
+            None if fused is None else ModuleFusedSDPA(fused)
+        )
+
+    def _kernels(self) -> AttentionKernels:
+        """The submodules as the ops call them, read at each call: INC replaces
+        them in place when it prepares or converts the model."""
+        fused = self.fused_scaled_dot_product_attention
+        return AttentionKernels(
+            matmul_qk=self.matmul_qk,
+            softmax=self.softmax,
+            matmul_av=self.matmul_av,
+            fetch_keys=self.k_cache.fetch_from_cache,
+            fetch_values=self.v_cache.fetch_from_cache,
+            fused_sdpa=fused,
+        )
 
     def forward(
         self,
@@ -241,14 +274,15 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
             return output.copy_(result.reshape(output.shape))
         key_cache, value_cache = kv_cache
         if self.kv_sharing_target_layer_name is None:
-            write_to_cache(key_cache, attn_metadata.slot_mapping, key)
-            write_to_cache(value_cache, attn_metadata.slot_mapping, value)
+            self.k_cache(key, key_cache, attn_metadata.slot_mapping)
+            self.v_cache(value, value_cache, attn_metadata.slot_mapping)
+        kernels = self._kernels()
         if attn_metadata.is_prompt:
-            result = self._prompt(query, key, value, kv_cache, attn_metadata)
+            result = self._prompt(query, key, value, kv_cache, attn_metadata, kernels)
         else:
             blocks = self._decode_blocks(attn_metadata)
             result = paged_attention(
-                query, key_cache, value_cache, blocks, self.scoring
+                query, key_cache, value_cache, blocks, self.scoring, kernels
             )
         output.copy_(result.reshape(output.shape))
         return output
@@ -274,6 +308,7 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
             value.view(batch_size, query_len, *value.shape[1:]),
             bidirectional_bias(query_lens, query_len, query.dtype),
             self.scoring,
+            kernels=self._kernels(),
         )
 
     def _prompt(
@@ -283,6 +318,7 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
         value: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         attn_metadata: HpuAttentionMetadata,
+        kernels: AttentionKernels,
     ) -> torch.Tensor:
         """Unflatten the padded [bs * q] tokens and attend, with context if any."""
         attn_bias = attn_metadata.prompt_bias(self.sliding_window)
@@ -294,7 +330,12 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
             block_size = (num_keys - query_len) // num_context_blocks
             key_cache, value_cache = kv_cache
             past_kv = gather_context(
-                key_cache, value_cache, attn_metadata.block_list, batch_size, block_size
+                key_cache,
+                value_cache,
+                attn_metadata.block_list,
+                batch_size,
+                block_size,
+                kernels,
             )
         return prompt_attention(
             query.view(batch_size, query_len, *query.shape[1:]),
@@ -303,6 +344,7 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata]):
             self._with_alibi(attn_bias, attn_metadata),
             self.scoring,
             past_kv,
+            kernels,
         )
 
     def _slopes(self, on: torch.device) -> torch.Tensor:

@@ -37,8 +37,9 @@ FP8_DTYPES = (torch.float8_e4m3fn,)
 def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x`` as the cache stores it; fp8 saturates at its largest finite value
     (a plain cast would turn an out-of-range value into NaN). The per-tensor
-    scale is 1.0, as the reference's fp8_inc cache without calibration."""
-    if dtype not in FP8_DTYPES:
+    scale is 1.0, as the reference's fp8_inc cache without calibration; a value
+    INC already quantized with its scale is stored as it is."""
+    if x.dtype == dtype or dtype not in FP8_DTYPES:
         return x.to(dtype)
     limit = torch.finfo(dtype).max
     return x.clamp(-limit, limit).to(dtype)

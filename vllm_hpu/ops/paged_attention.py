@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from vllm_hpu.ops.kv_cache import gather_blocks_by_head
+from vllm_hpu.ops.attention_kernels import PLAIN, AttentionKernels
 from vllm_hpu.ops.score_mods import Scoring, alibi_bias, soft_cap
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -64,6 +64,7 @@ def paged_attention(
     value_cache: torch.Tensor,
     blocks: DecodeBlocks,
     scoring: Scoring,
+    kernels: AttentionKernels = PLAIN,
 ) -> torch.Tensor:
     """One query token per row against its sequence's cached blocks.
 
@@ -72,9 +73,15 @@ def paged_attention(
     one K/V block through the head-group axis, never by repeating K/V.
     """
     block_size = blocks.block_bias.shape[-1]
-    keys = gather_blocks_by_head(key_cache, blocks.block_list, block_size)
-    values = gather_blocks_by_head(value_cache, blocks.block_list, block_size)
-    return flat_block_attention(query, keys, values, blocks, scoring)
+    keys = kernels.fetch_keys(_by_head(key_cache, block_size), blocks.block_list)
+    values = kernels.fetch_values(_by_head(value_cache, block_size), blocks.block_list)
+    return flat_block_attention(query, keys, values, blocks, scoring, kernels)
+
+
+def _by_head(cache: torch.Tensor, block_size: int) -> torch.Tensor:
+    """A flat cache as blocks [num_blocks + 1, num_kv_heads, block_size, head_size]:
+    a selection of them is one contiguous copy, ready for a matmul."""
+    return cache.unflatten(0, (-1, block_size)).transpose(1, 2)
 
 
 def flat_block_attention(
@@ -83,6 +90,7 @@ def flat_block_attention(
     values: torch.Tensor,
     blocks: DecodeBlocks,
     scoring: Scoring,
+    kernels: AttentionKernels = PLAIN,
 ) -> torch.Tensor:
     """The flat kernel on gathered blocks. keys: [P, num_kv_heads, block_size,
     head_size]; values: [P, num_kv_heads, block_size, value_size] (a value may be
@@ -98,7 +106,7 @@ def flat_block_attention(
     q = torch.matmul(blocks.block_mapping, (query * scoring.scale).reshape(bs, -1))
     q = q.view(num_blocks, num_kv_heads, group, head_size)
 
-    scores = torch.matmul(q, keys.to(q.dtype).transpose(-1, -2)).to(
+    scores = kernels.matmul_qk(q, keys.to(q.dtype).transpose(-1, -2)).to(
         acc_dtype
     )  # [P, KVH, G, B]
     scores = soft_cap(scores, scoring.logits_soft_cap)
@@ -109,7 +117,7 @@ def flat_block_attention(
     block_max = scores.amax(dim=-1, keepdim=True)
     probs = torch.exp(scores - block_max)
     block_sum = probs.sum(dim=-1, keepdim=True)
-    block_out = torch.matmul(probs.to(query.dtype), values.to(query.dtype))
+    block_out = kernels.matmul_av(probs.to(query.dtype), values.to(query.dtype))
 
     # Rescale every block to its row's maximum; the sink row absorbs padding.
     block_max = block_max.view(num_blocks, num_heads)

@@ -5,10 +5,12 @@ Keys are ``[context blocks from the cache ; current tokens]``; the additive mask
 ``attn_bias`` (built once per step by the metadata builder) does the rest.
 """
 
+from collections.abc import Callable
+
 import torch
 
 from vllm_hpu import device
-from vllm_hpu.ops.kv_cache import gather_blocks
+from vllm_hpu.ops.attention_kernels import PLAIN, AttentionKernels
 from vllm_hpu.ops.paged_attention import score_dtype
 from vllm_hpu.ops.score_mods import Scoring, alibi_bias, soft_cap
 
@@ -45,12 +47,16 @@ def gather_context(
     block_list: torch.Tensor,
     batch_size: int,
     block_size: int,
+    kernels: AttentionKernels = PLAIN,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Context blocks ``block_list`` [bs * C] (row-major, padding -> dummy block)
     -> past key and value, each [bs, C * block_size, num_kv_heads, head_size]."""
     past = []
-    for cache in (key_cache, value_cache):
-        blocks = gather_blocks(cache, block_list, block_size)
+    for cache, fetch in (
+        (key_cache, kernels.fetch_keys),
+        (value_cache, kernels.fetch_values),
+    ):
+        blocks = fetch(cache.unflatten(0, (-1, block_size)), block_list)
         past.append(blocks.reshape(batch_size, -1, *cache.shape[1:]))
     return past[0], past[1]
 
@@ -76,6 +82,7 @@ def prompt_attention(
     attn_bias: torch.Tensor,
     scoring: Scoring,
     past_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    kernels: AttentionKernels = PLAIN,
 ) -> torch.Tensor:
     """query: [bs, q, num_heads, head_size]; key, value: [bs, q, num_kv_heads,
     head_size]; attn_bias: [bs, 1 or num_heads, q, K] with K = past tokens + q;
@@ -92,9 +99,9 @@ def prompt_attention(
     fused = device.fused_sdpa() if scoring.use_fused else None
     if fused is not None:
         return _fused_prompt_attention(
-            fused, query, key, value, attn_bias, scoring.scale
+            kernels.fused_sdpa or fused.apply, query, key, value, attn_bias, scoring
         )
-    return _naive_prompt_attention(query, key, value, attn_bias, scoring)
+    return _naive_prompt_attention(query, key, value, attn_bias, scoring, kernels)
 
 
 def _naive_prompt_attention(
@@ -103,6 +110,7 @@ def _naive_prompt_attention(
     value: torch.Tensor,
     attn_bias: torch.Tensor,
     scoring: Scoring,
+    kernels: AttentionKernels,
 ) -> torch.Tensor:
     """Softmax attention with grouped-query heads folded into the query axis,
     so K/V of a kv head are shared by its group without being repeated."""
@@ -115,7 +123,7 @@ def _naive_prompt_attention(
     k = key.to(query.dtype).permute(0, 2, 3, 1)  # [bs, KVH, D, K]
     v = value.to(query.dtype).transpose(1, 2)  # [bs, KVH, K, D]
 
-    scores = torch.matmul(q, k).to(score_dtype(query.dtype))
+    scores = kernels.matmul_qk(q, k).to(score_dtype(query.dtype))
     scores = scores.view(bs, num_kv_heads, group, q_len, num_keys)
     scores = soft_cap(scores, scoring.logits_soft_cap)
     if attn_bias.shape[1] == num_heads:  # per-head bias (ALiBi)
@@ -123,29 +131,29 @@ def _naive_prompt_attention(
     else:
         bias = attn_bias.unsqueeze(1)
     scores = scores + bias.to(scores.dtype)
-    probs = torch.softmax(scores, dim=-1).to(query.dtype)
-    out = torch.matmul(probs.view(bs, num_kv_heads, group * q_len, num_keys), v)
+    probs = kernels.softmax(scores, -1).to(query.dtype)
+    out = kernels.matmul_av(probs.view(bs, num_kv_heads, group * q_len, num_keys), v)
     out = out.view(bs, num_kv_heads, group, q_len, head_size).permute(0, 3, 1, 2, 4)
     return out.reshape(bs, q_len, num_heads, head_size)
 
 
 def _fused_prompt_attention(
-    fused_sdpa: object,
+    fused_sdpa: Callable[..., torch.Tensor],
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     attn_bias: torch.Tensor,
-    scale: float,
+    scoring: Scoring,
 ) -> torch.Tensor:
     """The fused kernel (heads-first layout) with the same additive mask: Gaudi's
     FusedSDPA, or its CPU counterpart in emulation (``device.fused_sdpa``)."""
-    out = fused_sdpa.apply(  # type: ignore[attr-defined]
+    out = fused_sdpa(
         query.transpose(1, 2),
         key.transpose(1, 2),
         value.transpose(1, 2),
         attn_bias,
         0.0,
         False,
-        scale,
+        scoring.scale,
     )
     return out.transpose(1, 2)

@@ -195,7 +195,14 @@ class HpuWorker(WorkerBase):
     def check_health(self) -> None:
         return
 
+    def shutdown_inc(self) -> None:
+        """Write Intel Neural Compressor's measurements now (MEASURE only; the
+        reference's name): ``llm.collective_rpc("shutdown_inc")``."""
+        if self.model_runner is not None and self.model_runner.inc is not None:
+            self.model_runner.inc.finalize()
+
     def shutdown(self) -> None:
+        self.shutdown_inc()
         if self.model_runner is not None:
             logger.info(self.model_runner.buckets.stats.summary())
             self.model_runner.profiler.write()

@@ -44,6 +44,7 @@ from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.fused_moe import check_moe_layers
 from vllm_hpu.profiler import StepProfiler
+from vllm_hpu.quantization.inc_flow import IncFlow
 from vllm_hpu.worker import pipeline
 from vllm_hpu.worker.async_output import (
     AsyncTokenFeed,
@@ -119,6 +120,7 @@ class HpuModelRunner:
         self.lora = (
             HpuLoRA(vllm_config, self.input_batch) if vllm_config.lora_config else None
         )
+        self.inc = IncFlow.from_config(vllm_config)  # QUANT_CONFIG: measure or fp8
         dtype = self.model_config.dtype
         assert isinstance(dtype, torch.dtype), "vLLM resolves the dtype first"
         self.dtype = dtype
@@ -179,7 +181,9 @@ class HpuModelRunner:
             if self.lora is not None:
                 self.model = self.lora.wrap(self.model, self.device)
         check_moe_layers(self.model)
-        if self.execution_mode is ExecutionMode.EAGER:
+        if self.inc is not None:  # INC replaces the linears: nothing to pack
+            self.model = self.inc.apply(self.model)
+        elif self.execution_mode is ExecutionMode.EAGER:
             # Compilers lower the layers as vLLM defines them: inductor cannot
             # take oneDNN's packed weights as graph inputs.
             device.prepare_weights(self.model)

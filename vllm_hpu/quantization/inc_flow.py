@@ -1,0 +1,65 @@
+"""Intel Neural Compressor's FP8 flow on the loaded model (``QUANT_CONFIG``):
+MEASURE prepares it with observers on every linear and attention step, QUANTIZE
+converts those to fp8 with the measured scales. The measurements are written
+once, when the worker shuts down or when asked (``shutdown_inc``)."""
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.logger import init_logger
+
+from vllm_hpu import device
+from vllm_hpu.quantization.inc import IncSettings, inc_settings
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger("vllm.hpu.quantization")
+
+
+class IncFlow:
+    def __init__(self, settings: IncSettings) -> None:
+        self.settings = settings
+        self.measured: torch.nn.Module | None = None  # until its files are written
+
+    @classmethod
+    def from_config(cls, vllm_config: "VllmConfig") -> "IncFlow | None":
+        """The flow when ``--quantization inc`` or QUANT_CONFIG asked for it."""
+        settings = inc_settings(vllm_config)
+        return None if settings is None else cls(settings)
+
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Prepare (MEASURE) or convert (QUANTIZE) the loaded model in place."""
+        from neural_compressor.torch.quantization import FP8Config, convert, prepare
+
+        started = time.perf_counter()
+        device.enable_inc()
+        config = FP8Config.from_json_file(self.settings.path)
+        if self.settings.measures:
+            model = prepare(model, config)
+            self.measured = model
+        else:
+            model = convert(model, config)
+        logger.info(
+            "Intel Neural Compressor %s (%s) took %.2f s.",
+            "prepared the model for measurement"
+            if self.settings.measures
+            else "converted the model to fp8",
+            self.settings.path,
+            time.perf_counter() - started,
+        )
+        return model
+
+    def finalize(self) -> None:
+        """Write the measurement files (MEASURE only, once)."""
+        if self.measured is None:
+            return
+        from neural_compressor.torch.quantization import finalize_calibration
+
+        finalize_calibration(self.measured)
+        self.measured = None
+        logger.info(
+            "Intel Neural Compressor wrote its measurements to %s_hooks_maxabs*.",
+            self.settings.dump_stats_path,
+        )
