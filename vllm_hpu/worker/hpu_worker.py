@@ -199,6 +199,7 @@ class HpuWorker(WorkerBase):
         """Write Intel Neural Compressor's measurements now (MEASURE only; the
         reference's name): ``llm.collective_rpc("shutdown_inc")``."""
         if self.model_runner is not None and self.model_runner.inc is not None:
+            self.model_runner.stream.synchronize()  # queued passes are measured
             self.model_runner.inc.finalize()
 
     def shutdown(self) -> None:
