@@ -60,7 +60,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     requests = load_workload(Path(args.workload))
     probes.mark_attention_regions()
-    llm = build_llm(args)
+    # Synchronous steps: the profile splits one thread's operators by region.
+    llm = build_llm(args, {"async_scheduling": False})
     run_requests(llm, [WARMUP_REQUEST])
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU]

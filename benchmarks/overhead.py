@@ -62,7 +62,10 @@ def main() -> None:
     from vllm import LLM
 
     probes.install_step_timers()
-    llm = LLM(model=args.model, dtype=args.dtype, seed=0, **json.loads(args.llm_kwargs))
+    # Synchronous steps, so each part's time is its own (benchmarks/async_overlap.py
+    # measures what async scheduling hides of it).
+    kwargs = {"async_scheduling": False} | json.loads(args.llm_kwargs)
+    llm = LLM(model=args.model, dtype=args.dtype, seed=0, **kwargs)
     measure_batch(llm, 1)  # untimed: first steps pay one-off costs
     result = SystemResult(system=args.system, threads=torch.get_num_threads())
     result.overhead = [measure_batch(llm, size) for size in BATCH_SIZES]

@@ -58,7 +58,8 @@ def record_run(
     result.output_tokens = result.computed_tokens = sum(len(t) for t in token_times)
 
 
-def build_llm(args: argparse.Namespace) -> Any:
+def build_llm(args: argparse.Namespace, defaults: dict[str, Any] | None = None) -> Any:
+    """The system's engine: ``defaults`` under the system's own ``--llm-kwargs``."""
     from vllm import LLM
 
     return LLM(
@@ -66,7 +67,7 @@ def build_llm(args: argparse.Namespace) -> Any:
         dtype=args.dtype,
         seed=0,
         disable_log_stats=True,
-        **json.loads(args.llm_kwargs),
+        **(defaults or {}) | json.loads(args.llm_kwargs),
     )
 
 
