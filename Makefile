@@ -16,6 +16,7 @@ $(VENV)/.installed: requirements-emulation.txt requirements-vllm.txt pyproject.t
 	$(PY) -m pip install --no-deps vllm==0.32.0
 	$(PY) -m pip install -r requirements-emulation.txt
 	$(PY) -m pip install --no-deps -e .
+	$(PY) scripts/install_torchvision_hook.py
 	@$(PY) scripts/check_no_cuda.py
 	touch $@
 

@@ -6,6 +6,7 @@ Each patch says why it exists, how it works, and which upstream change removes i
 import argparse
 import functools
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import pathlib
 import sys
@@ -220,7 +221,8 @@ _torchvision_library: list[torch.library.Library] = []
 
 
 def _torchvision_extension() -> pathlib.Path | None:
-    spec = importlib.util.find_spec("torchvision")
+    # The path finder alone: the import hooks (torchvision_hook) call in here.
+    spec = importlib.machinery.PathFinder.find_spec("torchvision")
     if spec is None or not spec.submodule_search_locations:
         return None
     package = pathlib.Path(next(iter(spec.submodule_search_locations)))

@@ -1,0 +1,18 @@
+"""The set-up's import hook: PyPI's CUDA-built torchvision imports beside the CPU
+torch in a fresh interpreter of the venv, before any plugin code runs."""
+
+import subprocess
+import sys
+
+
+def test_fresh_interpreter_imports_torchvision_before_the_plugin():
+    code = (
+        "import sys\n"
+        "assert 'vllm_hpu.patches' not in sys.modules\n"
+        "import torchvision.transforms.v2.functional\n"
+        "assert 'vllm_hpu.patches' in sys.modules  # the hook ran first\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
