@@ -121,8 +121,13 @@ def test_inc_measures_and_converts_the_gaudi_modules(tmp_path) -> None:
     measured.load_state_dict(reference.state_dict())
     _run(measured, x, torch.bfloat16)
     finalize_calibration(measured)
-    names = json.loads((tmp_path / "inc_output_hooks_maxabs_mod_list.json").read_text())
-    assert tuple(names) == MODULES
+    # INC adds "_<rank>_<world>" to the name once torch.distributed is up (an
+    # in-process engine earlier in the session).
+    (mod_list,) = tmp_path.glob("inc_output_hooks_maxabs*_mod_list.json")
+    names = json.loads(mod_list.read_text())
+    # INC's module list is process-wide: an engine measured earlier in the
+    # session leaves its own modules in it.
+    assert [name for name in names if name in MODULES] == list(MODULES)
     for scale_method, bound in (("maxabs_hw", 0.1), ("unit_scale", 0.3)):
         config = FP8Config.from_json_file(
             _inc_config(tmp_path, "QUANTIZE", scale_method)
