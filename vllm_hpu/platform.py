@@ -259,7 +259,7 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
             raise ValueError(
                 f"The HPU plugin does not support {feature} yet; start vLLM without it."
             )
-    from vllm_hpu.worker.spec_decode import check_speculative_config
+    from vllm_hpu.worker.spec_decode.decoder import check_speculative_config
 
     check_speculative_config(vllm_config)
 

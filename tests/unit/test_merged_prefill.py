@@ -37,8 +37,8 @@ from vllm_hpu.ops.prompt_attention import (
     prompt_attention,
 )
 from vllm_hpu.ops.score_mods import Scoring
-from vllm_hpu.worker.inputs import ScheduledSeq
-from vllm_hpu.worker.merged_prefill import (
+from vllm_hpu.worker.passes.build import ScheduledSeq
+from vllm_hpu.worker.passes.split import (
     merged_fake_chunks,
     pass_shape,
     split_merged,

@@ -23,14 +23,14 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 from vllm_hpu import device
 from vllm_hpu.envs import get_envs
 from vllm_hpu.metrics import HpuMetrics
-from vllm_hpu.worker import pipeline
-from vllm_hpu.worker.compile_stats import StepCompilations
-from vllm_hpu.worker.fallback_stats import StepFallbacks
-from vllm_hpu.worker.lora import HpuLoRA
-from vllm_hpu.worker.memory import MemorySplit, split_memory
+from vllm_hpu.worker.capabilities import pipeline
+from vllm_hpu.worker.capabilities.lora import HpuLoRA
+from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
+from vllm_hpu.worker.diagnostics.compile_stats import StepCompilations
+from vllm_hpu.worker.diagnostics.fallback_stats import StepFallbacks
 from vllm_hpu.worker.model_runner import HpuModelRunner
-from vllm_hpu.worker.pooling import supported_pooling_tasks
-from vllm_hpu.worker.warmup import warm_up_model
+from vllm_hpu.worker.warmup.memory import MemorySplit, split_memory
+from vllm_hpu.worker.warmup.warmup import warm_up_model
 
 logger = init_logger("vllm.hpu.worker")
 

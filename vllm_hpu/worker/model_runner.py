@@ -45,35 +45,35 @@ from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.fused_moe import check_moe_layers
 from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.quantization.inc_flow import IncFlow
-from vllm_hpu.worker import pipeline
-from vllm_hpu.worker.async_output import (
-    AsyncTokenFeed,
-    HpuAsyncOutput,
-    SampledStep,
-    StepLogits,
-    keeping_generators,
-)
-from vllm_hpu.worker.execution import ExecutionMode, select_mode
-from vllm_hpu.worker.inputs import ForwardPass, ScheduledSeq, build_decode_pass
+from vllm_hpu.worker.capabilities import pipeline
+from vllm_hpu.worker.capabilities.lora import HpuLoRA
+from vllm_hpu.worker.capabilities.mrope import MRopePositions, mrope_positions_for
+from vllm_hpu.worker.capabilities.multimodal import MultimodalInputs
+from vllm_hpu.worker.capabilities.pooling import StepPooler
 from vllm_hpu.worker.kv_caches import (
     bind_kv_caches,
     bind_scratch_kv_caches,
     cache_geometry,
     kv_cache_specs,
 )
-from vllm_hpu.worker.layer_split import split_graph_every
-from vllm_hpu.worker.lora import HpuLoRA
-from vllm_hpu.worker.merged_prefill import (
+from vllm_hpu.worker.passes.build import ForwardPass, ScheduledSeq, build_decode_pass
+from vllm_hpu.worker.passes.split import (
     build_prompt_forward,
     profile_seqs,
     split_prompt_passes,
 )
-from vllm_hpu.worker.mrope import MRopePositions, mrope_positions_for
-from vllm_hpu.worker.multimodal import MultimodalInputs
-from vllm_hpu.worker.pooling import StepPooler
-from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
-from vllm_hpu.worker.request_states import RequestStates
-from vllm_hpu.worker.spec_decode import SpecDecoder, sampled_token_indices
+from vllm_hpu.worker.spec_decode.decoder import SpecDecoder, sampled_token_indices
+from vllm_hpu.worker.state.async_output import (
+    AsyncTokenFeed,
+    HpuAsyncOutput,
+    SampledStep,
+    StepLogits,
+    keeping_generators,
+)
+from vllm_hpu.worker.state.prompt_logprobs import PromptLogprobs
+from vllm_hpu.worker.state.request_states import RequestStates
+from vllm_hpu.worker.warmup.execution import ExecutionMode, select_mode
+from vllm_hpu.worker.warmup.layer_split import split_graph_every
 
 logger = init_logger("vllm.hpu.model_runner")
 

@@ -15,9 +15,9 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
-from vllm_hpu.worker.execution import CompileOptions, ExecutionMode
-from vllm_hpu.worker.inputs import ForwardPass
-from vllm_hpu.worker.rejection_sampler import HpuRejectionSampler
+from vllm_hpu.worker.passes.build import ForwardPass
+from vllm_hpu.worker.spec_decode.rejection_sampler import HpuRejectionSampler
+from vllm_hpu.worker.warmup.execution import CompileOptions, ExecutionMode
 
 if TYPE_CHECKING:
     from vllm_hpu.worker.model_runner import HpuModelRunner
@@ -186,15 +186,15 @@ def make_proposer(runner: "HpuModelRunner") -> Proposer:
     spec = runner.vllm_config.speculative_config
     assert spec is not None and spec.method in SUPPORTED_METHODS
     if spec.method == "draft_model":
-        from vllm_hpu.worker.draft_model import HpuDraftModelProposer
+        from vllm_hpu.worker.spec_decode.draft_model import HpuDraftModelProposer
 
         return HpuDraftModelProposer(runner)
     if spec.method == "eagle":
-        from vllm_hpu.worker.eagle import HpuEagleProposer
+        from vllm_hpu.worker.spec_decode.eagle import HpuEagleProposer
 
         return HpuEagleProposer(runner)
     if spec.method == "eagle3":
-        from vllm_hpu.worker.eagle import HpuEagle3Proposer
+        from vllm_hpu.worker.spec_decode.eagle import HpuEagle3Proposer
 
         return HpuEagle3Proposer(runner)
     return NgramDrafts(runner.vllm_config, runner.input_batch)

@@ -15,7 +15,7 @@ from vllm_hpu.attention.merged import (
 )
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
 from vllm_hpu.bucketing import Bucket, HpuBucketManager
-from vllm_hpu.worker.inputs import (
+from vllm_hpu.worker.passes.build import (
     ForwardPass,
     ScheduledSeq,
     build_prompt_pass,

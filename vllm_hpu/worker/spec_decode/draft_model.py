@@ -44,8 +44,12 @@ from vllm.model_executor.model_loader import get_model
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import SeqLayout
 from vllm_hpu.ops.fused_moe import check_moe_layers
-from vllm_hpu.worker.execution import CompileOptions, ExecutionMode, prepare_model
-from vllm_hpu.worker.inputs import ForwardPass, ScheduledSeq, build_decode_pass
+from vllm_hpu.worker.passes.build import ForwardPass, ScheduledSeq, build_decode_pass
+from vllm_hpu.worker.warmup.execution import (
+    CompileOptions,
+    ExecutionMode,
+    prepare_model,
+)
 
 if TYPE_CHECKING:
     from vllm_hpu.worker.model_runner import HpuModelRunner

@@ -26,21 +26,21 @@ from vllm_hpu.bucketing import Bucket
 from vllm_hpu.bucketing.buckets import context_tokens
 from vllm_hpu.bucketing.padding import PaddingStats
 from vllm_hpu.envs import get_envs
-from vllm_hpu.worker.execution import (
+from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
+from vllm_hpu.worker.model_runner import HpuModelRunner
+from vllm_hpu.worker.passes.split import merged_fake_chunks
+from vllm_hpu.worker.warmup.execution import (
     RECOMPILE_HEADROOM,
     CompileOptions,
     prepare_model,
 )
-from vllm_hpu.worker.graphs import (
+from vllm_hpu.worker.warmup.graphs import (
     DECODE,
     PROMPT,
     CapturePlan,
     capture_graphs,
     describe_budget,
 )
-from vllm_hpu.worker.merged_prefill import merged_fake_chunks
-from vllm_hpu.worker.model_runner import HpuModelRunner
-from vllm_hpu.worker.pooling import supported_pooling_tasks
 
 logger = init_logger("vllm.hpu.warmup")
 

@@ -29,8 +29,8 @@ from vllm.config import set_current_vllm_config
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.model_loader.utils import get_draft_load_config
 
-from vllm_hpu.worker.draft_model import HpuDraftModelProposer
-from vllm_hpu.worker.inputs import ForwardPass
+from vllm_hpu.worker.passes.build import ForwardPass
+from vllm_hpu.worker.spec_decode.draft_model import HpuDraftModelProposer
 
 if TYPE_CHECKING:
     from vllm_hpu.worker.model_runner import HpuModelRunner
