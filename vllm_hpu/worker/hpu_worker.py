@@ -187,10 +187,10 @@ class HpuWorker(WorkerBase):
         return self._lora().list_loras()
 
     def _lora(self) -> HpuLoRA:
-        if self.runner.lora is None:
+        if self.runner.caps.lora is None:
             raise RuntimeError("LoRA is not enabled: start vLLM with --enable-lora.")
         self.runner.stream.synchronize()  # queued passes read the adapters
-        return self.runner.lora
+        return self.runner.caps.lora
 
     def check_health(self) -> None:
         return
@@ -198,14 +198,14 @@ class HpuWorker(WorkerBase):
     def shutdown_inc(self) -> None:
         """Write Intel Neural Compressor's measurements now (MEASURE only; the
         reference's name): ``llm.collective_rpc("shutdown_inc")``."""
-        if self.model_runner is not None and self.model_runner.inc is not None:
+        if self.model_runner is not None and self.model_runner.caps.inc is not None:
             self.model_runner.stream.synchronize()  # queued passes are measured
-            self.model_runner.inc.finalize()
+            self.model_runner.caps.inc.finalize()
 
     def shutdown(self) -> None:
         self.shutdown_inc()
         if self.model_runner is not None:
             logger.info(self.model_runner.buckets.stats.summary())
-            self.model_runner.profiler.write()
+            self.model_runner.caps.profiler.write()
         if self.metrics is not None:
             self.metrics.log()

@@ -24,7 +24,7 @@ from vllm_hpu.worker.capabilities.vision_buckets import (
     is_grid_item,
     item_patches,
 )
-from vllm_hpu.worker.passes.build import ForwardPass
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
 
 logger = init_logger("vllm.hpu.multimodal")
 
@@ -46,7 +46,7 @@ class MultimodalInputs:
 
     Encoder passes are padded to a bucket of items per pass by repeating the
     last item (its extra outputs are dropped); a dynamic-resolution tower's
-    passes to a bucket of images and patches (``worker/vision_buckets.py``). So
+    passes to a bucket of images and patches (``vision_buckets.py``). So
     the encoder sees only the shapes :meth:`warm_up` ran.
     """
 

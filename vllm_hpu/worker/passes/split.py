@@ -1,41 +1,23 @@
-"""Merged prefill: a step's prompt chunks packed into one flat sequence per pass,
-padded to a ``(1, total tokens, total context blocks)`` bucket; token ``t`` of
-chunk ``i`` sits at the chunk's offset in the pack. The unpacked (one row per
-prompt) passes of ``worker/inputs.py`` stay for ``VLLM_HPU_MERGED_PREFILL=false``
-and pooling models, chosen at start-up in ``BucketingConfig``.
-"""
+"""Step 2 of planning: a step's prompt chunks grouped into passes, packed
+(merged prefill, the default) or one row per chunk (``VLLM_HPU_MERGED_PREFILL=
+false`` and pooling models, chosen at start-up in ``BucketingConfig``). The
+bucket manager is asked only whether a group has a warmed-up bucket."""
 
-import numpy as np
-import torch
-
-from vllm_hpu.attention.merged import (
-    build_merged_prompt_metadata,
-    packed_context_blocks,
-    packed_tokens,
-)
-from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
-from vllm_hpu.bucketing import Bucket, HpuBucketManager
-from vllm_hpu.worker.passes.build import (
-    ForwardPass,
-    ScheduledSeq,
-    build_prompt_pass,
-    context_blocks,
-    split_prefills,
-)
+from vllm_hpu.bucketing import HpuBucketManager
+from vllm_hpu.worker.passes.seqs import ScheduledSeq, cdiv, context_blocks
+from vllm_hpu.worker.passes.shapes import pass_shape
 
 
-def pass_shape(
-    seqs: list[ScheduledSeq], merged: bool, block_size: int
-) -> tuple[int, int, int]:
-    """(rows, query length, context blocks) a prompt pass over ``seqs`` pads up."""
-    if merged:
-        layouts = [s.layout for s in seqs]
-        return 1, packed_tokens(layouts), packed_context_blocks(layouts, block_size)
-    return (
-        len(seqs),
-        max(s.layout.num_scheduled_tokens for s in seqs),
-        max(context_blocks(s, block_size) for s in seqs),
-    )
+def split_prompt_passes(
+    seqs: list[ScheduledSeq],
+    max_num_tokens: int,
+    buckets: HpuBucketManager,
+    block_size: int,
+) -> list[list[ScheduledSeq]]:
+    """The step's prompt passes, packed or one row per chunk."""
+    if buckets.config.merged_prefill:
+        return split_merged(seqs, buckets, block_size)
+    return split_prefills(seqs, max_num_tokens, buckets, block_size)
 
 
 def split_merged(
@@ -56,95 +38,92 @@ def split_merged(
     return packs
 
 
-def split_prompt_passes(
+def _prompt_tokens(
+    seqs: list[ScheduledSeq], buckets: HpuBucketManager, block_size: int
+) -> int:
+    """Tokens ``seqs`` run as in one unpacked prompt pass, padded to its bucket."""
+    bucket = buckets.covering_prompt_bucket(*pass_shape(seqs, False, block_size))
+    return bucket.batch_size * bucket.query_len
+
+
+def _dependency_depths(seqs: list[ScheduledSeq], block_size: int) -> list[int]:
+    """How many passes must run before each chunk.
+
+    vLLM can hand a prompt, as cached context, full blocks that another prompt
+    scheduled in the same step writes (identical prefixes arriving together): the
+    reader must run in a later pass than the writer. One pass is fine too, since
+    every layer writes the pass's KV before reading context, but reordering chunks
+    by length must not put a reader first.
+    """
+    writers: dict[int, int] = {}
+    for index, seq in enumerate(seqs):
+        table = seq.layout.block_table
+        for block in table[seq.start // block_size : cdiv(seq.end, block_size)]:
+            writers[block] = index
+    depths: dict[int, int] = {}
+
+    def depth(index: int) -> int:
+        if index not in depths:
+            seq = seqs[index]
+            context = seq.layout.block_table[: context_blocks(seq, block_size)]
+            sources = {writers.get(block, index) for block in context} - {index}
+            depths[index] = max((depth(w) + 1 for w in sources), default=0)
+        return depths[index]
+
+    return [depth(index) for index in range(len(seqs))]
+
+
+def split_prefills(
     seqs: list[ScheduledSeq],
     max_num_tokens: int,
     buckets: HpuBucketManager,
     block_size: int,
 ) -> list[list[ScheduledSeq]]:
-    """The step's prompt passes, packed or one row per chunk."""
-    if buckets.config.merged_prefill:
-        return split_merged(seqs, buckets, block_size)
-    return split_prefills(seqs, max_num_tokens, buckets, block_size)
+    """Group prompt chunks into passes of similar length.
+
+    Chunks are taken shortest first (then least cached context), after every chunk
+    whose cached context they read is written (see ``_dependency_depths``). The
+    next chunk joins the current pass unless rows x longest chunk would exceed the
+    token budget (vLLM bounds only the sum of real tokens; prompt buckets are
+    generated for batches within this bound, so every pass finds a warmed-up
+    bucket), or has no warmed-up bucket (a bucket set need not have every batch
+    size), or unless the joined pass would be padded to more tokens than the two
+    passes apart, counting starting a pass as one block of tokens (the smallest
+    prompt bucket by default): a long chunk must not stretch every short row.
+    """
+    depths = _dependency_depths(seqs, block_size)
+    batches: list[list[ScheduledSeq]] = []
+    for level in sorted(set(depths)):
+        ready = [seq for seq, d in zip(seqs, depths, strict=True) if d == level]
+        batches += _group_by_length(ready, max_num_tokens, buckets, block_size)
+    return batches
 
 
-def build_merged_pass(
+def _group_by_length(
     seqs: list[ScheduledSeq],
+    max_num_tokens: int,
     buckets: HpuBucketManager,
-    token_ids: np.ndarray,
-    cache: CacheGeometry,
-) -> ForwardPass:
-    """One packed prompt pass; ``token_ids`` is InputBatch.token_ids_cpu."""
-    bucket = buckets.find_prompt_bucket(*pass_shape(seqs, True, cache.block_size))
-    input_ids = np.zeros(bucket.query_len, dtype=np.int64)
-    positions = np.zeros_like(input_ids)
-    first_token_indices, offset = [], 0
-    for seq in seqs:
-        end = offset + seq.layout.num_scheduled_tokens
-        input_ids[offset:end] = token_ids[seq.row, seq.start : seq.end]
-        positions[offset:end] = np.arange(seq.start, seq.end)
-        first_token_indices.append(offset)
-        offset = end
-    metadata = build_merged_prompt_metadata(
-        [s.layout for s in seqs], bucket.query_len, bucket.num_blocks, cache
+    block_size: int,
+) -> list[list[ScheduledSeq]]:
+    batches: list[list[ScheduledSeq]] = []
+    current: list[ScheduledSeq] = []
+    by_length = sorted(
+        seqs,
+        key=lambda s: (s.layout.num_scheduled_tokens, s.layout.num_computed_tokens),
     )
-    return ForwardPass(
-        is_prompt=True,
-        bucket=bucket,
-        seqs=seqs,
-        input_ids=torch.from_numpy(input_ids).to(cache.device),
-        positions=torch.from_numpy(positions).to(cache.device),
-        attn_metadata=metadata,
-        first_token_indices=first_token_indices,
-    )
-
-
-def build_prompt_forward(
-    seqs: list[ScheduledSeq],
-    buckets: HpuBucketManager,
-    token_ids: np.ndarray,
-    cache: CacheGeometry,
-) -> ForwardPass:
-    if buckets.config.merged_prefill:
-        return build_merged_pass(seqs, buckets, token_ids, cache)
-    return build_prompt_pass(seqs, buckets, token_ids, cache)
-
-
-def merged_fake_chunks(
-    bucket: Bucket, context_blocks: int, block_size: int, max_len: int
-) -> list[tuple[int, int]]:
-    """(total tokens, cached tokens) of requests whose chunks pack into
-    ``bucket.query_len`` tokens over ``context_blocks`` whole context blocks, each
-    request within ``max_len`` tokens and computing at least 2 (warmup's seqs)."""
-    chunks: list[tuple[int, int]] = []
-    tokens, blocks = bucket.query_len, context_blocks
-    while tokens > 0:
-        own_blocks = min(blocks, max(0, (max_len - 2) // block_size))
-        cached = own_blocks * block_size
-        query = min(tokens, max_len - cached)
-        if tokens - query == 1:  # the last chunk would be a one-token decode
-            query -= 1
-        if query < 2:
-            return []
-        chunks.append((cached + query, cached))
-        tokens, blocks = tokens - query, blocks - own_blocks
-    return chunks if blocks == 0 else []
-
-
-def profile_seqs(
-    bucket: Bucket, merged: bool, block_size: int, max_len: int
-) -> list[ScheduledSeq]:
-    """Chunks filling a context-free prompt bucket for the memory profile: its
-    rows, or packed requests of at most ``max_len`` tokens; every slot in block 0
-    (the profile's scratch cache has one block)."""
-    if merged:
-        lengths = [n for n, _ in merged_fake_chunks(bucket, 0, block_size, max_len)]
-    else:
-        lengths = [bucket.query_len] * bucket.batch_size
-    return [
-        ScheduledSeq(
-            row=0,
-            layout=SeqLayout([0] * -(-length // block_size), 0, length),
-        )
-        for length in lengths
-    ]
+    for seq in by_length:
+        joined = [*current, seq]
+        if current and (
+            len(joined) * seq.layout.num_scheduled_tokens > max_num_tokens
+            or not buckets.has_prompt_bucket(*pass_shape(joined, False, block_size))
+            or _prompt_tokens(joined, buckets, block_size)
+            > _prompt_tokens(current, buckets, block_size)
+            + _prompt_tokens([seq], buckets, block_size)
+            + block_size
+        ):
+            batches.append(current)
+            joined = [seq]
+        current = joined
+    if current:
+        batches.append(current)
+    return batches
