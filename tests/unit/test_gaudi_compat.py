@@ -212,7 +212,8 @@ def test_topk_duplicates_kept_by_vllms_sampler():
     ],
 )
 def test_device_option_refused_with_its_fix(monkeypatch, value, active, message):
-    monkeypatch.setattr("vllm_hpu.register", lambda: "x" if active else None)
+    monkeypatch.setattr("vllm_hpu.device.hpu_available", lambda: False)
+    monkeypatch.setattr("vllm_hpu.device.is_emulation", lambda: active)
     with pytest.raises(ValueError, match=message):
         patches.check_device(value)
 
