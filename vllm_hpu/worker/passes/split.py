@@ -1,7 +1,8 @@
 """Step 2 of planning: a step's prompt chunks grouped into passes, packed
 (merged prefill, the default) or one row per chunk (``VLLM_HPU_MERGED_PREFILL=
 false`` and pooling models, chosen at start-up in ``BucketingConfig``). The
-bucket manager is asked only whether a group has a warmed-up bucket."""
+bucket manager is only asked which warmed-up bucket would cover a group; the
+passes themselves are built in ``build.py``."""
 
 from vllm_hpu.bucketing import HpuBucketManager
 from vllm_hpu.worker.passes.seqs import ScheduledSeq, cdiv, context_blocks
