@@ -15,6 +15,7 @@ from vllm_hpu.quantization.inc import apply_fp8_options
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.attention.backend import AttentionBackend
     from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
     from vllm.v1.attention.backends.mla.prefill.selector import (
         MLAPrefillSelectorConfig,
@@ -74,6 +75,26 @@ class HpuPlatform(Platform):
         from vllm_hpu.attention.mla import HpuMLAPrefillBackend
 
         return HpuMLAPrefillBackend
+
+    @classmethod
+    def _preferred_block_size_for_backends(
+        cls,
+        backend_classes: "list[type[AttentionBackend]]",
+        default_block_size: int,
+        vllm_config: "VllmConfig",
+    ) -> int:
+        """The backends' common preference where they agree: vLLM asks a lone
+        backend, but for several (Llama 4's chunked layers get a subclass of
+        ours) it falls back to its own default, 16, which would change the
+        block size under a runner built for the platform's (128)."""
+        preferred = {
+            b.get_preferred_block_size(default_block_size) for b in backend_classes
+        }
+        if len(preferred) == 1:
+            return preferred.pop()
+        return super()._preferred_block_size_for_backends(
+            backend_classes, default_block_size, vllm_config
+        )
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:

@@ -60,6 +60,28 @@ def test_attention_backend_accepts_windows_and_head_sizes(head_size: int) -> Non
     check_supported(_config(head_size=head_size, has_sliding_window=True))
 
 
+def test_attention_backend_accepts_sinks() -> None:
+    check_supported(_config(has_sink=True, has_sliding_window=True))  # gpt-oss
+
+
+def test_attention_impl_takes_one_sink_per_head() -> None:
+    sinks = torch.zeros(4)
+    impl = HpuAttentionImpl(4, 64, 0.125, 2, sinks=sinks)
+    assert impl.scoring.sinks is sinks  # by reference: loaded after construction
+    with pytest.raises(ValueError, match="one sink per head"):
+        HpuAttentionImpl(4, 64, 0.125, 2, sinks=torch.zeros(2))
+
+
+def test_attention_backend_preferred_block_size_for_chunked_layers() -> None:
+    # Llama 4's chunked layers get a subclass of our backend beside it: vLLM's
+    # default answer for several backends (16) would replace the platform's.
+    chunked = type("ChunkedLocalAttention_8_CUSTOM", (HpuAttentionBackend,), {})
+    size = platform.HpuPlatform._preferred_block_size_for_backends(
+        [HpuAttentionBackend, chunked], 16, None
+    )
+    assert size == platform.DEFAULT_BLOCK_SIZE
+
+
 def test_attention_backend_accepts_encoder_only_layers_for_pooling() -> None:
     check_supported(_config(attn_type=AttentionType.ENCODER_ONLY))
 
@@ -68,7 +90,6 @@ def test_attention_backend_accepts_encoder_only_layers_for_pooling() -> None:
     ("overrides", "named"),
     [
         ({"use_sparse": True}, "sparse"),
-        ({"has_sink": True}, "sinks"),
         ({"attn_type": AttentionType.ENCODER}, "encoder attention"),
         ({"attn_type": AttentionType.ENCODER_DECODER}, "encoder_decoder"),
         ({"use_non_causal": True}, "non-causal"),

@@ -109,6 +109,37 @@ def test_metadata_decode_layout_per_window() -> None:
     assert windowed.block_offsets.tolist()[:3] == [-4, 0, -1]
 
 
+def test_metadata_decode_layout_per_chunk() -> None:
+    # Llama 4's chunked layers beside global ones: a chunk of 6 reads only the
+    # blocks from the start of the decode token's chunk (position 6 for row 0's
+    # token at 8, position 0 for row 1's at 1).
+    cache = CacheGeometry(
+        4, DUMMY, torch.float32, torch.device("cpu"), attention_chunks=(6,)
+    )
+    seqs = [SeqLayout([4, 0, 8], 8, 1), SeqLayout([6], 1, 1)]
+    meta = build_decode_metadata(seqs, 3, 6, cache)
+    assert meta.decode_blocks().block_list.tolist() == [4, 0, 8, 6, DUMMY, DUMMY]
+    chunked = meta.decode_blocks(None, 6)
+    assert chunked.block_list.tolist() == [0, 8, 6, DUMMY, DUMMY, DUMMY]
+    visible = (chunked.block_bias == 0).int().tolist()
+    assert visible[:3] == [[0, 0, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]]
+
+
+def test_metadata_prompt_chunk_mask() -> None:
+    cache = CacheGeometry(
+        4, DUMMY, torch.float32, torch.device("cpu"), attention_chunks=(3,)
+    )
+    # Two cached tokens, three new ones at positions 2, 3, 4: position 2 ends
+    # the chunk [0, 3), positions 3 and 4 start the next.
+    meta = build_prompt_metadata([SeqLayout([3, 5], 2, 3)], 1, 3, 1, cache)
+    visible = (meta.prompt_bias(None, 3)[0, 0] == 0).int().tolist()
+    assert visible == [
+        [1, 1, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 0, 1, 1],
+    ]
+
+
 def test_metadata_prompt_window_mask() -> None:
     cache = CacheGeometry(4, DUMMY, torch.float32, torch.device("cpu"), (2,), True)
     # Two cached tokens, three new ones: query t (position 2 + t) sees keys

@@ -4,9 +4,13 @@ attention, and the runner learns each layer's binding window from its impl."""
 from types import SimpleNamespace
 
 import torch
-from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    SlidingWindowSpec,
+)
 
-from vllm_hpu.attention.windows import full_attention_spec, layer_windows
+from vllm_hpu.attention.windows import full_attention_spec, layer_chunks, layer_windows
 
 
 def test_sliding_window_spec_becomes_full_attention() -> None:
@@ -31,3 +35,20 @@ def test_layer_windows_read_from_impls() -> None:
         SimpleNamespace(impl=SimpleNamespace(sliding_window=None)),
     ]
     assert layer_windows(layers) == [32, None]
+
+
+def test_chunked_local_spec_becomes_full_attention() -> None:
+    spec = ChunkedLocalAttentionSpec(
+        block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32,
+        attention_chunk_size=40,
+    )  # fmt: skip
+    full = full_attention_spec(spec, 128)
+    assert isinstance(full, FullAttentionSpec)
+    assert not isinstance(full, ChunkedLocalAttentionSpec)
+    assert full.block_size == 128
+
+
+def test_layer_chunks_read_from_layers() -> None:
+    # vLLM's ChunkedLocalAttention holds the size on the layer, not its impl.
+    layers = [SimpleNamespace(attention_chunk_size=40), SimpleNamespace()]
+    assert layer_chunks(layers) == [40, None]

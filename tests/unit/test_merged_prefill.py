@@ -19,6 +19,7 @@ from test_ops_reference import (
     fill_cache,
     naive_attention,
     random_layout,
+    sink_logits,
     tolerance,
 )
 
@@ -87,6 +88,9 @@ VARIANTS = [
     Variant(logits_soft_cap=2.0),
     Variant(alibi=True),
     Variant(sliding_window=9, alibi=True),
+    Variant(sliding_window=17, sinks=True),
+    Variant(attention_chunk=5),
+    Variant(attention_chunk=17),
 ]
 
 
@@ -112,9 +116,12 @@ def test_packed_attention_matches_each_prompt_alone(
     ]
     num_tokens = sum(q for _, q in shapes) + 7
     num_blocks = sum(-(-c // BLOCK) for c in contexts) + 1
-    windows = (variant.sliding_window,) if variant.sliding_window else ()
     geometry = CacheGeometry(
-        BLOCK, layout.num_blocks, dtype, torch.device("cpu"), sliding_windows=windows
+        BLOCK,
+        layout.num_blocks,
+        dtype,
+        torch.device("cpu"),
+        **variant.geometry_fields(),
     )
     metadata = build_merged_prompt_metadata(seqs, num_tokens, num_blocks, geometry)
 
@@ -132,13 +139,14 @@ def test_packed_attention_matches_each_prompt_alone(
     past_kv = gather_context(
         layout.key_cache, layout.value_cache, metadata.block_list, 1, BLOCK
     )
-    attn_bias = metadata.prompt_bias(variant.sliding_window)
+    attn_bias = metadata.prompt_bias(variant.sliding_window, variant.attention_chunk)
     if variant.alibi:
         slopes = alibi_slopes(num_heads)
         attn_bias = bias_with_alibi(attn_bias, metadata.query_key_distance(), slopes)
     plain_only = variant.logits_soft_cap is not None or variant.alibi
     scale = head_size**-0.5
-    scoring = Scoring(scale, variant.logits_soft_cap, not plain_only)
+    sinks = sink_logits(num_heads).to(dtype) if variant.sinks else None
+    scoring = Scoring(scale, variant.logits_soft_cap, not plain_only, sinks)
 
     out = prompt_attention(query, key, value, attn_bias, scoring, past_kv)
 

@@ -1,5 +1,6 @@
 """Flat paged decode attention (with its metadata builder) vs naive attention,
-plain and with sliding windows, logit soft-capping and ALiBi."""
+plain and with sliding windows, attention chunks, logit soft-capping, ALiBi and
+attention sinks."""
 
 import random
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from test_ops_reference import (
     fill_cache,
     naive_attention,
     random_layout,
+    sink_logits,
     tolerance,
 )
 
@@ -93,6 +95,13 @@ VARIANTS = [
     Variant(logits_soft_cap=2.0),
     Variant(sliding_window=20, logits_soft_cap=2.0),
     Variant(alibi=True),
+    Variant(sinks=True),
+    Variant(sliding_window=40, sinks=True),  # gpt-oss's windowed layers
+    Variant(attention_chunk=5),
+    Variant(attention_chunk=16),
+    Variant(attention_chunk=17),
+    Variant(attention_chunk=40),
+    Variant(attention_chunk=24, sinks=True),
 ]
 
 
@@ -127,15 +136,15 @@ def _check_decode(case: DecodeCase, variant: Variant) -> None:
         for table, n in zip(layout.block_tables, seq_lens, strict=True)
     ]
     padded_batch = case.batch_size + rng.randint(0, 2)
-    windows = (variant.sliding_window,) if variant.sliding_window else ()
-    # A windowed model alone: no full-attention layout is built.
+    local = variant.sliding_window or variant.attention_chunk
+    # A windowed (or chunked) model alone: no full-attention layout is built.
     geometry = CacheGeometry(
         case.block_size,
         layout.num_blocks,
         case.dtype,
         torch.device("cpu"),
-        sliding_windows=windows,
-        full_attention=not windows,
+        full_attention=not local,
+        **variant.geometry_fields(),
     )
     used_blocks = sum(len(t) for t in layout.block_tables)
     metadata = build_decode_metadata(
@@ -152,7 +161,7 @@ def _check_decode(case: DecodeCase, variant: Variant) -> None:
     write_to_cache(layout.key_cache, metadata.slot_mapping, new_kv[0])
     write_to_cache(layout.value_cache, metadata.slot_mapping, new_kv[1])
     scale = case.head_size**-0.5
-    blocks = metadata.decode_blocks(variant.sliding_window)
+    blocks = metadata.decode_blocks(variant.sliding_window, variant.attention_chunk)
     _assert_reads_only_visible_blocks(blocks, layout.num_blocks)
     if variant.alibi:
         blocks = blocks_with_alibi(blocks, alibi_slopes(num_heads))
@@ -162,7 +171,12 @@ def _check_decode(case: DecodeCase, variant: Variant) -> None:
         layout.key_cache,
         layout.value_cache,
         blocks,
-        Scoring(scale, variant.logits_soft_cap, use_fused=False),
+        Scoring(
+            scale,
+            variant.logits_soft_cap,
+            use_fused=False,
+            sinks=sink_logits(num_heads).to(case.dtype) if variant.sinks else None,
+        ),
     )
 
     assert out.shape == query.shape and out.dtype == case.dtype

@@ -3,7 +3,8 @@
 Each case builds the metadata with build_prompt_metadata and writes the current
 tokens through its slot_mapping first, as the attention impl does. Cases run with
 the fused kernel (torch's, in emulation) and with VLLM_PROMPT_USE_FUSEDSDPA=0,
-plain and with sliding windows, logit soft-capping and ALiBi.
+plain and with sliding windows, attention chunks, logit soft-capping, ALiBi and
+attention sinks.
 """
 
 import random
@@ -19,6 +20,7 @@ from test_ops_reference import (
     fill_cache,
     naive_attention,
     random_layout,
+    sink_logits,
     tolerance,
 )
 
@@ -115,6 +117,14 @@ VARIANTS = [
     Variant(sliding_window=20, logits_soft_cap=2.0),
     Variant(alibi=True),
     Variant(sliding_window=9, alibi=True),
+    Variant(sinks=True),
+    Variant(sliding_window=17, sinks=True),  # gpt-oss's windowed layers
+    Variant(alibi=True, sinks=True),
+    Variant(attention_chunk=5),
+    Variant(attention_chunk=16),
+    Variant(attention_chunk=17),
+    Variant(attention_chunk=40),
+    Variant(attention_chunk=24, sinks=True),
 ]
 
 
@@ -158,13 +168,12 @@ def _check_prompt(case: PromptCase, variant: Variant, use_fused: bool) -> None:
     context_blocks += (
         rng.randint(0 if context_blocks else 1, 2) if case.with_context else 0
     )
-    windows = (variant.sliding_window,) if variant.sliding_window else ()
     geometry = CacheGeometry(
         case.block_size,
         layout.num_blocks,
         case.dtype,
         torch.device("cpu"),
-        sliding_windows=windows,
+        **variant.geometry_fields(),
     )
     metadata = build_prompt_metadata(
         seqs, batch_size, query_len, context_blocks, geometry
@@ -188,12 +197,13 @@ def _check_prompt(case: PromptCase, variant: Variant, use_fused: bool) -> None:
             batch_size,
             case.block_size,
         )
-    attn_bias = metadata.prompt_bias(variant.sliding_window)
+    attn_bias = metadata.prompt_bias(variant.sliding_window, variant.attention_chunk)
     if variant.alibi:
         slopes = alibi_slopes(num_heads)
         attn_bias = bias_with_alibi(attn_bias, metadata.query_key_distance(), slopes)
     scale = case.head_size**-0.5
-    scoring = Scoring(scale, variant.logits_soft_cap, use_fused)
+    sinks = sink_logits(num_heads).to(case.dtype) if variant.sinks else None
+    scoring = Scoring(scale, variant.logits_soft_cap, use_fused, sinks)
 
     out = prompt_attention(query, key, value, attn_bias, scoring, past_kv)
 

@@ -27,11 +27,25 @@ class Variant:
     sliding_window: int | None = None  # keys within the last W positions only
     logits_soft_cap: float | None = None
     alibi: bool = False  # slopes from alibi_slopes(num_heads)
+    sinks: bool = False  # logits from sink_logits(num_heads)
+    attention_chunk: int | None = None  # keys of the query's chunk of C only
 
     def __str__(self) -> str:
         parts = [f"W{self.sliding_window}"] if self.sliding_window else []
         parts += [f"cap{self.logits_soft_cap}"] if self.logits_soft_cap else []
-        return "-".join(parts + (["alibi"] if self.alibi else [])) or "plain"
+        parts += ["alibi"] if self.alibi else []
+        parts += ["sinks"] if self.sinks else []
+        parts += [f"chunk{self.attention_chunk}"] if self.attention_chunk else []
+        return "-".join(parts) or "plain"
+
+    def geometry_fields(self) -> dict[str, tuple[int, ...]]:
+        """The CacheGeometry fields that give a layer of this variant its mask
+        and decode blocks."""
+        window, chunk = self.sliding_window, self.attention_chunk
+        return {
+            "sliding_windows": (window,) if window else (),
+            "attention_chunks": (chunk,) if chunk else (),
+        }
 
 
 PLAIN = Variant()
@@ -43,6 +57,11 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor([start ** (h + 1) for h in range(num_heads)])
 
 
+def sink_logits(num_heads: int) -> torch.Tensor:
+    """One sink logit per head, from below to well above typical scores."""
+    return torch.linspace(-1.0, 3.0, num_heads)
+
+
 def naive_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -52,7 +71,8 @@ def naive_attention(
 ) -> torch.Tensor:
     """One sequence. query: [n, H, D] for the last n positions; key, value: [L, KVH,
     D] for all L positions. Causal softmax attention in fp32 -> [n, H, D], with
-    the variant's window, soft-cap and ALiBi written out position by position."""
+    the variant's window, chunk, soft-cap, ALiBi and sinks written out position by
+    position."""
     n, num_heads, _ = query.shape
     length, num_kv_heads, _ = key.shape
     group = num_heads // num_kv_heads
@@ -68,8 +88,16 @@ def naive_attention(
     hidden = key_pos > query_pos
     if variant.sliding_window:
         hidden |= query_pos - key_pos >= variant.sliding_window
+    if variant.attention_chunk:
+        chunk = variant.attention_chunk
+        hidden |= query_pos // chunk != key_pos // chunk
     scores = scores.masked_fill(hidden, -torch.inf)
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    if variant.sinks:  # one more logit per head, with no value
+        column = sink_logits(num_heads)[:, None, None].expand(-1, n, 1)
+        weights = torch.cat((scores, column), dim=-1).softmax(-1)[..., :-1]
+    else:
+        weights = scores.softmax(-1)
+    return torch.einsum("hqk,khd->qhd", weights, v)
 
 
 @dataclass
@@ -185,3 +213,39 @@ def test_ops_reference_soft_cap_by_hand() -> None:
     expected = math.exp(s0) / (math.exp(s0) + math.exp(s1))
     actual = naive_attention(query, key, value, 1.0, Variant(logits_soft_cap=cap))
     assert actual.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_ops_reference_sinks_by_hand() -> None:
+    # One query, two keys, head size 1: the sink adds exp(sink) to the
+    # denominator only.
+    query = torch.tensor([[[2.0]]])
+    key = torch.tensor([[[0.5]], [[-1.0]]])
+    value = torch.tensor([[[1.0]], [[0.0]]])
+    sink = float(sink_logits(1)[0])
+    s0, s1 = 2.0 * 0.5, 2.0 * -1.0
+    expected = math.exp(s0) / (math.exp(s0) + math.exp(s1) + math.exp(sink))
+    actual = naive_attention(query, key, value, 1.0, Variant(sinks=True))
+    assert actual.item() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 30])
+def test_ops_reference_chunks_match_torch_sdpa(chunk: int) -> None:
+    gen = torch.Generator().manual_seed(chunk)
+    n, length, num_heads, head_size = 9, 30, 2, 16
+    query = torch.randn(n, num_heads, head_size, generator=gen)
+    key = torch.randn(length, num_heads, head_size, generator=gen)
+    value = torch.randn(length, num_heads, head_size, generator=gen)
+    mask = torch.zeros(n, length, dtype=torch.bool)
+    for t in range(n):
+        q_pos = length - n + t
+        start = q_pos - q_pos % chunk  # the first position of the query's chunk
+        mask[t, start : q_pos + 1] = True
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(0, 1),
+        key.transpose(0, 1),
+        value.transpose(0, 1),
+        attn_mask=mask,
+        scale=0.3,
+    ).transpose(0, 1)
+    actual = naive_attention(query, key, value, 0.3, Variant(attention_chunk=chunk))
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)

@@ -113,7 +113,6 @@ def check_supported(attn_selector_config: "AttentionSelectorConfig") -> None:
     config = attn_selector_config
     problems = [
         (config.use_sparse, "sparse attention", "use a dense-attention model"),
-        (config.has_sink, "attention sinks", "use a model without sinks"),
         (
             config.attn_type not in SUPPORTED_ATTN_TYPES,
             f"{AttentionType(config.attn_type).value} attention",
@@ -202,6 +201,7 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         logits_soft_cap: float | None = None,
         attn_type: str = AttentionType.DECODER,
         kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
         **unsupported: Any,
     ) -> None:
         for name, value in unsupported.items():
@@ -223,6 +223,7 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
             self.scale,
             logits_soft_cap,
             use_fused=_use_fused(head_size, logits_soft_cap, alibi_slopes),
+            sinks=_checked_sinks(sinks, num_heads),
         )
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
@@ -276,13 +277,14 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         if self.kv_sharing_target_layer_name is None:
             self.k_cache(key, key_cache, attn_metadata.slot_mapping)
             self.v_cache(value, value_cache, attn_metadata.slot_mapping)
-        kernels = self._kernels()
+        chunk = attention_chunk(layer)
         if attn_metadata.is_prompt:
-            result = self._prompt(query, key, value, kv_cache, attn_metadata, kernels)
+            attn_bias = attn_metadata.prompt_bias(self.sliding_window, chunk)
+            result = self._prompt(query, key, value, kv_cache, attn_metadata, attn_bias)
         else:
-            blocks = self._decode_blocks(attn_metadata)
+            blocks = self._decode_blocks(attn_metadata, chunk)
             result = paged_attention(
-                query, key_cache, value_cache, blocks, self.scoring, kernels
+                query, key_cache, value_cache, blocks, self.scoring, self._kernels()
             )
         output.copy_(result.reshape(output.shape))
         return output
@@ -318,10 +320,11 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         value: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         attn_metadata: HpuAttentionMetadata,
-        kernels: AttentionKernels,
+        attn_bias: torch.Tensor,
     ) -> torch.Tensor:
-        """Unflatten the padded [bs * q] tokens and attend, with context if any."""
-        attn_bias = attn_metadata.prompt_bias(self.sliding_window)
+        """Unflatten the padded [bs * q] tokens and attend, with context if any.
+        attn_bias: [bs, 1, q, K], the mask of this layer's window or chunk."""
+        kernels = self._kernels()
         batch_size, _, query_len, num_keys = attn_bias.shape
         past_kv = None
         if attn_metadata.block_list is not None:
@@ -363,13 +366,33 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         distance = attn_metadata.query_key_distance()
         return bias_with_alibi(attn_bias, distance, slopes)
 
-    def _decode_blocks(self, attn_metadata: HpuAttentionMetadata) -> DecodeBlocks:
-        """This layer's flat blocks (its window's), with ALiBi in the bias."""
-        blocks = attn_metadata.decode_blocks(self.sliding_window)
+    def _decode_blocks(
+        self, attn_metadata: HpuAttentionMetadata, chunk: int | None
+    ) -> DecodeBlocks:
+        """This layer's flat blocks (its window's or chunk's), with ALiBi in the
+        bias."""
+        blocks = attn_metadata.decode_blocks(self.sliding_window, chunk)
         if self.alibi_slopes is None:
             return blocks
         slopes = self._slopes(blocks.block_bias.device)
         return blocks_with_alibi(blocks, slopes)
+
+
+def attention_chunk(layer: AttentionLayer) -> int | None:
+    """The chunk size of a chunked local attention layer (Llama 4), else None:
+    vLLM sets it on the layer (ChunkedLocalAttention), never on its impl."""
+    return getattr(layer, "attention_chunk_size", None)
+
+
+def _checked_sinks(sinks: torch.Tensor | None, num_heads: int) -> torch.Tensor | None:
+    """The layer's attention sinks ([num_heads], the model's parameter, loaded
+    later: kept by reference), checked against its heads."""
+    if sinks is not None and sinks.shape != (num_heads,):
+        raise ValueError(
+            f"attention sinks of shape {tuple(sinks.shape)} for {num_heads} heads: "
+            "the HPU attention backend takes one sink per head"
+        )
+    return sinks
 
 
 def _binding_window(sliding_window: int | None) -> int | None:

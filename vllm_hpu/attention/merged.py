@@ -9,6 +9,7 @@ from vllm_hpu.attention.metadata import (
     HpuAttentionMetadata,
     SeqLayout,
     _as_bias,
+    _chunk_biases,
     _window_biases,
 )
 from vllm_hpu.ops.packed_mask import packed_allowed
@@ -114,5 +115,6 @@ def build_merged_prompt_metadata(
         attn_bias=_as_bias(allowed, cache.dtype),
         key_positions=key_positions,
         window_bias=_window_biases(allowed, key_positions, cache),
+        chunk_bias=_chunk_biases(allowed, key_positions, cache),
         query_lens=torch.tensor([packed_tokens(seqs)]).to(to_device),
     )

@@ -30,6 +30,9 @@ class CacheGeometry:
     # blocks and prompt mask), and whether some layer attends to every token.
     sliding_windows: tuple[int, ...] = ()
     full_attention: bool = True
+    # Distinct chunk sizes of the chunked local attention layers (Llama 4), each
+    # with its own decode blocks and prompt mask, as windows have.
+    attention_chunks: tuple[int, ...] = ()
 
 
 @dataclass
@@ -43,15 +46,27 @@ class HpuAttentionMetadata(AttentionMetadata):
     attn_bias: torch.Tensor | None = None  # prompt [bs, 1, q, C * block_size + q]
     key_positions: torch.Tensor | None = None  # prompt [bs, C * block_size + q]
     window_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt
+    chunk_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt
     query_lens: torch.Tensor | None = None  # prompt [bs] long; padding rows -> 0
-    # Decode: the flat blocks per sliding window (None: full attention).
+    # Decode: the flat blocks per sliding window (None: full attention) and
+    # per attention chunk size.
     decode_by_window: dict[int | None, DecodeBlocks] = field(default_factory=dict)
+    decode_by_chunk: dict[int, DecodeBlocks] = field(default_factory=dict)
 
-    def decode_blocks(self, sliding_window: int | None = None) -> DecodeBlocks:
+    def decode_blocks(
+        self, sliding_window: int | None = None, attention_chunk: int | None = None
+    ) -> DecodeBlocks:
+        if attention_chunk is not None:
+            return self.decode_by_chunk[attention_chunk]
         return self.decode_by_window[sliding_window]
 
-    def prompt_bias(self, sliding_window: int | None = None) -> torch.Tensor:
-        """[bs, 1, q, K]: the mask of a layer with this window (None: full)."""
+    def prompt_bias(
+        self, sliding_window: int | None = None, attention_chunk: int | None = None
+    ) -> torch.Tensor:
+        """[bs, 1, q, K]: the mask of a layer with this window or chunk size
+        (None: full attention)."""
+        if attention_chunk is not None:
+            return self.chunk_bias[attention_chunk]
         if sliding_window is None:
             assert self.attn_bias is not None
             return self.attn_bias
@@ -175,6 +190,22 @@ def _window_biases(
     }
 
 
+def _chunk_biases(
+    allowed: torch.Tensor, key_positions: torch.Tensor, cache: CacheGeometry
+) -> dict[int, torch.Tensor]:
+    """Per chunk size C, the mask that also hides keys of an earlier chunk than
+    the query's (chunks of positions [0, C), [C, 2C), ...)."""
+    query_len = allowed.shape[1]
+    query_chunk = key_positions[:, -query_len:, None]
+    key_chunk = key_positions[:, None, :]
+    return {
+        size: _as_bias(
+            allowed & (query_chunk // size == key_chunk // size), cache.dtype
+        )
+        for size in cache.attention_chunks
+    }
+
+
 def _context_block_list(
     rows: list[SeqLayout], num_context_blocks: int, cache: CacheGeometry
 ) -> torch.Tensor:
@@ -218,30 +249,46 @@ def build_prompt_metadata(
         attn_bias=_as_bias(allowed, cache.dtype),
         key_positions=key_positions,
         window_bias=_window_biases(allowed, key_positions, cache),
+        chunk_bias=_chunk_biases(allowed, key_positions, cache),
         query_lens=torch.tensor([row.num_scheduled_tokens for row in rows]).to(
             cache.device
         ),
     )
 
 
+def first_visible_position(
+    position: int, sliding_window: int | None, attention_chunk: int | None
+) -> int:
+    """The earliest key position a query at ``position`` attends: its chunk's
+    start, the first of its last ``sliding_window`` positions, or 0."""
+    if attention_chunk is not None:
+        return position - position % attention_chunk
+    if sliding_window is not None:
+        return max(0, position + 1 - sliding_window)
+    return 0
+
+
 def decode_block_range(
-    seq: SeqLayout, block_size: int, sliding_window: int | None
+    seq: SeqLayout,
+    block_size: int,
+    sliding_window: int | None,
+    attention_chunk: int | None = None,
 ) -> tuple[int, int, int]:
     """(first block, end block, first visible position) of the keys that the
-    decode token of ``seq`` attends: the last ``sliding_window`` positions, or all."""
-    seq_len = seq.num_computed_tokens + 1
-    start = 0 if sliding_window is None else max(0, seq_len - sliding_window)
-    return start // block_size, _cdiv(seq_len, block_size), start
+    decode token of ``seq`` attends (:func:`first_visible_position` on)."""
+    position = seq.num_computed_tokens
+    start = first_visible_position(position, sliding_window, attention_chunk)
+    return start // block_size, _cdiv(position + 1, block_size), start
 
 
 def _window_capacity(
     num_blocks: int, batch_size: int, sliding_window: int | None, block_size: int
 ) -> int:
-    """Padded block count of a layout: the bucket's P, or for a window fewer,
-    since W keys span at most cdiv(W - 1, B) + 1 blocks per row (fixed per
-    bucket, so graph shapes stay static). Buckets count every block of a row, as
-    for full attention, so that warmup's sequences land on every bucket; a
-    windowed layer's work is bounded by this capacity, not by P."""
+    """Padded block count of a layout: the bucket's P, or for a window (or a
+    chunk) fewer, since W keys span at most cdiv(W - 1, B) + 1 blocks per row
+    (fixed per bucket, so graph shapes stay static). Buckets count every block
+    of a row, as for full attention, so that warmup's sequences land on every
+    bucket; a windowed layer's work is bounded by this capacity, not by P."""
     if sliding_window is None:
         return num_blocks
     per_row = _cdiv(sliding_window - 1, block_size) + 1
@@ -259,9 +306,14 @@ class _FlatBlocks:
     block_offsets: list[int] = field(default_factory=list)
 
     def add_row(
-        self, row: int, seq: SeqLayout, block_size: int, window: int | None
+        self,
+        row: int,
+        seq: SeqLayout,
+        block_size: int,
+        window: int | None,
+        chunk: int | None = None,
     ) -> None:
-        first, end, start = decode_block_range(seq, block_size, window)
+        first, end, start = decode_block_range(seq, block_size, window, chunk)
         query_position = seq.num_computed_tokens
         for j in range(first, end):
             block_position = j * block_size
@@ -285,8 +337,9 @@ def build_decode_metadata(
     seqs: list[SeqLayout], batch_size: int, num_blocks: int, cache: CacheGeometry
 ) -> HpuAttentionMetadata:
     """Metadata of a decode pass of ``batch_size`` tokens over ``num_blocks`` (P)
-    flat blocks (spec section 2), one layout per sliding window (and one for
-    full attention): a windowed layer reads only the blocks inside its window.
+    flat blocks (spec section 2), one layout per sliding window and attention
+    chunk size (and one for full attention): a windowed or chunked layer reads
+    only the blocks it attends.
 
     Cost per layout: O(P + batch_size) Python list work, a few host-to-device
     copies and small device ops ([P, block_size] bias, [P, bs] one-hot).
@@ -303,24 +356,44 @@ def build_decode_metadata(
     ]
     windows: list[int | None] = [None] if cache.full_attention else []
     windows += cache.sliding_windows
-    decode = {}
-    for window in windows:
-        flat = _FlatBlocks()
-        for i, seq in enumerate(seqs):
-            flat.add_row(i, seq, block_size, window)
-        capacity = _window_capacity(num_blocks, batch_size, window, block_size)
-        if len(flat.block_list) > capacity:
-            raise ValueError(
-                f"decode batch needs {len(flat.block_list)} blocks but "
-                f"num_blocks={num_blocks}; pick a larger bucket."
-            )
-        flat.pad(capacity - len(flat.block_list), batch_size, dummy_block)
-        decode[window] = _decode_blocks(flat, batch_size, cache)
+    layout = _FlatLayout(seqs, batch_size, num_blocks, cache)
     return HpuAttentionMetadata(
         is_prompt=False,
         slot_mapping=torch.tensor(slots, dtype=torch.long).to(cache.device),
-        decode_by_window=decode,
+        decode_by_window={window: layout.blocks(window) for window in windows},
+        decode_by_chunk={
+            chunk: layout.blocks(None, chunk) for chunk in cache.attention_chunks
+        },
     )
+
+
+@dataclass(frozen=True)
+class _FlatLayout:
+    """A decode batch, laid out once per window or chunk size."""
+
+    seqs: list[SeqLayout]
+    batch_size: int
+    num_blocks: int
+    cache: CacheGeometry
+
+    def blocks(self, window: int | None, chunk: int | None = None) -> DecodeBlocks:
+        """The flat blocks of a layer attending its last ``window`` positions, its
+        ``chunk``, or (both None) every position."""
+        block_size = self.cache.block_size
+        flat = _FlatBlocks()
+        for i, seq in enumerate(self.seqs):
+            flat.add_row(i, seq, block_size, window, chunk)
+        span = window if chunk is None else chunk
+        capacity = _window_capacity(self.num_blocks, self.batch_size, span, block_size)
+        if len(flat.block_list) > capacity:
+            raise ValueError(
+                f"decode batch needs {len(flat.block_list)} blocks but "
+                f"num_blocks={self.num_blocks}; pick a larger bucket."
+            )
+        flat.pad(
+            capacity - len(flat.block_list), self.batch_size, self.cache.num_blocks
+        )
+        return _decode_blocks(flat, self.batch_size, self.cache)
 
 
 def _decode_blocks(

@@ -58,6 +58,26 @@ def _per_row(
     return rows.index_select(0, block_groups)
 
 
+def _block_weights(
+    block_max: torch.Tensor,
+    block_sum: torch.Tensor,
+    block_groups: torch.Tensor,
+    num_rows: int,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """[P, num_heads]: exp(block_max - row_max) / row_sum, what turns a block's
+    partial softmax into its share of its row's. A head's sink (attention sinks,
+    [num_heads]) joins every row's maximum and sum as one more logit."""
+    row_max = _per_row(block_max, block_groups, num_rows, "amax")
+    if sinks is not None:
+        row_max = torch.maximum(row_max, sinks.to(row_max.dtype))
+    adjust = torch.exp(block_max - row_max)
+    row_sum = _per_row(block_sum * adjust, block_groups, num_rows, "sum")
+    if sinks is not None:
+        row_sum = row_sum + torch.exp(sinks.to(row_max.dtype) - row_max)
+    return adjust / row_sum
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -120,16 +140,13 @@ def flat_block_attention(
     block_out = kernels.matmul_av(probs.to(query.dtype), values.to(query.dtype))
 
     # Rescale every block to its row's maximum; the sink row absorbs padding.
-    block_max = block_max.view(num_blocks, num_heads)
-    row_max = _per_row(block_max, blocks.block_groups, bs + 1, "amax")
-    adjust = torch.exp(block_max - row_max)
-    row_sum = _per_row(
-        block_sum.view(num_blocks, num_heads) * adjust,
+    weight = _block_weights(
+        block_max.view(num_blocks, num_heads),
+        block_sum.view(num_blocks, num_heads),
         blocks.block_groups,
         bs + 1,
-        "sum",
-    )
-    weight = (adjust / row_sum).view(num_blocks, num_kv_heads, group, 1)
+        scoring.sinks,
+    ).view(num_blocks, num_kv_heads, group, 1)
     block_out = (block_out.to(acc_dtype) * weight).to(query.dtype)
 
     # block2batch: sum each row's rescaled blocks; padding blocks have no column.

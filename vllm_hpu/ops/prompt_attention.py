@@ -12,7 +12,12 @@ import torch
 from vllm_hpu import device
 from vllm_hpu.ops.attention_kernels import PLAIN, AttentionKernels
 from vllm_hpu.ops.paged_attention import score_dtype
-from vllm_hpu.ops.score_mods import Scoring, alibi_bias, soft_cap
+from vllm_hpu.ops.score_mods import (
+    Scoring,
+    alibi_bias,
+    soft_cap,
+    softmax_with_sinks,
+)
 
 # Head sizes the fused kernel (Gaudi's FusedSDPA) is validated with; any other
 # size runs the plain path.
@@ -131,8 +136,12 @@ def _naive_prompt_attention(
     else:
         bias = attn_bias.unsqueeze(1)
     scores = scores + bias.to(scores.dtype)
-    probs = kernels.softmax(scores, -1).to(query.dtype)
-    out = kernels.matmul_av(probs.view(bs, num_kv_heads, group * q_len, num_keys), v)
+    sinks = None
+    if scoring.sinks is not None:
+        sinks = scoring.sinks.view(num_kv_heads, group, 1, 1)
+    probs = softmax_with_sinks(scores, sinks, kernels.softmax).to(query.dtype)
+    probs = probs.reshape(bs, num_kv_heads, group * q_len, num_keys)
+    out = kernels.matmul_av(probs, v)
     out = out.view(bs, num_kv_heads, group, q_len, head_size).permute(0, 3, 1, 2, 4)
     return out.reshape(bs, q_len, num_heads, head_size)
 
@@ -147,6 +156,8 @@ def _fused_prompt_attention(
 ) -> torch.Tensor:
     """The fused kernel (heads-first layout) with the same additive mask: Gaudi's
     FusedSDPA, or its CPU counterpart in emulation (``device.fused_sdpa``)."""
+    if scoring.sinks is not None:
+        key, value, attn_bias = with_sink_key(key, value, attn_bias, scoring.sinks)
     out = fused_sdpa(
         query.transpose(1, 2),
         key.transpose(1, 2),
@@ -157,3 +168,25 @@ def _fused_prompt_attention(
         scoring.scale,
     )
     return out.transpose(1, 2)
+
+
+def with_sink_key(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_bias: torch.Tensor,
+    sinks: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention sinks for a kernel that takes an additive mask but no sinks: one
+    more key and value of zeros per row, whose mask column holds each head's sink
+    (q . 0 = 0), so the sink joins the softmax's denominator and adds nothing to
+    the output. key, value: [bs, K, num_kv_heads, D]; attn_bias: [bs, 1 or
+    num_heads, q, K]; sinks: [num_heads]. The mask becomes per head [bs,
+    num_heads, q, K + 1], in its own dtype (a 16-bit model's sinks are 16-bit)."""
+    batch_size, _, q_len, _ = attn_bias.shape
+    num_heads = sinks.shape[0]
+    bias = attn_bias.expand(batch_size, num_heads, q_len, -1)
+    column = sinks.to(attn_bias.dtype).view(1, num_heads, 1, 1)
+    bias = torch.cat((bias, column.expand(batch_size, -1, q_len, 1)), dim=-1)
+    key = torch.cat((key, key.new_zeros(batch_size, 1, *key.shape[2:])), dim=1)
+    value = torch.cat((value, value.new_zeros(batch_size, 1, *value.shape[2:])), dim=1)
+    return key, value, bias

@@ -16,7 +16,11 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from vllm_hpu.attention.metadata import CacheGeometry
-from vllm_hpu.attention.windows import full_attention_spec, layer_windows
+from vllm_hpu.attention.windows import (
+    full_attention_spec,
+    layer_chunks,
+    layer_windows,
+)
 from vllm_hpu.ops.kv_cache import allocate_kv_cache
 from vllm_hpu.ops.mla import allocate_latent_cache
 from vllm_hpu.worker.capabilities.pooling import encoder_only_kv_cache_spec
@@ -98,13 +102,17 @@ def cache_geometry(
     torch_device: torch.device,
 ) -> CacheGeometry:
     """The caches' shape as the metadata builders need it, with the distinct
-    sliding windows of the layers and whether any layer attends in full."""
+    sliding windows and chunk sizes of the layers and whether any layer attends
+    in full."""
     windows = layer_windows(layers.values())
+    chunks = layer_chunks(layers.values())
+    full = [w is None and c is None for w, c in zip(windows, chunks, strict=True)]
     return CacheGeometry(
         block_size=block_size,
         num_blocks=num_blocks,
         dtype=dtype,
         device=torch_device,
         sliding_windows=tuple(sorted({w for w in windows if w is not None})),
-        full_attention=None in windows or not windows,
+        full_attention=any(full) or not windows,
+        attention_chunks=tuple(sorted({c for c in chunks if c is not None})),
     )
