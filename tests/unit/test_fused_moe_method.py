@@ -2,6 +2,7 @@
 configurations it refuses while the model is built, each naming its fix."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,8 +20,12 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
 
-from vllm_hpu.ops.fused_moe import HpuUnquantizedFusedMoEMethod, check_router
-from vllm_hpu.ops.moe import ACTIVATIONS
+from vllm_hpu.ops.fused_moe import (
+    HpuUnquantizedFusedMoEMethod,
+    check_layer,
+    check_router,
+)
+from vllm_hpu.ops.moe import GATED_ACTIVATIONS
 
 
 def moe_config(**changes) -> FusedMoEConfig:
@@ -53,9 +58,15 @@ REFUSED = {
             FusedMoEParallelConfig.make_no_parallel(), use_ep=True, ep_size=2
         )
     },
-    "expert biases": {"has_bias": True},
-    "'swigluoai' expert activation": {"activation": MoEActivation.SWIGLUOAI},
+    "'swigluoai_uninterleave' expert activation": {
+        "activation": MoEActivation.SWIGLUOAI_UNINTERLEAVE
+    },
+    # The clamp and gain belong to the clamped SwiGLU, its beta to none here.
     "expert activation parameters \\(swiglu_limit\\)": {"swiglu_limit": 7.0},
+    "expert activation parameters \\(swiglu_beta\\)": {
+        "activation": MoEActivation.SWIGLUOAI,
+        "swiglu_beta": 1.0,
+    },
     "hash routing": {"has_hash_routing": True},
 }
 
@@ -76,11 +87,43 @@ def test_every_vllm_expert_activation_runs_or_is_refused(activation):
             moe_config(activation=activation)
         return
     with set_current_vllm_config(VllmConfig()):
-        if activation.value in ACTIVATIONS:
+        if activation.value in GATED_ACTIVATIONS:
             UnquantizedFusedMoEMethod(moe_config(activation=activation))
         else:
             with pytest.raises(ValueError, match=f"'{activation.value}' expert"):
                 UnquantizedFusedMoEMethod(moe_config(activation=activation))
+
+
+def test_gpt_oss_experts_are_built():
+    """Biased experts with the clamped SwiGLU and its parameters (gpt-oss)."""
+    config = moe_config(
+        activation=MoEActivation.SWIGLUOAI,
+        has_bias=True,
+        swiglu_alpha=1.702,
+        swiglu_limit=7.0,
+    )
+    with set_current_vllm_config(VllmConfig()):
+        assert isinstance(
+            UnquantizedFusedMoEMethod(config), HpuUnquantizedFusedMoEMethod
+        )
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_routing_weights_on_the_input_run_for_one_expert_per_token(top_k):
+    """Llama 4 (top-1) runs; several experts would each need their own input."""
+    with set_current_vllm_config(VllmConfig()):
+        method = UnquantizedFusedMoEMethod(moe_config())
+    layer = SimpleNamespace(
+        quant_method=method,
+        scoring_func="sigmoid",
+        apply_router_weight_on_input=True,
+        top_k=top_k,
+    )
+    if top_k == 1:
+        check_layer(layer)
+        return
+    with pytest.raises(ValueError, match="applied to the input of 2 experts"):
+        check_layer(layer)
 
 
 def test_zero_expert_router_is_refused():

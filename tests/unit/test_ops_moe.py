@@ -5,12 +5,14 @@ import torch
 import torch.nn.functional as F
 
 from vllm_hpu.ops.moe import (
+    ExpertExtras,
     MoeRouting,
     experts_dense,
     experts_grouped,
     fused_experts,
     grouped_mm_fits,
     select_experts,
+    weights_on_input,
 )
 
 NUM_TOKENS, HIDDEN_SIZE, INTERMEDIATE_SIZE, NUM_EXPERTS, TOP_K = 7, 64, 32, 8, 2
@@ -148,3 +150,66 @@ def test_fused_experts_falls_back_to_dense_for_unaligned_sizes():
     ids = torch.cat([ids, (ids + 1) % NUM_EXPERTS], dim=1)
     out = fused_experts(x, w13, w2, weights, ids)
     torch.testing.assert_close(out, naive_moe(x, w13, w2, as_routes(weights, ids)))
+
+
+def naive_gpt_oss_moe(x, w13, w2, routes, extras: ExpertExtras) -> torch.Tensor:
+    """gpt-oss's experts as transformers writes them: biased projections, gate and
+    up interleaved, both clamped, (up + 1) * gate * sigmoid(alpha * gate)."""
+    alpha, limit = extras.swiglu_alpha, extras.swiglu_limit
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for t, route in enumerate(routes):
+        for expert, weight in route.items():
+            h = x[t].float() @ w13[expert].float().t() + extras.w13_bias[expert].float()
+            gate, up = h[::2].clamp(max=limit), h[1::2].clamp(-limit, limit)
+            glu = (up + 1) * gate * torch.sigmoid(alpha * gate)
+            down = glu @ w2[expert].float().t() + extras.w2_bias[expert].float()
+            out[t] += weight * down
+    return out
+
+
+def gpt_oss_case(dtype: torch.dtype):
+    """Weights large enough that the clamp binds on a good share of the rows."""
+    x, w13, w2 = random_weights(dtype)
+    w13 = (w13.float() * 20).to(dtype)
+    extras = ExpertExtras(
+        w13_bias=torch.randn(NUM_EXPERTS, 2 * INTERMEDIATE_SIZE).to(dtype),
+        w2_bias=torch.randn(NUM_EXPERTS, HIDDEN_SIZE).to(dtype),
+        swiglu_alpha=1.5,
+        swiglu_limit=5.0,
+    )
+    return x, w13, w2, extras
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", [experts_grouped, experts_dense, fused_experts])
+def test_gpt_oss_experts_match_naive_loop(form, dtype):
+    x, w13, w2, extras = gpt_oss_case(dtype)
+    h = torch.einsum("th,eih->tei", x.float(), w13.float())
+    assert (h.abs() > extras.swiglu_limit).float().mean() > 0.2  # the clamp binds
+    ids = torch.tensor([[3, 0]] * (NUM_TOKENS - 1) + [[5, 3]])
+    weights = torch.rand(NUM_TOKENS, TOP_K)
+    out = form(x, w13, w2, weights, ids, "swigluoai", extras)
+    expected = naive_gpt_oss_moe(x, w13, w2, as_routes(weights, ids), extras)
+    # Outputs reach a few hundred: bf16 rounds them at about 1 unit.
+    scale = expected.abs().max()
+    torch.testing.assert_close(
+        out.float() / scale, expected / scale, **TOLERANCE[dtype]
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_routing_weights_on_the_input_scale_what_the_expert_sees(dtype):
+    """Llama 4: expert(weight * x), not weight * expert(x); top-1."""
+    x, w13, w2 = random_weights(dtype)
+    ids = torch.randint(0, NUM_EXPERTS, (NUM_TOKENS, 1))
+    weights = torch.rand(NUM_TOKENS, 1) + 0.5
+    scaled, unit = weights_on_input(x, weights)
+    out = fused_experts(scaled, w13, w2, unit, ids)
+    expected = torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(NUM_TOKENS):
+        expert = int(ids[t, 0])
+        gate, up = (weights[t, 0] * x[t].float() @ w13[expert].float().t()).chunk(2)
+        expected[t] = (F.silu(gate) * up) @ w2[expert].float().t()
+    torch.testing.assert_close(out.float(), expected, **TOLERANCE[dtype])
+    on_output = fused_experts(x, w13, w2, weights, ids)
+    assert not torch.allclose(on_output.float(), expected, **TOLERANCE[dtype])

@@ -26,7 +26,17 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 )
 
 from vllm_hpu.ops.custom_ops import _register_oot
-from vllm_hpu.ops.moe import ACTIVATIONS, MoeRouting, fused_experts, select_experts
+from vllm_hpu.ops.moe import (
+    GATED_ACTIVATIONS,
+    SWIGLUOAI,
+    SWIGLUOAI_ALPHA,
+    SWIGLUOAI_LIMIT,
+    ExpertExtras,
+    MoeRouting,
+    fused_experts,
+    select_experts,
+    weights_on_input,
+)
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.fused_moe.runner.shared_experts import (
@@ -34,10 +44,11 @@ if TYPE_CHECKING:
     )
 
 SCORING_FUNCS = ("softmax", "sigmoid")
-# FusedMoEConfig fields that change the expert activation; ops/moe.py has none.
+# FusedMoEConfig fields that change the expert activation: ops/moe.py takes the
+# clamped SwiGLU's two (with "swigluoai" only), none of the others.
+SWIGLUOAI_PARAMS = ("swiglu_limit", "swiglu_alpha")
 ACTIVATION_PARAMS = (
-    "swiglu_limit",
-    "swiglu_alpha",
+    *SWIGLUOAI_PARAMS,
     "swiglu_beta",
     "activation_situ_beta",
     "activation_situ_linear_beta",
@@ -57,14 +68,16 @@ def check_supported(moe: FusedMoEConfig) -> None:
             "drop --enable-expert-parallel / --enable-eplb; tensor parallelism "
             "splits every expert instead",
         )
-    if moe.has_bias:
-        _refuse("expert biases", "use a model whose experts have no bias")
-    if moe.activation.value not in ACTIVATIONS:
+    if moe.activation.value not in GATED_ACTIVATIONS:
         _refuse(
             f"the '{moe.activation.value}' expert activation",
-            f"use a model with a gated {'/'.join(ACTIVATIONS)} activation",
+            f"use a model with a gated {'/'.join(GATED_ACTIVATIONS)} activation",
         )
-    clamped = [name for name in ACTIVATION_PARAMS if getattr(moe, name) is not None]
+    clamped = [
+        name
+        for name in unsupported_params(moe.activation.value)
+        if getattr(moe, name) is not None
+    ]
     if clamped:
         _refuse(
             f"expert activation parameters ({', '.join(clamped)})",
@@ -72,6 +85,13 @@ def check_supported(moe: FusedMoEConfig) -> None:
         )
     if moe.has_hash_routing:
         _refuse("hash routing (experts chosen by token id)", "use another MoE model")
+
+
+def unsupported_params(activation: str) -> tuple[str, ...]:
+    """The activation parameters ops/moe.py cannot apply to ``activation``."""
+    if activation == SWIGLUOAI:
+        return tuple(p for p in ACTIVATION_PARAMS if p not in SWIGLUOAI_PARAMS)
+    return ACTIVATION_PARAMS
 
 
 def check_layer(layer: RoutedExperts) -> None:
@@ -86,8 +106,11 @@ def check_layer(layer: RoutedExperts) -> None:
             f"'{layer.scoring_func}' router scoring",
             f"use a model scoring with {' or '.join(SCORING_FUNCS)}",
         )
-    if layer.apply_router_weight_on_input:
-        _refuse("routing weights applied to the input", "use another MoE model")
+    if layer.apply_router_weight_on_input and layer.top_k != 1:
+        _refuse(
+            f"routing weights applied to the input of {layer.top_k} experts per token",
+            "use a top-1 model (as Llama 4) or one that weights the outputs",
+        )
 
 
 def check_router(router: FusedMoERouter) -> None:
@@ -165,6 +188,8 @@ class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         shared_experts_input: torch.Tensor | None,
     ) -> torch.Tensor:
         """Shared experts, if any, are run by vLLM's MoE runner around this call."""
+        if layer.apply_router_weight_on_input:
+            x, topk_weights = weights_on_input(x, topk_weights)
         return fused_experts(
             x,
             cast(torch.Tensor, layer.w13_weight),
@@ -172,7 +197,20 @@ class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
             topk_weights,
             topk_ids,
             layer.activation.value,
+            expert_extras(layer),
         )
+
+
+def expert_extras(layer: RoutedExperts) -> ExpertExtras:
+    """The layer's expert biases (``has_bias``) and SwiGLU parameters; vLLM's
+    kernels take 1.702 and 7.0 where the model leaves them unset (gpt-oss)."""
+    alpha, limit = layer.swiglu_alpha, layer.swiglu_limit
+    return ExpertExtras(
+        w13_bias=getattr(layer, "w13_bias", None),
+        w2_bias=getattr(layer, "w2_bias", None),
+        swiglu_alpha=SWIGLUOAI_ALPHA if alpha is None else alpha,
+        swiglu_limit=SWIGLUOAI_LIMIT if limit is None else limit,
+    )
 
 
 _register_oot(UnquantizedFusedMoEMethod, HpuUnquantizedFusedMoEMethod)

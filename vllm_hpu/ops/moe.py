@@ -28,6 +28,12 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
 }
+# gpt-oss's clamped SwiGLU (vLLM's "swigluoai"): gate and up interleaved in w13,
+# (up + 1) * gate * sigmoid(alpha * gate) after clamping both; vLLM's defaults.
+SWIGLUOAI = "swigluoai"
+SWIGLUOAI_ALPHA = 1.702
+SWIGLUOAI_LIMIT = 7.0
+GATED_ACTIVATIONS = (*ACTIVATIONS, SWIGLUOAI)
 # torch's grouped GEMM on the CPU wants every stride a multiple of 16 bytes.
 GROUPED_MM_ALIGNMENT = 16
 
@@ -44,6 +50,24 @@ class MoeRouting:
     routed_scaling_factor: float = 1.0
     e_score_correction_bias: torch.Tensor | None = None
     custom_routing_function: Callable | None = None
+
+
+@dataclass(frozen=True)
+class ExpertExtras:
+    """What some experts add to the plain gated MLP (gpt-oss): a bias after each
+    projection, and the clamped SwiGLU's gain and limit."""
+
+    w13_bias: torch.Tensor | None = None  # [num_experts, 2 * intermediate]
+    w2_bias: torch.Tensor | None = None  # [num_experts, hidden_size]
+    swiglu_alpha: float = SWIGLUOAI_ALPHA
+    swiglu_limit: float = SWIGLUOAI_LIMIT
+
+    @property
+    def has_bias(self) -> bool:
+        return self.w13_bias is not None or self.w2_bias is not None
+
+
+PLAIN_EXPERTS = ExpertExtras()
 
 
 def select_experts(
@@ -74,10 +98,39 @@ def select_experts(
     )
 
 
-def _gated(h: torch.Tensor, activation: str) -> torch.Tensor:
+def weights_on_input(
+    hidden_states: torch.Tensor, topk_weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama 4's routing: the expert's input, not its output, is scaled by the
+    routing weight. Top-1 only (as vLLM's kernels): the scaled input and unit
+    weights. hidden_states: [num_tokens, hidden_size]; topk_weights: [num_tokens, 1]."""
+    scaled = hidden_states * topk_weights.to(hidden_states.dtype)
+    return scaled, torch.ones_like(topk_weights)
+
+
+def swiglu_oai(h: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """[..., 2 * intermediate] with gate and up interleaved -> [..., intermediate]:
+    the gate clamped from above, up on both sides, then (up + 1) * gate *
+    sigmoid(alpha * gate)."""
+    gate = h[..., ::2].clamp(max=limit)
+    up = h[..., 1::2].clamp(min=-limit, max=limit)
+    return (up + 1) * gate * torch.sigmoid(gate * alpha)
+
+
+def _gated(h: torch.Tensor, activation: str, extras: ExpertExtras) -> torch.Tensor:
     """[..., 2 * intermediate] -> [..., intermediate]: act(gate) * up."""
+    if activation == SWIGLUOAI:
+        return swiglu_oai(h, extras.swiglu_alpha, extras.swiglu_limit)
     gate, up = h.chunk(2, dim=-1)
     return ACTIVATIONS[activation](gate) * up
+
+
+def _with_bias(
+    h: torch.Tensor, bias: torch.Tensor | None, experts: torch.Tensor | int
+) -> torch.Tensor:
+    """h: [rows, N] plus the bias [num_experts, N] (if any) of each row's expert
+    (experts: [rows] ids) or of one expert for all rows."""
+    return h if bias is None else h + bias[experts].to(h.dtype)
 
 
 def grouped_mm_fits(
@@ -98,6 +151,7 @@ def experts_grouped(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     activation: str = "silu",
+    extras: ExpertExtras = PLAIN_EXPERTS,
 ) -> torch.Tensor:
     """Routed experts, token-to-expert: each (token, k) pair's row is gathered,
     sorted by expert, and one grouped GEMM per projection runs every expert on its
@@ -116,8 +170,11 @@ def experts_grouped(
     ).scatter_add_(0, expert_ids, torch.ones_like(expert_ids, dtype=torch.int32))
     offsets = rows_per_expert.cumsum(0, dtype=torch.int32)  # end row of each expert
     rows = hidden_states.index_select(0, token_ids)
+    row_experts = expert_ids.index_select(0, order)
     h = torch._grouped_mm(rows, w13.transpose(1, 2), offs=offsets)
-    out = torch._grouped_mm(_gated(h, activation), w2.transpose(1, 2), offs=offsets)
+    h = _gated(_with_bias(h, extras.w13_bias, row_experts), activation, extras)
+    out = torch._grouped_mm(h, w2.transpose(1, 2), offs=offsets)
+    out = _with_bias(out, extras.w2_bias, row_experts)
     weights = topk_weights.flatten().index_select(0, order).to(out.dtype)
     return torch.zeros_like(hidden_states).index_add_(
         0, token_ids, out * weights.unsqueeze(1)
@@ -131,6 +188,7 @@ def experts_dense(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     activation: str = "silu",
+    extras: ExpertExtras = PLAIN_EXPERTS,
 ) -> torch.Tensor:
     """Routed experts, dense: every expert runs on every token and its output is
     scaled by the token's routing weight for it (zero when not chosen). For sizes
@@ -144,8 +202,10 @@ def experts_dense(
     ).scatter_add_(1, topk_ids.long(), topk_weights.to(hidden_states.dtype))
     out = torch.zeros_like(hidden_states)
     for expert in range(num_experts):
-        h = _gated(hidden_states @ w13[expert].t(), activation)
-        out += (h @ w2[expert].t()) * dense_weights[:, expert : expert + 1]
+        h = _with_bias(hidden_states @ w13[expert].t(), extras.w13_bias, expert)
+        h = _gated(h, activation, extras)
+        h = _with_bias(h @ w2[expert].t(), extras.w2_bias, expert)
+        out += h * dense_weights[:, expert : expert + 1]
     return out
 
 
@@ -156,12 +216,13 @@ def fused_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     activation: str = "silu",
+    extras: ExpertExtras = PLAIN_EXPERTS,
 ) -> torch.Tensor:
     """The routed experts' summed output, [num_tokens, hidden_size]: Gaudi's fused
-    MoE kernel where there is one, else the token-to-expert form, else dense.
-    Shapes as :func:`experts_grouped`."""
+    MoE kernel where there is one (plain SiLU experts), else the token-to-expert
+    form, else dense. Shapes as :func:`experts_grouped`."""
     kernel = device.fused_moe()
-    if kernel is not None and activation == "silu":
+    if kernel is not None and activation == "silu" and not extras.has_bias:
         return kernel(
             hidden_states=hidden_states,
             expert_routing_table=topk_ids.long(),
@@ -175,6 +236,8 @@ def fused_experts(
         )
     if grouped_mm_fits(w2.shape[1], w2.shape[2], hidden_states.dtype):
         return experts_grouped(
-            hidden_states, w13, w2, topk_weights, topk_ids, activation
+            hidden_states, w13, w2, topk_weights, topk_ids, activation, extras
         )
-    return experts_dense(hidden_states, w13, w2, topk_weights, topk_ids, activation)
+    return experts_dense(
+        hidden_states, w13, w2, topk_weights, topk_ids, activation, extras
+    )
