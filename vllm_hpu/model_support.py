@@ -4,9 +4,11 @@ A refusal names the missing piece and what to use instead, so it can stop start-
 """
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig
     from vllm.config import ModelConfig
     from vllm.model_executor.models.registry import _ModelInfo
 
@@ -77,7 +79,14 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
 
 def model_config_reason(model_config: "ModelConfig") -> str | None:
     """:func:`unsupported_reason` for the configured model, with the flags that
-    ``ModelConfig`` refines from the checkpoint's own config."""
+    ``ModelConfig`` refines from the checkpoint's own config, then
+    :func:`family_variant_reason`."""
+    return _model_class_reason(model_config) or family_variant_reason(
+        model_config.architecture, model_config.hf_text_config
+    )
+
+
+def _model_class_reason(model_config: "ModelConfig") -> str | None:
     info = dataclasses.replace(
         model_config._model_info,
         # A hybrid class whose checkpoint holds attention layers only runs as
@@ -90,6 +99,60 @@ def model_config_reason(model_config: "ModelConfig") -> str | None:
         ),
     )
     return unsupported_reason(info)
+
+
+# vLLM's gpt-oss runs its experts' clamped SwiGLU with these constants whatever
+# the checkpoint's config says (ops/moe.py SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT).
+_GPT_OSS_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+
+
+def _gpt_oss_swiglu_differs(text_config: "PretrainedConfig") -> bool:
+    return text_config.model_type == "gpt_oss" and any(
+        getattr(text_config, key, value) != value
+        for key, value in _GPT_OSS_SWIGLU.items()
+    )
+
+
+def _weights_inputs_of_several_experts(text_config: "PretrainedConfig") -> bool:
+    """Llama 4's MoE layers scale each expert's input by its routing weight, which
+    ops/moe.py does for one expert per token (Scout, Maverick)."""
+    return (
+        text_config.model_type == "llama4_text"
+        and getattr(text_config, "num_local_experts", 0) > 0
+        and getattr(text_config, "interleave_moe_layer_step", 0) > 0
+        and getattr(text_config, "num_experts_per_tok", 1) > 1
+    )
+
+
+# Variants of the families the plugin runs (gpt-oss, Llama 4) that it cannot:
+# (what, whether the text config asks for it, what to do instead).
+_FAMILY_VARIANTS: tuple[tuple[str, Callable[["PretrainedConfig"], bool], str], ...] = (
+    (
+        "an expert SwiGLU other than vLLM's gpt-oss runs (swiglu_alpha 1.702, "
+        "swiglu_limit 7.0: vLLM ignores these keys)",
+        _gpt_oss_swiglu_differs,
+        "use a checkpoint with those values",
+    ),
+    (
+        "MoE routing weights applied to the input of several experts per token",
+        _weights_inputs_of_several_experts,
+        "use a Llama 4 with one expert per token (num_experts_per_tok 1)",
+    ),
+)
+
+
+def family_variant_reason(
+    architecture: str, text_config: "PretrainedConfig"
+) -> str | None:
+    """Why the HPU plugin cannot run this variant of a family it runs, or None;
+    read from the (text) config alone, before the engine starts."""
+    for what, asked, fix in _FAMILY_VARIANTS:
+        if asked(text_config):
+            return (
+                f"{architecture} uses {what}, which the HPU plugin does not "
+                f"support: {fix}."
+            )
+    return None
 
 
 def limit_unvalidated_modalities(model_config: "ModelConfig") -> None:
