@@ -21,7 +21,8 @@ from vllm_hpu.patches import allow_torchvision_import
 
 # transformers imports torchvision once it is installed (see that patch).
 allow_torchvision_import()
-from tiny_multimodal import build_llava  # noqa: E402  (beside this script)
+from tiny_families import FAMILY_BUILDERS  # noqa: E402  (beside this script)
+from tiny_multimodal import build_llava  # noqa: E402
 from tiny_qwen2_vl import build_qwen2_vl  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
@@ -312,6 +313,12 @@ MULTIMODAL_MODELS = {
 MULTIMODAL_BUILDERS = {"llava": build_llava, "qwen2_vl": build_qwen2_vl}
 MODEL_SPECS.update(MULTIMODAL_MODELS)
 
+# ---- Model families (issue 33) -----------------------------------------------
+# gpt-oss and Llama 4 (text), built with their own config classes
+# (scripts/tiny_families.py) around the tiny Llama's sizes.
+FAMILY_MODELS = {name: ("", GQA_SHAPE) for name in FAMILY_BUILDERS}
+MODEL_SPECS.update(FAMILY_MODELS)
+
 # ---- Draft models for speculative decoding (issue 23) ------------------------
 # The first layer of a target, with its embeddings, final norm and LM head: a
 # smaller model sharing the target's tokenizer whose greedy choice often, but
@@ -509,6 +516,14 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
             out_dir,
         )
         return
+    if name in FAMILY_MODELS:
+        FAMILY_BUILDERS[name](
+            {**shape, **token_ids},
+            generation_config(tokenizer),
+            lambda m: init_weights(m, seed, {}),
+            out_dir,
+        )
+        return
     config = AutoConfig.for_model(model_type, **shape, **token_ids, dtype="float32")
     if name in EAGLE_HEADS:
         build_eagle_head(config, seed, out_dir)
@@ -532,11 +547,17 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
     init_weights(model, seed, norm_means)
     if name in DRAFT_MODELS:
         truncate_layers(model, num_layers)
+    model.generation_config = generation_config(tokenizer)
+    model.save_pretrained(out_dir)
+
+
+def generation_config(tokenizer: Tokenizer) -> GenerationConfig:
+    """Special token ids; generation stops at the end of text or of a turn."""
+    token_ids = special_token_ids(tokenizer)
     im_end_id = tokenizer.token_to_id(IM_END)
-    model.generation_config = GenerationConfig(
+    return GenerationConfig(
         **{**token_ids, "eos_token_id": [token_ids["eos_token_id"], im_end_id]}
     )
-    model.save_pretrained(out_dir)
 
 
 def build_eagle_head(config: Any, seed: int, out_dir: Path) -> None:

@@ -19,6 +19,9 @@ VARIANT_MODELS = (
     "tiny-llama-h32",
     "tiny-llama-h40",
 )
+# Model families with their own attention and MoE pieces (issue 33): gpt-oss and
+# Llama 4 (text), scripts/tiny_families.py.
+FAMILY_MODELS = ("tiny-gpt-oss", "tiny-llama4")
 TINY_MODELS = (
     "tiny-llama",
     "tiny-qwen2",
@@ -33,6 +36,7 @@ TINY_MODELS = (
     "tiny-deepseek-v2",
     "tiny-deepseek-v2-moe",
     *VARIANT_MODELS,
+    *FAMILY_MODELS,
 )
 # Built by the set-up too, but with a classification head: they do not generate.
 POOLING_MODELS = ("tiny-llama-classify",)
