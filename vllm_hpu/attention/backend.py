@@ -27,6 +27,7 @@ from vllm_hpu.attention.inc_modules import (
     VLLMKVCache,
 )
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
+from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.attention_kernels import AttentionKernels
 from vllm_hpu.ops.kv_cache import kv_cache_shape
 from vllm_hpu.ops.paged_attention import (
@@ -35,13 +36,14 @@ from vllm_hpu.ops.paged_attention import (
     paged_attention,
 )
 from vllm_hpu.ops.prompt_attention import (
-    bias_with_alibi,
-    bidirectional_bias,
+    PassKeys,
     fused_unsupported_reason,
     gather_context,
     prompt_attention,
 )
+from vllm_hpu.ops.prompt_mask import PromptBias, PromptMask, padded_rows_mask
 from vllm_hpu.ops.score_mods import Scoring
+from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 
 if TYPE_CHECKING:
     from vllm.config.cache import CacheDType
@@ -236,6 +238,7 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         self.fused_scaled_dot_product_attention = (
             None if fused is None else ModuleFusedSDPA(fused)
         )
+        self.slicing = prompt_slicing()
 
     def _kernels(self) -> AttentionKernels:
         """The submodules as the ops call them, read at each call: INC replaces
@@ -302,13 +305,19 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         assert attn_metadata.block_list is None, "encoder-only prompts have no context"
         batch_size = query_lens.shape[0]
         query_len = query.shape[0] // batch_size
+        mask = padded_rows_mask(
+            torch.zeros_like(query_lens), query_lens, query_len, 0, causal=False
+        )
         return prompt_attention(
             query.view(batch_size, query_len, *query.shape[1:]),
-            key.view(batch_size, query_len, *key.shape[1:]),
-            value.view(batch_size, query_len, *value.shape[1:]),
-            bidirectional_bias(query_lens, query_len, query.dtype),
+            PassKeys(
+                key.view(batch_size, query_len, *key.shape[1:]),
+                value.view(batch_size, query_len, *value.shape[1:]),
+            ),
+            self._bias(mask, query.dtype),
             self.scoring,
-            kernels=self._kernels(),
+            self._kernels(),
+            self.slicing,
         )
 
     def _prompt(
@@ -321,13 +330,14 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         kernels: AttentionKernels,
     ) -> torch.Tensor:
         """Unflatten the padded [bs * q] tokens and attend, with context if any."""
-        attn_bias = attn_metadata.prompt_bias(self.sliding_window)
-        batch_size, _, query_len, num_keys = attn_bias.shape
+        mask = attn_metadata.prompt_mask
+        assert mask is not None
+        batch_size, query_len = mask.batch_size, mask.query_len
         past_kv = None
         if attn_metadata.block_list is not None:
             # Shapes, not values: C = blocks per row, B = past keys per block.
             num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
-            block_size = (num_keys - query_len) // num_context_blocks
+            block_size = mask.past_len // num_context_blocks
             key_cache, value_cache = kv_cache
             past_kv = gather_context(
                 key_cache,
@@ -339,12 +349,15 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
             )
         return prompt_attention(
             query.view(batch_size, query_len, *query.shape[1:]),
-            key.view(batch_size, query_len, *key.shape[1:]),
-            value.view(batch_size, query_len, *value.shape[1:]),
-            self._with_alibi(attn_bias, attn_metadata),
+            PassKeys(
+                key.view(batch_size, query_len, *key.shape[1:]),
+                value.view(batch_size, query_len, *value.shape[1:]),
+                past_kv,
+            ),
+            self._bias(mask, query.dtype),
             self.scoring,
-            past_kv,
             kernels,
+            self.slicing,
         )
 
     def _slopes(self, on: torch.device) -> torch.Tensor:
@@ -353,15 +366,12 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
             self.alibi_slopes = self.alibi_slopes.to(on)
         return self.alibi_slopes
 
-    def _with_alibi(
-        self, attn_bias: torch.Tensor, attn_metadata: HpuAttentionMetadata
-    ) -> torch.Tensor:
-        """[bs, 1, q, K] mask -> [bs, num_heads, q, K] fp32 with ALiBi (if any)."""
-        if self.alibi_slopes is None:
-            return attn_bias
-        slopes = self._slopes(attn_bias.device)
-        distance = attn_metadata.query_key_distance()
-        return bias_with_alibi(attn_bias, distance, slopes)
+    def _bias(self, mask: PromptMask, dtype: torch.dtype) -> PromptBias:
+        """This layer's score bias over the pass: its window, its ALiBi slopes."""
+        slopes = None
+        if self.alibi_slopes is not None:
+            slopes = self._slopes(mask.key_owner.device)
+        return PromptBias(mask, dtype, self.sliding_window, slopes)
 
     def _decode_blocks(self, attn_metadata: HpuAttentionMetadata) -> DecodeBlocks:
         """This layer's flat blocks (its window's), with ALiBi in the bias."""
@@ -397,6 +407,14 @@ def _use_fused(
             reason,
         )
     return not reason
+
+
+def prompt_slicing() -> PromptSlicing:
+    """How prompt passes are cut into tiles (VLLM_HPU_FSDPA_SLICE_*)."""
+    envs = get_envs()
+    if not envs.fsdpa_slice_enabled:
+        return NO_SLICING
+    return PromptSlicing(envs.fsdpa_slice_seq_len_thld, envs.fsdpa_slice_chunk_size)
 
 
 def register() -> None:

@@ -11,6 +11,7 @@ import torch
 from vllm.v1.attention.backend import AttentionMetadata
 
 from vllm_hpu.ops.paged_attention import DecodeBlocks
+from vllm_hpu.ops.prompt_mask import PromptMask, padded_rows_mask
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,8 @@ class CacheGeometry:
     dtype: torch.dtype  # model dtype (for masks / mappings)
     device: torch.device
     # Distinct windows of the sliding-window layers (each gets its own decode
-    # blocks and prompt mask), and whether some layer attends to every token.
+    # blocks; prompt layers apply theirs to the pass's mask), and whether some
+    # layer attends to every token.
     sliding_windows: tuple[int, ...] = ()
     full_attention: bool = True
 
@@ -40,28 +42,15 @@ class HpuAttentionMetadata(AttentionMetadata):
     slot_mapping: torch.Tensor  # [num_tokens] long; padding -> the dummy block
     # Prompt: [bs * C] context blocks, row-major (None when C == 0).
     block_list: torch.Tensor | None = None
-    attn_bias: torch.Tensor | None = None  # prompt [bs, 1, q, C * block_size + q]
-    key_positions: torch.Tensor | None = None  # prompt [bs, C * block_size + q]
-    window_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt
+    # Prompt: who sees whom, per token (each layer makes its bias from it, tile
+    # by tile: ops/prompt_mask.py).
+    prompt_mask: PromptMask | None = None
     query_lens: torch.Tensor | None = None  # prompt [bs] long; padding rows -> 0
     # Decode: the flat blocks per sliding window (None: full attention).
     decode_by_window: dict[int | None, DecodeBlocks] = field(default_factory=dict)
 
     def decode_blocks(self, sliding_window: int | None = None) -> DecodeBlocks:
         return self.decode_by_window[sliding_window]
-
-    def prompt_bias(self, sliding_window: int | None = None) -> torch.Tensor:
-        """[bs, 1, q, K]: the mask of a layer with this window (None: full)."""
-        if sliding_window is None:
-            assert self.attn_bias is not None
-            return self.attn_bias
-        return self.window_bias[sliding_window]
-
-    def query_key_distance(self) -> torch.Tensor:
-        """[bs, q, K]: key position minus query position (prompt; for ALiBi)."""
-        assert self.key_positions is not None and self.attn_bias is not None
-        query_positions = self.key_positions[:, -self.attn_bias.shape[2] :]
-        return self.key_positions[:, None, :] - query_positions[:, :, None]
 
     # Read by vLLM's MLAAttention.forward_impl to split a pass into prompt
     # tokens (MHA) and decode tokens (MQA): each of our passes is one or the other.
@@ -79,7 +68,7 @@ class HpuAttentionMetadata(AttentionMetadata):
 
     @property
     def num_prefills(self) -> int:
-        return self.attn_bias.shape[0] if self.attn_bias is not None else 0
+        return self.prompt_mask.batch_size if self.prompt_mask is not None else 0
 
     @property
     def decode(self) -> DecodeBlocks | None:
@@ -122,59 +111,6 @@ def _prompt_slot_mapping(
     return slots.flatten()
 
 
-def _prompt_key_positions(
-    rows: list[SeqLayout], query_len: int, num_context_blocks: int, cache: CacheGeometry
-) -> torch.Tensor:
-    """[bs, C*B + q]: position of every key; context blocks start at position 0
-    and the current tokens follow each row's own context."""
-    past = torch.arange(num_context_blocks * cache.block_size)
-    context = torch.tensor([row.num_computed_tokens for row in rows])
-    current = context[:, None] + torch.arange(query_len)[None, :]
-    keys = torch.cat((past.expand(len(rows), -1), current), dim=1)
-    return keys.to(cache.device)
-
-
-def _prompt_allowed(
-    rows: list[SeqLayout],
-    query_len: int,
-    num_context_blocks: int,
-    cache: CacheGeometry,
-) -> torch.Tensor:
-    """[bs, q, C*B + q] bool: key k is visible to query t when it is a cached
-    context token (k < ctx) or a current token c <= t of the request; the
-    diagonal is always visible so padded rows stay finite."""
-    past_len = num_context_blocks * cache.block_size
-    context = torch.tensor([row.num_computed_tokens for row in rows])
-    length = torch.tensor([row.num_scheduled_tokens for row in rows])
-    context, length = context.to(cache.device), length.to(cache.device)
-    keys = torch.arange(past_len + query_len, device=cache.device)
-    queries = torch.arange(query_len, device=cache.device)[:, None]
-    past_ok = (keys < past_len) & (keys[None, :] < context[:, None])  # [bs, K]
-    current = keys - past_len
-    causal = (current >= 0) & (current <= queries)  # [q, K]
-    real = (current[None, :] < length[:, None])[:, None, :] | (current == queries)
-    return past_ok[:, None, :] | (causal[None] & real)
-
-
-def _as_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[bs, q, K] bool -> [bs, 1, q, K] additive mask (0 or -inf)."""
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return bias.masked_fill_(~allowed, float("-inf")).unsqueeze(1)
-
-
-def _window_biases(
-    allowed: torch.Tensor, key_positions: torch.Tensor, cache: CacheGeometry
-) -> dict[int, torch.Tensor]:
-    """Per window W, the mask that also hides keys W or more positions before
-    the query (the diagonal, distance 0, stays visible)."""
-    query_len = allowed.shape[1]
-    distance = key_positions[:, -query_len:, None] - key_positions[:, None, :]
-    return {
-        window: _as_bias(allowed & (distance < window), cache.dtype)
-        for window in cache.sliding_windows
-    }
-
-
 def _context_block_list(
     rows: list[SeqLayout], num_context_blocks: int, cache: CacheGeometry
 ) -> torch.Tensor:
@@ -200,27 +136,26 @@ def build_prompt_metadata(
 ) -> HpuAttentionMetadata:
     """Metadata of a prompt pass over ``batch_size * query_len`` tokens.
 
-    Cost: O(batch_size * max blocks per request) Python list work, a handful of
-    host tensor ops on [bs, q], and a [bs, q, C*B + q] mask made on the device
-    (one more per sliding window).
+    Cost: O(batch_size * max blocks per request) Python list work and a handful
+    of host tensor ops on [bs, q] and [bs, C*B + q]; no [q, K] mask is made here.
     """
     rows = _pad_batch(seqs, batch_size)
     block_list = None
     if num_context_blocks > 0:
         block_list = _context_block_list(rows, num_context_blocks, cache)
     slot_mapping = _prompt_slot_mapping(rows, query_len, cache)
-    allowed = _prompt_allowed(rows, query_len, num_context_blocks, cache)
-    key_positions = _prompt_key_positions(rows, query_len, num_context_blocks, cache)
+    context_lens = torch.tensor([row.num_computed_tokens for row in rows])
+    query_lens = torch.tensor([row.num_scheduled_tokens for row in rows])
+    context_lens = context_lens.to(cache.device)
+    query_lens = query_lens.to(cache.device)
     return HpuAttentionMetadata(
         is_prompt=True,
         slot_mapping=slot_mapping.to(cache.device),
         block_list=block_list,
-        attn_bias=_as_bias(allowed, cache.dtype),
-        key_positions=key_positions,
-        window_bias=_window_biases(allowed, key_positions, cache),
-        query_lens=torch.tensor([row.num_scheduled_tokens for row in rows]).to(
-            cache.device
+        prompt_mask=padded_rows_mask(
+            context_lens, query_lens, query_len, num_context_blocks * cache.block_size
         ),
+        query_lens=query_lens,
     )
 
 
