@@ -10,6 +10,11 @@ from vllm_hpu.bucketing.buckets import (
 )
 from vllm_hpu.bucketing.compact import compact_decode_buckets, compact_prompt_buckets
 from vllm_hpu.bucketing.config import BucketingConfig
+from vllm_hpu.bucketing.long_context import (
+    is_long_context,
+    long_context_decode_buckets,
+    long_context_prompt_buckets,
+)
 from vllm_hpu.bucketing.merged import merged_prompt_buckets, single_row_buckets
 from vllm_hpu.bucketing.reference import (
     reference_decode_buckets,
@@ -22,6 +27,8 @@ RANGE_STRATEGIES = ("linear", "exponential")
 
 def strategy_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
     if config.merged_prefill:
+        if config.prompt_strategy == "compact" and is_long_context(config):
+            return long_context_prompt_buckets(config)
         if config.prompt_strategy == "compact":
             return merged_prompt_buckets(config)
         return single_row_buckets(_prompt_buckets(config), config.prompt_strategy)
@@ -45,6 +52,8 @@ def strategy_decode_buckets(
     strategy = config.decode_strategy
     if strategy in RANGE_STRATEGIES:
         return generate_decode_buckets(config, num_kv_blocks)
+    if strategy == "compact" and is_long_context(config):
+        return long_context_decode_buckets(config, num_kv_blocks)
     if strategy == "compact":
         return compact_decode_buckets(config, num_kv_blocks)
     if strategy == "reference":

@@ -15,6 +15,8 @@ import torch
 from vllm_hpu.ops.score_mods import alibi_bias
 
 NO_OWNER = -1  # padding queries, padding keys, cached slots past a prompt's context
+# Key codes owner * OWNER_STRIDE + position: positions stay far below it.
+OWNER_STRIDE = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -48,21 +50,39 @@ class PromptMask:
         self, queries: slice, keys: slice, sliding_window: int | None = None
     ) -> torch.Tensor:
         """[bs, len(queries), len(keys)] bool: which keys each query may see.
-        ``queries`` and ``keys`` are slices with explicit start and stop."""
-        query_owner = self.query_owner[:, queries, None]
-        query_position = self.query_position[:, queries, None]
-        key_owner = self.key_owner[:, None, keys]
-        key_position = self.key_position[:, None, keys]
-        visible = (query_owner == key_owner) & (key_owner != NO_OWNER)
-        if self.causal:
-            visible &= key_position <= query_position
+        ``queries`` and ``keys`` are slices with explicit start and stop.
+
+        Every key gets one code, ``owner * OWNER_STRIDE + position`` (hidden keys
+        a negative code of their own), so that a query's visible keys are one
+        range of codes: [its owner's first position or its window's, its own
+        position] (its owner's last when not causal). Two comparisons per
+        score, where owners, positions and the diagonal took five: the mask of
+        a long pass is made once per tile and layer."""
+        first, last = self._visible_codes(queries, sliding_window)
+        code = _key_codes(self.key_owner, self.key_position, keys)[:, None, :]
+        return (code >= first[:, :, None]) & (code <= last[:, :, None])
+
+    def _visible_codes(
+        self, queries: slice, sliding_window: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per query [bs, len(queries)]: the first and last key code it sees. A
+        padding query sees its own key only (the diagonal), whose code is
+        negative: no real query's range reaches below 0."""
+        owner = self.query_owner[:, queries]
+        position = self.query_position[:, queries]
+        first = owner * OWNER_STRIDE
+        last = first + (position if self.causal else OWNER_STRIDE - 1)
         if sliding_window is not None:
-            visible &= query_position - key_position < sliding_window
-        device = self.key_owner.device
-        key_ids = torch.arange(keys.start, keys.stop, device=device)
-        query_ids = torch.arange(queries.start, queries.stop, device=device)
-        diagonal = key_ids[None, :] == query_ids[:, None] + self.past_len
-        return visible | diagonal
+            first = torch.maximum(first, first + position - sliding_window + 1)
+        own_key = (
+            torch.arange(queries.start, queries.stop, device=owner.device)
+            + self.past_len
+        )
+        padding = owner == NO_OWNER
+        diagonal = _hidden_code(own_key)[None, :]
+        return torch.where(padding, diagonal, first), torch.where(
+            padding, diagonal, last
+        )
 
     def distance(self, queries: slice, keys: slice) -> torch.Tensor:
         """[bs, len(queries), len(keys)]: key position minus query position."""
@@ -90,8 +110,7 @@ class PromptBias:
         tiles are merged (``ops/sliced_attention.py``)."""
         allowed = self.mask.allowed(queries, keys, self.sliding_window).unsqueeze(1)
         dtype = torch.float32 if self.alibi_slopes is not None else self.dtype
-        bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-        bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+        bias = torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
         if self.alibi_slopes is None:
             return bias
         distance = self.mask.distance(queries, keys)
@@ -100,6 +119,21 @@ class PromptBias:
     def whole(self) -> torch.Tensor:
         """The bias of the whole pass, [bs, 1 or num_heads, q, K]."""
         return self(slice(0, self.mask.query_len), slice(0, self.mask.num_keys))
+
+
+def _hidden_code(key_ids: torch.Tensor) -> torch.Tensor:
+    """A hidden key's code: negative and its own, -(key index + 1)."""
+    return -(key_ids + 1)
+
+
+def _key_codes(
+    key_owner: torch.Tensor, key_position: torch.Tensor, keys: slice
+) -> torch.Tensor:
+    """[bs, len(keys)]: owner * OWNER_STRIDE + position, or the hidden code."""
+    owner = key_owner[:, keys]
+    key_ids = torch.arange(keys.start, keys.stop, device=owner.device)
+    code = owner * OWNER_STRIDE + key_position[:, keys]
+    return torch.where(owner == NO_OWNER, _hidden_code(key_ids)[None, :], code)
 
 
 def padded_rows_mask(
