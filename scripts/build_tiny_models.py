@@ -322,8 +322,8 @@ LONG_CONTEXT_SPECS = {
             "tie_word_embeddings": True,
             "rope_parameters": {
                 "rope_type": "yarn",
-                "factor": 4.0,
-                "original_max_position_embeddings": LONG_CONTEXT // 4,
+                "factor": 8.0,
+                "original_max_position_embeddings": LONG_CONTEXT // 8,
                 "rope_theta": 1000000.0,
             },
         },

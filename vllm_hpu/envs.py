@@ -237,6 +237,14 @@ class HpuEnvs:
         "queries and keys per tile, at most the threshold; unset: half the "
         "threshold rounded up to a multiple of 1024",
     )
+    # Decode over many blocks: a layer reads this many flat blocks at a time, so
+    # it copies one slice of the batch's KV, not all of it (docs/long-context.md).
+    decode_block_slice: int = _var(
+        "VLLM_HPU_DECODE_BLOCK_SLICE",
+        _positive_int,
+        4096,
+        "decode attention reads at most this many KV blocks of the batch at a time",
+    )
     fsdpa_slice_with_graph_breaks: bool | None = _no_effect(
         "VLLM_HPU_FSDPA_SLICE_WITH_GRAPH_BREAKS",
         "the tiles of a pass run in the pass's own graph",

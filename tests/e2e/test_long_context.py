@@ -1,20 +1,25 @@
-"""Long context end to end: tiny float32 models served at max_model_len 131072,
-a prompt of 100k tokens, whole and chunked, then 16 greedy tokens equal to
-transformers', for a Llama with llama3 rope scaling, a Qwen2 with YaRN and a
-Phi-3 with LongRoPE.
+"""Long context end to end: tiny float32 models served at max_model_len 131072
+(Llama with llama3 rope scaling, Qwen2 with YaRN, Phi-3 with LongRoPE), a long
+prompt whole and chunked, then 16 greedy tokens equal to transformers'.
 
 One engine per family serves every check, in three calls:
-1. the long prompt alone: one prompt pass of 100k tokens (attention cut into
+1. the long prompt alone: one prompt pass over all of it (attention cut into
    tiles, VLLM_HPU_FSDPA_SLICE_*);
 2. three short prompts, then the long prompt again (not reading the prefix
    cache): the shorts take part of the step's token budget, so the long prompt
    is chunked, its first chunk packed with the shorts into one merged pass (a
    block-diagonal mask over one long and several short prompts), its second
    chunk attending the first as cached context;
-3. three prompts extending the long prompt: a prefix-cache hit of 99,968
-   tokens each, then the three long sequences decode in one batch (each over
-   782 blocks of the flat layout).
+3. three prompts extending the long prompt: a prefix-cache hit on all its whole
+   blocks, then the three long sequences decode in one batch.
 The step trace (VLLM_HPU_BUCKET_TRACE) shows each of these shapes happened.
+
+Lengths: the Llama's long prompt has 100,000 tokens (782 blocks per sequence
+in the decode batch); the Qwen2's and the Phi-3's 32,000, past their original
+contexts (16,384 and 4,096 positions). What differs between the families is
+the rope scaling, checked at every position up to 131,071 against transformers
+in tests/unit/test_rope_long_positions.py; a 100k prompt per family would add
+minutes of attention (transformers' and the plugin's) for the same code path.
 
 transformers computes the reference once per family: one prefill of the long
 prompt, whose cache serves its own continuation and the three extensions
@@ -38,18 +43,35 @@ from vllm_hpu.bucketing.trace import PromptChunk, StepShape, StepTrace
 
 pytestmark = pytest.mark.slow
 
-FAMILIES = ("tiny-llama3-128k", "tiny-qwen2-yarn-128k", "tiny-phi3-longrope-128k")
 MAX_MODEL_LEN = 131072
-LONG = 100_000
-# The step's token budget holds the long prompt whole, but not with the shorts.
-BUDGET = 102_400
 SHORTS = (4200, 4500, 4800)
 SUFFIXES = (300, 200, 400)
 MAX_TOKENS = 16
 BLOCK_SIZE = 128
-# Enough for the long prompt and the shorts at once (512 bytes per token).
-KV_CACHE_BYTES = 128 << 20
+# Enough for a long prompt and the shorts at once (512 bytes per token).
+KV_CACHE_BYTES = 64 << 20
 VOCAB = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    model: str
+    long: int  # tokens of the long prompt
+
+    @property
+    def budget(self) -> int:
+        """max_num_batched_tokens: the long prompt whole, not with the shorts."""
+        return self.long + 2400
+
+    def __str__(self) -> str:
+        return self.model
+
+
+FAMILIES = (
+    Family("tiny-llama3-128k", 100_000),
+    Family("tiny-qwen2-yarn-128k", 32_000),
+    Family("tiny-phi3-longrope-128k", 32_000),
+)
 
 
 @dataclasses.dataclass
@@ -59,15 +81,16 @@ class Prompts:
     suffixes: list[list[int]]
 
     @classmethod
-    def make(cls) -> "Prompts":
-        long, *rest = random_prompts([LONG, *SHORTS, *SUFFIXES], VOCAB, seed=38)
-        return cls(long, rest[: len(SHORTS)], rest[len(SHORTS) :])
+    def make(cls, long: int) -> "Prompts":
+        long_prompt, *rest = random_prompts([long, *SHORTS, *SUFFIXES], VOCAB, 38)
+        return cls(long_prompt, rest[: len(SHORTS)], rest[len(SHORTS) :])
 
 
 @dataclasses.dataclass
 class FamilyRun:
     """What transformers and the plugin produced for one family."""
 
+    family: Family
     expected: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     got: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     cached_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -82,7 +105,9 @@ def _greedy_from(model: Any, past: Any, input_ids: list[int], length: int) -> li
     tokens: list[int] = []
     feed = input_ids
     for _ in range(MAX_TOKENS):
-        out = model(input_ids=torch.tensor([feed]), past_key_values=past, use_cache=True)
+        out = model(
+            input_ids=torch.tensor([feed]), past_key_values=past, use_cache=True
+        )
         tokens.append(int(out.logits[0, -1].argmax()))
         feed = tokens[-1:]
     past.crop(length)
@@ -103,10 +128,11 @@ def _transformers_reference(model_dir: str, prompts: Prompts) -> dict[str, list[
         logits_to_keep=1,
     )
     del out
-    expected = {"long": _greedy_from(model, past, prompts.long[-1:], LONG - 1)}
+    cached = len(prompts.long) - 1
+    expected = {"long": _greedy_from(model, past, prompts.long[-1:], cached)}
     for i, suffix in enumerate(prompts.suffixes):
         expected[f"suffix{i}"] = _greedy_from(
-            model, past, [prompts.long[-1], *suffix], LONG - 1
+            model, past, [prompts.long[-1], *suffix], cached
         )
     for i, short in enumerate(prompts.shorts):
         expected[f"short{i}"] = _greedy_from(model, DynamicCache(), short, 0)
@@ -151,13 +177,15 @@ def _serve(llm: Any, prompts: Prompts, run: FamilyRun) -> None:
     run.seconds["prefix"] = time.perf_counter() - started
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=FAMILIES, ids=str)
 def family_run(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[FamilyRun]:
     from vllm_hpu import envs
 
-    model_dir, prompts, run = model_path(request.param), Prompts.make(), FamilyRun()
+    family: Family = request.param
+    model_dir, prompts = model_path(family.model), Prompts.make(family.long)
+    run = FamilyRun(family)
     started = time.perf_counter()
     run.expected = _transformers_reference(model_dir, prompts)
     run.seconds["transformers"] = time.perf_counter() - started
@@ -167,7 +195,7 @@ def family_run(
         envs.get_envs.cache_clear()
         engine = dict(
             max_model_len=MAX_MODEL_LEN,
-            max_num_batched_tokens=BUDGET,
+            max_num_batched_tokens=family.budget,
             max_num_seqs=len(SHORTS) + 1,
             enable_prefix_caching=True,
             kv_cache_memory_bytes=KV_CACHE_BYTES,
@@ -177,46 +205,48 @@ def family_run(
             _serve(llm, prompts, run)
     envs.get_envs.cache_clear()
     run.steps = StepTrace.load(trace_path).steps
-    print(f"\n{request.param} seconds: {run.seconds}")
+    print(f"\n{family} seconds: {run.seconds}")
     yield run
 
 
 def test_long_prompt_whole_equals_transformers(family_run: FamilyRun) -> None:
     assert family_run.got["long-whole"] == family_run.expected["long"]
-    # One prompt pass of all 100k tokens.
-    assert StepShape(prompts=(PromptChunk(LONG, 0),)) in family_run.steps
+    # One prompt pass over the whole long prompt.
+    whole = PromptChunk(family_run.family.long, 0)
+    assert StepShape(prompts=(whole,)) in family_run.steps
 
 
 def test_long_prompt_chunked_in_a_merged_pass_equals_transformers(
     family_run: FamilyRun,
 ) -> None:
-    run = family_run
+    run, long = family_run, family_run.family.long
     assert run.got["long-chunked"] == run.expected["long"]
     for i in range(len(SHORTS)):
         assert run.got[f"short{i}"] == run.expected[f"short{i}"], f"short {i}"
     assert run.cached_tokens["long-chunked"] == 0  # computed again, not read
     # The shorts and the long prompt's first chunk in one step (one merged
     # pass), its second chunk over the first as context in the next.
-    first_chunk = BUDGET - sum(SHORTS)
+    first_chunk = run.family.budget - sum(SHORTS)
     packed = tuple(PromptChunk(n, 0) for n in (*SHORTS, first_chunk))
     assert any(sorted(step.prompts) == sorted(packed) for step in run.steps)
-    rest = PromptChunk(LONG - first_chunk, first_chunk)
+    rest = PromptChunk(long - first_chunk, first_chunk)
     assert any(rest in step.prompts for step in run.steps)
 
 
 def test_prefix_hit_then_long_sequences_decode_in_one_batch(
     family_run: FamilyRun,
 ) -> None:
-    run = family_run
-    cached = LONG // BLOCK_SIZE * BLOCK_SIZE
+    run, long = family_run, family_run.family.long
+    cached = long // BLOCK_SIZE * BLOCK_SIZE
     for i in range(len(SUFFIXES)):
         assert run.got[f"suffix{i}"] == run.expected[f"suffix{i}"], f"suffix {i}"
         assert run.cached_tokens[f"suffix{i}"] == cached
-    # The three extensions decode together, each over more than 780 blocks.
+    # The three extensions decode together, each over all the long prompt's
+    # blocks and more (782 each for the Llama's).
     long_batches = [
         step.decode_blocks
         for step in run.steps
         if len(step.decode_blocks) == len(SUFFIXES)
-        and min(step.decode_blocks) > LONG // BLOCK_SIZE
+        and min(step.decode_blocks) > long // BLOCK_SIZE
     ]
     assert len(long_batches) >= MAX_TOKENS - 2

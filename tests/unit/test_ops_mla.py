@@ -110,8 +110,9 @@ def latent_layout(rng: random.Random, seq_lens: list[int], case: MlaCase):
     return layout, layout.key_cache[:, 0], latents
 
 
+@pytest.mark.parametrize("block_slice", [2**62, 2], ids=["whole", "slices"])
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_latent_decode_attention_matches_naive(case: MlaCase) -> None:
+def test_latent_decode_attention_matches_naive(case: MlaCase, block_slice: int) -> None:
     rng = random.Random(case.seed)
     gen = torch.Generator().manual_seed(case.seed)
     rank, rope, nope, _ = case.dims
@@ -145,6 +146,7 @@ def test_latent_decode_attention_matches_naive(case: MlaCase) -> None:
         metadata.decode_blocks(),
         scale,
         rank,
+        block_slice,
     )
     assert out.shape == (batch_size + 1, NUM_HEADS, rank) and out.dtype == case.dtype
     assert torch.isfinite(out).all()

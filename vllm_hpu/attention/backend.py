@@ -6,8 +6,6 @@ Registered as AttentionBackendEnum.CUSTOM at import (idempotent: a dict entry).
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from vllm.config import get_current_vllm_config_or_none
-from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionImpl,
@@ -26,8 +24,13 @@ from vllm_hpu.attention.inc_modules import (
     Softmax,
     VLLMKVCache,
 )
+from vllm_hpu.attention.layer_options import (
+    binding_window,
+    decode_block_slice,
+    prompt_slicing,
+    use_fused,
+)
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
-from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.attention_kernels import AttentionKernels
 from vllm_hpu.ops.kv_cache import kv_cache_shape
 from vllm_hpu.ops.paged_attention import (
@@ -35,15 +38,9 @@ from vllm_hpu.ops.paged_attention import (
     blocks_with_alibi,
     paged_attention,
 )
-from vllm_hpu.ops.prompt_attention import (
-    PassKeys,
-    fused_unsupported_reason,
-    gather_context,
-    prompt_attention,
-)
+from vllm_hpu.ops.prompt_attention import PassKeys, gather_context, prompt_attention
 from vllm_hpu.ops.prompt_mask import PromptBias, PromptMask, padded_rows_mask
 from vllm_hpu.ops.score_mods import Scoring
-from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 
 if TYPE_CHECKING:
     from vllm.config.cache import CacheDType
@@ -56,8 +53,6 @@ PREFERRED_BLOCK_SIZE = 128  # platform.DEFAULT_BLOCK_SIZE: Gaudi's MME tile
 SUPPORTED_HEAD_SIZES = list(range(32, 257, 8))
 # Encoder-only: decoder models run bidirectionally for pooling (is_causal=False).
 SUPPORTED_ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
-
-logger = init_logger("vllm.hpu.attention")
 
 
 class HpuAttentionBackend(AttentionBackend):
@@ -217,14 +212,14 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         self.head_size = head_size
         self.num_kv_heads = num_kv_heads or num_heads
         self.scale = float(scale)
-        self.sliding_window = _binding_window(sliding_window)
+        self.sliding_window = binding_window(sliding_window)
         self.alibi_slopes: torch.Tensor | None = None
         if alibi_slopes is not None:
             self.alibi_slopes = torch.tensor(alibi_slopes, dtype=torch.float32)
         self.scoring = Scoring(
             self.scale,
             logits_soft_cap,
-            use_fused=_use_fused(head_size, logits_soft_cap, alibi_slopes),
+            use_fused=use_fused(head_size, logits_soft_cap, alibi_slopes),
         )
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
@@ -239,6 +234,7 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
             None if fused is None else ModuleFusedSDPA(fused)
         )
         self.slicing = prompt_slicing()
+        self.decode_block_slice = decode_block_slice()
 
     def _kernels(self) -> AttentionKernels:
         """The submodules as the ops call them, read at each call: INC replaces
@@ -285,7 +281,13 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         else:
             blocks = self._decode_blocks(attn_metadata)
             result = paged_attention(
-                query, key_cache, value_cache, blocks, self.scoring, kernels
+                query,
+                key_cache,
+                value_cache,
+                blocks,
+                self.scoring,
+                kernels,
+                self.decode_block_slice,
             )
         output.copy_(result.reshape(output.shape))
         return output
@@ -380,41 +382,6 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
             return blocks
         slopes = self._slopes(blocks.block_bias.device)
         return blocks_with_alibi(blocks, slopes)
-
-
-def _binding_window(sliding_window: int | None) -> int | None:
-    """The layer's window, or None where it can never bind (no shorter than the
-    model's length): such a layer is full attention."""
-    config = get_current_vllm_config_or_none()
-    if sliding_window is None or config is None or config.model_config is None:
-        return sliding_window
-    max_model_len = config.model_config.max_model_len
-    return sliding_window if sliding_window < max_model_len else None
-
-
-def _use_fused(
-    head_size: int, logits_soft_cap: float | None, alibi_slopes: list[float] | None
-) -> bool:
-    """Whether this layer may run the fused prompt kernel; when it may not while
-    the kernel is on, the start-up log says why."""
-    reason = fused_unsupported_reason(
-        head_size, logits_soft_cap, alibi_slopes is not None
-    )
-    if reason and device.fused_sdpa() is not None:
-        logger.info_once(
-            "Prompt attention of layers with %s runs the plain path: the fused "
-            "kernel does not take it.",
-            reason,
-        )
-    return not reason
-
-
-def prompt_slicing() -> PromptSlicing:
-    """How prompt passes are cut into tiles (VLLM_HPU_FSDPA_SLICE_*)."""
-    envs = get_envs()
-    if not envs.fsdpa_slice_enabled:
-        return NO_SLICING
-    return PromptSlicing(envs.fsdpa_slice_seq_len_thld, envs.fsdpa_slice_chunk_size)
 
 
 def register() -> None:

@@ -14,9 +14,9 @@ from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 from vllm_hpu.attention.backend import (
     HpuAttentionBackend,
     cache_problems,
-    prompt_slicing,
     raise_first_problem,
 )
+from vllm_hpu.attention.layer_options import decode_block_slice, prompt_slicing
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.mla import (
@@ -145,6 +145,7 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
             v_head_dim=mla_args["v_head_dim"],
         )
         self.slicing = prompt_slicing()
+        self.decode_block_slice = decode_block_slice()
 
     def _kv_b_proj(self, kv_c: torch.Tensor) -> torch.Tensor:
         return self.kv_b_proj(kv_c)[0]  # vLLM's linear layers return (out, bias)
@@ -217,6 +218,7 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
             attn_metadata.decode_blocks(),
             self.scale,
             self.kv_lora_rank,
+            self.decode_block_slice,
         )
         return out, None
 

@@ -11,8 +11,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from vllm_hpu.ops.attention_kernels import PLAIN
 from vllm_hpu.ops.kv_cache import gather_blocks, gather_blocks_by_head
-from vllm_hpu.ops.paged_attention import DecodeBlocks, flat_block_attention
+from vllm_hpu.ops.paged_attention import (
+    ALL_BLOCKS,
+    DecodeBlocks,
+    sliced_block_attention,
+)
 from vllm_hpu.ops.prompt_attention import prompt_attention
 from vllm_hpu.ops.prompt_mask import PromptBias
 from vllm_hpu.ops.score_mods import Scoring
@@ -56,16 +61,22 @@ def latent_decode_attention(
     blocks: DecodeBlocks,
     scale: float,
     kv_lora_rank: int,
+    block_slice: int = ALL_BLOCKS,
 ) -> torch.Tensor:
     """Flat decode attention in latent space. query: [bs, num_heads, kv_lora_rank
     + rope] (the no-rope part already absorbed through W_UK); cache: [slots,
     kv_lora_rank + rope]. Returns [bs, num_heads, kv_lora_rank], still to be
-    projected through W_UV. The blocks are gathered once: the value is the
-    key's latent part."""
+    projected through W_UV. The blocks are gathered once (``block_slice`` at a
+    time): the value is the key's latent part."""
     block_size = blocks.block_bias.shape[1]
-    keys = gather_blocks_by_head(cache.unsqueeze(1), blocks.block_list, block_size)
-    latent = keys[..., :kv_lora_rank]
-    return flat_block_attention(query, keys, latent, blocks, Scoring(scale))
+
+    def gather(part: DecodeBlocks) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = gather_blocks_by_head(cache.unsqueeze(1), part.block_list, block_size)
+        return keys, keys[..., :kv_lora_rank]
+
+    return sliced_block_attention(
+        query, gather, blocks, Scoring(scale), PLAIN, block_slice
+    )
 
 
 def gather_latent_context(
