@@ -48,8 +48,9 @@ SHORTS = (4200, 4500, 4800)
 SUFFIXES = (300, 200, 400)
 MAX_TOKENS = 16
 BLOCK_SIZE = 128
-# Enough for a long prompt and the shorts at once (512 bytes per token).
-KV_CACHE_BYTES = 64 << 20
+# 1280 blocks at 512 bytes per token: the 1024 blocks of max_model_len (vLLM
+# asks for one whole sequence), the dummy block, and room for the shorts.
+KV_CACHE_BYTES = 80 << 20
 VOCAB = 1024
 
 

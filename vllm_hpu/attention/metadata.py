@@ -7,6 +7,7 @@ forward_context.attn_metadata[layer_name]: the runner maps every layer to one ob
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from vllm.v1.attention.backend import AttentionMetadata
 
@@ -185,35 +186,41 @@ def _window_capacity(
 
 @dataclass
 class _FlatBlocks:
-    """Per flat block: physical id, row, visible token range, key offset."""
+    """Per flat block: physical id, row, visible token range, key offset; numpy
+    arrays per row, so a batch of many blocks costs no Python loop per block."""
 
-    block_list: list[int] = field(default_factory=list)
-    block_groups: list[int] = field(default_factory=list)
-    block_start: list[int] = field(default_factory=list)  # first visible slot
-    block_usage: list[int] = field(default_factory=list)  # end of visible slots
-    block_offsets: list[int] = field(default_factory=list)
+    block_list: list[np.ndarray] = field(default_factory=list)
+    block_groups: list[np.ndarray] = field(default_factory=list)
+    block_start: list[np.ndarray] = field(default_factory=list)  # first visible
+    block_usage: list[np.ndarray] = field(default_factory=list)  # end of visible
+    block_offsets: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(len(ids) for ids in self.block_list)
 
     def add_row(
         self, row: int, seq: SeqLayout, block_size: int, window: int | None
     ) -> None:
         first, end, start = decode_block_range(seq, block_size, window)
-        query_position = seq.num_computed_tokens
-        for j in range(first, end):
-            block_position = j * block_size
-            self.block_list.append(seq.block_table[j])
-            self.block_groups.append(row)
-            self.block_start.append(max(start - block_position, 0))
-            end_slot = seq.num_computed_tokens + 1 - block_position
-            self.block_usage.append(min(end_slot, block_size))
-            self.block_offsets.append(block_position - query_position)
+        positions = np.arange(first, end, dtype=np.int64) * block_size
+        self.block_list.append(np.asarray(seq.block_table[first:end], dtype=np.int64))
+        self.block_groups.append(np.full(end - first, row, dtype=np.int64))
+        self.block_start.append(np.maximum(start - positions, 0))
+        end_slot = seq.num_computed_tokens + 1 - positions
+        self.block_usage.append(np.minimum(end_slot, block_size))
+        self.block_offsets.append(positions - seq.num_computed_tokens)
 
     def pad(self, count: int, batch_size: int, dummy_block: int) -> None:
         """Padding blocks read the dummy block for the sink row, one token each."""
-        self.block_list += [dummy_block] * count
-        self.block_groups += [batch_size] * count
-        self.block_start += [0] * count
-        self.block_usage += [1] * count
-        self.block_offsets += [0] * count
+        for values, fill in (
+            (self.block_list, dummy_block),
+            (self.block_groups, batch_size),
+            (self.block_start, 0),
+            (self.block_usage, 1),
+            (self.block_offsets, 0),
+        ):
+            values.append(np.full(count, fill, dtype=np.int64))
 
 
 def build_decode_metadata(
@@ -223,8 +230,9 @@ def build_decode_metadata(
     flat blocks (spec section 2), one layout per sliding window (and one for
     full attention): a windowed layer reads only the blocks inside its window.
 
-    Cost per layout: O(P + batch_size) Python list work, a few host-to-device
-    copies and small device ops ([P, block_size] bias, [P, bs] one-hot).
+    Cost per layout: O(batch_size) Python work and O(P) numpy, a few
+    host-to-device copies and small device ops ([P, block_size] bias, [P, bs]
+    one-hot).
     """
     rows = _pad_batch(seqs, batch_size)
     block_size, dummy_block = cache.block_size, cache.num_blocks
@@ -244,12 +252,12 @@ def build_decode_metadata(
         for i, seq in enumerate(seqs):
             flat.add_row(i, seq, block_size, window)
         capacity = _window_capacity(num_blocks, batch_size, window, block_size)
-        if len(flat.block_list) > capacity:
+        if flat.num_blocks > capacity:
             raise ValueError(
-                f"decode batch needs {len(flat.block_list)} blocks but "
+                f"decode batch needs {flat.num_blocks} blocks but "
                 f"num_blocks={num_blocks}; pick a larger bucket."
             )
-        flat.pad(capacity - len(flat.block_list), batch_size, dummy_block)
+        flat.pad(capacity - flat.num_blocks, batch_size, dummy_block)
         decode[window] = _decode_blocks(flat, batch_size, cache)
     return HpuAttentionMetadata(
         is_prompt=False,
@@ -261,19 +269,24 @@ def build_decode_metadata(
 def _decode_blocks(
     flat: _FlatBlocks, batch_size: int, cache: CacheGeometry
 ) -> DecodeBlocks:
-    def to_device(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long).to(cache.device)
+    def to_device(values: list[np.ndarray]) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate(values)).to(cache.device)
 
     groups = to_device(flat.block_groups)
     start, usage = to_device(flat.block_start), to_device(flat.block_usage)
     offsets = torch.arange(cache.block_size, device=cache.device)[None, :]
     hidden = (offsets >= usage[:, None]) | (offsets < start[:, None])
     bias = torch.zeros(hidden.shape, dtype=cache.dtype, device=cache.device)
-    mapping = torch.nn.functional.one_hot(groups, batch_size + 1)[:, :batch_size]
+    # One-hot of the owning row, made in the model's dtype (an int64 one-hot
+    # of P x bs would be 4 to 8 times larger); the sink row's column dropped.
+    mapping = torch.zeros(
+        groups.shape[0], batch_size + 1, dtype=cache.dtype, device=cache.device
+    )
+    mapping.scatter_(1, groups[:, None], 1.0)
     return DecodeBlocks(
         block_list=to_device(flat.block_list),
         block_groups=groups,
-        block_mapping=mapping.to(cache.dtype),
+        block_mapping=mapping[:, :batch_size],
         block_bias=bias.masked_fill_(hidden, float("-inf")),
         block_offsets=to_device(flat.block_offsets),
     )
