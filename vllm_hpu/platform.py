@@ -158,14 +158,14 @@ class HpuPlatform(Platform):
         _use_our_worker(vllm_config)  # 1.
         _set_block_size(vllm_config)  # 2.
         _disable_vllm_compilation(vllm_config)  # 3.
-        _disable_unsupported_scheduling(vllm_config)  # 4.
-        _reject_unsupported_features(vllm_config)  # 5.
-        _spawn_processes()  # 6.
-        _use_hpu_ray_executor(vllm_config)  # 7.
-        _reject_split_pooled_prompts(vllm_config)  # 8.
-        _reject_unsupported_model(vllm_config)  # 9.
-        apply_fp8_options(vllm_config)  # 10.
-        check_quant_config(vllm_config.quant_config)  # 11.
+        check_quant_config(vllm_config.quant_config)  # 4. before weights load
+        _disable_unsupported_scheduling(vllm_config)  # 5.
+        _reject_unsupported_features(vllm_config)  # 6.
+        _spawn_processes()  # 7.
+        _use_hpu_ray_executor(vllm_config)  # 8.
+        _reject_split_pooled_prompts(vllm_config)  # 9.
+        _reject_unsupported_model(vllm_config)  # 10.
+        apply_fp8_options(vllm_config)  # 11.
 
 
 def _check_envs() -> None:
