@@ -207,7 +207,6 @@ def bf16_bytes(path: Path) -> int:
 @pytest.mark.parametrize(
     ("scheme", "share"),
     [
-        ("fp8-dynamic", 0.55),
         ("fp8-block", 0.55),
         ("w4a16-g128", 0.3),
         ("mxfp4a16", 0.3),
