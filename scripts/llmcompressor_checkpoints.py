@@ -35,7 +35,7 @@ def int_weights(bits: int, group_size: int | None, symmetric: bool) -> dict:
 
 # name: (preset or config group, base models)
 SCHEMES: dict[str, tuple[str | dict, tuple[str, ...]]] = {
-    "fp8-dynamic": ("FP8_DYNAMIC", ("tiny-llama", WIDE_MODEL)),
+    "fp8-dynamic": ("FP8_DYNAMIC", ("tiny-llama",)),
     "fp8-static": ("FP8", ("tiny-qwen2",)),
     "fp8-block": ("FP8_BLOCK", ("tiny-llama",)),
     "w8a8-int8": ("W8A8", ("tiny-llama",)),
