@@ -153,6 +153,14 @@ class HpuPlatform(Platform):
             logger.warning("Unknown vLLM environment variable detected: %s", name)
 
     @classmethod
+    def apply_config_platform_defaults(cls, vllm_config: "VllmConfig") -> None:
+        """Before vLLM's defaults: the user's compilation settings, honoured where
+        the runner can, else refused or logged with the reason."""
+        from vllm_hpu.compilation_settings import apply_user_compilation
+
+        apply_user_compilation(vllm_config)
+
+    @classmethod
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
         _check_envs()  # 0. a malformed variable stops start-up here
         _use_our_worker(vllm_config)  # 1.
@@ -207,7 +215,8 @@ def _set_block_size(vllm_config: "VllmConfig") -> None:
 
 
 def _disable_vllm_compilation(vllm_config: "VllmConfig") -> None:
-    """Our runner compiles per bucket itself; vLLM's graph modes do not apply."""
+    """Our runner compiles per bucket itself; vLLM's graph modes do not apply
+    (what the user asked for was weighed in ``apply_config_platform_defaults``)."""
     from vllm.config import CompilationMode, CUDAGraphMode
 
     compilation_config = vllm_config.compilation_config
