@@ -100,6 +100,21 @@ class HpuEnvs:
         "",
         "Intel Neural Compressor FP8 config file (MEASURE or QUANTIZE JSON)",
     )
+    # Read, not set: the emulated device's torch threads (device.compute_threads).
+    omp_num_threads: str = _var(
+        "OMP_NUM_THREADS",
+        _text,
+        "",
+        "OpenMP's own; in emulation the torch threads of device work (unset: every "
+        "usable core but the host thread's)",
+    )
+    # vllm.utils.torch_utils.OMP_NUM_THREADS_SET_BY_VLLM (vLLM not imported here).
+    omp_num_threads_set_by_vllm: bool = _var(
+        "VLLM_OMP_NUM_THREADS_SET_BY_VLLM",
+        _bool,
+        False,
+        "vLLM's own: OMP_NUM_THREADS is its share of the cores per worker process",
+    )
     # Read, not set: emulation pools host memory unless these tune glibc's malloc.
     glibc_tunables: str = _var(
         "GLIBC_TUNABLES",
