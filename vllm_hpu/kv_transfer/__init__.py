@@ -1,0 +1,8 @@
+"""KV cache that leaves the device: vLLM's KV connectors on the HPU plugin.
+
+- ``layout``: the block-major views of our flat caches that connectors address.
+- ``config``: which connectors run here; refused ones fail at start-up.
+- ``connector``: the runner's side of vLLM's KV connector contract.
+- ``offloading``: ``--kv-offloading-size`` through the plugin's offloading spec.
+- ``blocks``: block copies between device caches and host buffers.
+"""
