@@ -1,6 +1,8 @@
 """What KV connectors see of the flat caches: block-major views of the same
 memory, block copies to and from host buffers, and the offloading copier."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -39,12 +41,12 @@ def _filled_cache(dtype: torch.dtype = torch.float32):
 def test_kv_transfer_view_is_the_cache_block_major() -> None:
     key_cache, value_cache = _filled_cache()
     view = block_major_view((key_cache, value_cache), BLOCK_SIZE)
-    assert view.shape == (NUM_BLOCKS + 1, 2, BLOCK_SIZE, HEADS, HEAD_SIZE)
+    assert view.shape == (NUM_BLOCKS + 1, 2, BLOCK_SIZE, HEADS * HEAD_SIZE)
     assert view.data_ptr() == key_cache.data_ptr()  # a view: no copy
     for block in range(NUM_BLOCKS + 1):
         rows = slice(block * BLOCK_SIZE, (block + 1) * BLOCK_SIZE)
-        assert torch.equal(view[block, 0], key_cache[rows])
-        assert torch.equal(view[block, 1], value_cache[rows])
+        assert torch.equal(view[block, 0], key_cache[rows].flatten(1))
+        assert torch.equal(view[block, 1], value_cache[rows].flatten(1))
     # vLLM's NIXL connector splits the view into segments of num_blocks + 1
     # blocks at the block stride: the values start one segment after the keys.
     block_stride = view.stride(0) * view.element_size()
@@ -89,6 +91,32 @@ def test_kv_transfer_block_copies_through_a_host_buffer(dtype: torch.dtype) -> N
     for src, dst in ((4, 1), (1, 2), (2, 4)):
         assert torch.equal(after[dst], before[src])
     assert torch.equal(after[0], before[0]) and torch.equal(after[3], before[3])
+
+
+def test_kv_transfer_nixl_host_buffer_takes_the_views() -> None:
+    """On Gaudi vLLM's NIXL worker stages blocks through host buffers it shapes
+    after the registered caches, and copies them with the platform's hooks."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import copy_kv_blocks
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import (
+        NixlBaseConnectorWorker,
+    )
+
+    views = {
+        f"layers.{i}": block_major_view(_filled_cache(), BLOCK_SIZE) for i in (0, 1)
+    }
+    before = {name: view.clone() for name, view in views.items()}
+    worker = SimpleNamespace(
+        use_mla=False, kv_cache_layout="LBHNC", kv_transfer_config=None
+    )
+    NixlBaseConnectorWorker.initialize_host_xfer_buffer(worker, views)
+    host = worker.host_xfer_buffers
+    assert all(host[name].shape == views[name].shape for name in views)
+    copy_kv_blocks(views, host, [3, 1], [0, 2], "d2h")  # a prefill saves
+    copy_kv_blocks(host, views, [0, 2], [4, 5], "h2d")  # a decode receives
+    for name, view in views.items():
+        assert torch.equal(view[4], before[name][3])
+        assert torch.equal(view[5], before[name][1])
+        assert torch.equal(view[:4], before[name][:4])
 
 
 def test_kv_transfer_host_rows_follow_chunks_and_skips() -> None:
