@@ -10,10 +10,23 @@ import torch
 
 from vllm_hpu.ops.kv_cache import FP8_DTYPES
 
+WORD = torch.int64
+
 
 def _indexable(cache: torch.Tensor) -> torch.Tensor:
-    """``index_copy_`` does not take fp8 on the CPU: copy fp8 blocks as bytes."""
-    return cache.view(torch.uint8) if cache.dtype in FP8_DTYPES else cache
+    """Blocks of one-byte elements (fp8 caches, the offloader's byte runs) as
+    8-byte words where the rows allow: the CPU's index ops move bytes one at a
+    time, several times slower than words. ``index_copy_`` does not take fp8 on
+    the CPU at all."""
+    if cache.element_size() != 1:
+        return cache
+    as_bytes = cache.view(torch.uint8) if cache.dtype in FP8_DTYPES else cache
+    word = WORD.itemsize
+    aligned = cache.shape[-1] % word == 0 and cache.storage_offset() % word == 0
+    strides = cache.stride()
+    if aligned and strides[-1] == 1 and all(s % word == 0 for s in strides[:-1]):
+        return as_bytes.view(WORD)
+    return as_bytes
 
 
 def copy_blocks(
