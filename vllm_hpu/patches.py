@@ -180,9 +180,10 @@ def _with_delayed_sampling(create: Callable[..., Any]) -> Callable[..., Any]:
 def _with_kv_transfer_check(create: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(create)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from vllm_hpu import register
+        from vllm_hpu import device
 
-        if register() is None:
+        # The condition register() returns the platform on (that module imports this).
+        if not (device.hpu_available() or device.is_emulation()):
             return create(self, *args, **kwargs)
         from vllm_hpu.kv_transfer import config as kv_transfer
 

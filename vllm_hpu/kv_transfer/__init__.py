@@ -2,7 +2,8 @@
 
 - ``layout``: the block-major views of our flat caches that connectors address.
 - ``config``: which connectors run here; refused ones fail at start-up.
-- ``connector``: the runner's side of vLLM's KV connector contract.
 - ``offloading``: ``--kv-offloading-size`` through the plugin's offloading spec.
 - ``blocks``: block copies between device caches and host buffers.
+The worker's and runner's side of the connector contract is a capability of the
+worker: ``worker/capabilities/kv_connector.py``.
 """
