@@ -18,6 +18,7 @@ def register() -> str | None:
 
     patches.accept_device_option()
     patches.allow_torchvision_import()
+    patches.import_nixl_from_wheel()
     if device.hpu_available() or device.is_emulation():
         return PLATFORM_CLS
     return None
