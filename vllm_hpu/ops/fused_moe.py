@@ -164,7 +164,14 @@ class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         shared_experts: "SharedExperts | None",
         shared_experts_input: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Shared experts, if any, are run by vLLM's MoE runner around this call."""
+        """Shared experts, if any, are run by vLLM's MoE runner around this call;
+        with Intel Neural Compressor on, its ``moe_op`` runs the experts."""
+        moe_op = getattr(layer, "moe_op", None)
+        if moe_op is not None:
+            routing_weights = topk_weights.to(x.dtype)
+            return moe_op(
+                x, topk_ids.long(), routing_weights, True, layer.activation.value
+            )
         return fused_experts(
             x,
             cast(torch.Tensor, layer.w13_weight),
