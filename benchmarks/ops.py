@@ -15,10 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_metadata
-from vllm_hpu.ops import int4
-from vllm_hpu.ops.awq import awq_dequantize
+from vllm_hpu.ops import dequant
 from vllm_hpu.ops.fp8 import fp8_linear, quantize_per_tensor
-from vllm_hpu.ops.gptq import HpuGPTQConfig, gptq_dequantize
 from vllm_hpu.ops.kv_cache import allocate_kv_cache, gather_blocks
 from vllm_hpu.ops.moe import MoeRouting, experts_dense, fused_experts, select_experts
 from vllm_hpu.ops.paged_attention import paged_attention
@@ -133,15 +131,16 @@ def time_quantized_linear(name: str, dtype: torch.dtype, iters: int) -> None:
     awq_zeros = words[:groups].to(torch.int32)
     gptq_weight = words.to(torch.int32).view(LINEAR_IN // 8, LINEAR_OUT)
     scales = (torch.rand(groups, LINEAR_OUT) * 1e-3).to(dtype)
-    g_idx = int4.contiguous_groups(LINEAR_IN, GROUP_SIZE, x.device)
-    gptq = HpuGPTQConfig(GROUP_SIZE, desc_act=False, sym=False, v1=True)
+    g_idx = dequant.contiguous_groups(LINEAR_IN, GROUP_SIZE, x.device)
     fp8_weight, fp8_scale = quantize_per_tensor(weight)
     awq_weight = words.to(torch.int32)
     dense, awq, gptq_time, fp8 = measure_interleaved(
         [
             lambda: F.linear(x, weight),
-            lambda: x @ awq_dequantize(awq_weight, awq_zeros, scales, GROUP_SIZE),
-            lambda: x @ gptq_dequantize(gptq_weight, awq_zeros, scales, g_idx, gptq),
+            lambda: (
+                x @ dequant.dequantize_awq(awq_weight, awq_zeros, scales, GROUP_SIZE)
+            ),
+            lambda: x @ dequant.dequantize_gptq(gptq_weight, awq_zeros, scales, g_idx),
             lambda: fp8_linear(x, fp8_weight, fp8_scale),
         ],
         iters,

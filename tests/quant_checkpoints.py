@@ -78,12 +78,18 @@ def quantize(weight: torch.Tensor, scheme: Scheme, seed: int = 0) -> Quantized:
     return Quantized(values.clamp(0, 15).to(torch.int32), zeros, scales, g_idx)
 
 
-def pack(values: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(range(8))):
-    """Eight 4-bit values per int32 along ``dim``: value order[i] of each run of
-    eight into bits 4i..4i+3."""
+def pack(
+    values: torch.Tensor,
+    dim: int,
+    order: tuple[int, ...] | None = None,
+    bits: int = 4,
+) -> torch.Tensor:
+    """32 // bits unsigned values per int32 along ``dim``: value order[i] of each
+    run (default: value i) into bits i*bits and up."""
+    per_word = 32 // bits
     v = values.movedim(dim, -1).long()
-    v = v.reshape(*v.shape[:-1], -1, 8)[..., list(order)]
-    packed = (v << torch.arange(0, 32, 4)).sum(-1)
+    v = v.reshape(*v.shape[:-1], -1, per_word)[..., list(order or range(per_word))]
+    packed = (v << torch.arange(0, 32, bits)).sum(-1)
     packed = torch.where(packed >= 1 << 31, packed - (1 << 32), packed)
     return packed.to(torch.int32).movedim(-1, dim).contiguous()
 
