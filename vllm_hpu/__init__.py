@@ -37,9 +37,10 @@ def register_ops() -> None:
     import vllm_hpu.ops.custom_ops  # registers the op overrides
     import vllm_hpu.ops.fused_moe  # noqa: F401  registers the MoE method
     from vllm_hpu.ops import awq, fp8, gptq
-    from vllm_hpu.quantization import inc_config
+    from vllm_hpu.quantization import inc_config, moe_configs
 
     awq.register()
     gptq.register()
     fp8.register()
+    moe_configs.register()
     inc_config.register()

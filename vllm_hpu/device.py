@@ -342,6 +342,18 @@ def fused_moe() -> Callable[..., Any] | None:
     return _KERNELS[key]
 
 
+def fused_moe_fp8() -> Callable[..., Any] | None:
+    """Gaudi's fused MoE kernel on fp8 tokens and experts with their scales
+    (``torch.ops.hpu.mixture_of_experts.fp8_fused_weights``), or None without
+    Gaudi, where ``ops/fp8_moe.py`` rounds the input through fp8 and runs the
+    dequantized experts."""
+    key = "torch.ops.hpu.mixture_of_experts.fp8_fused_weights"
+    if key not in _KERNELS:
+        moe = fused_moe()
+        _KERNELS[key] = getattr(moe, "fp8_fused_weights", None)
+    return _KERNELS[key]
+
+
 def load_kernels() -> None:
     """Look every kernel up now, before a region is compiled: a lookup first made
     inside a compiled region would leave a guard that fails once it is made."""
@@ -349,6 +361,7 @@ def load_kernels() -> None:
     fused_rotary_embedding()
     fused_sdpa()
     fused_moe()
+    fused_moe_fp8()
     fused_rotary_mode(True)
 
 

@@ -156,10 +156,14 @@ def fused_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     activation: str = "silu",
+    experts_min: int = 0,
+    num_experts: int | None = None,
 ) -> torch.Tensor:
     """The routed experts' summed output, [num_tokens, hidden_size]: Gaudi's fused
     MoE kernel where there is one, else the token-to-expert form, else dense.
-    Shapes as :func:`experts_grouped`."""
+    Shapes as :func:`experts_grouped`. A group of the layer's ``num_experts``
+    (None: all are in ``w13``): ``w13[e]`` is expert ``experts_min + e``, and
+    (token, k) pairs routed to other experts add nothing."""
     kernel = device.fused_moe()
     if kernel is not None and activation == "silu":
         return kernel(
@@ -170,11 +174,27 @@ def fused_experts(
             w3=list(w2.unbind(0)),
             permuted_weights=True,
             activation=activation,
-            experts_min=0,
-            experts_max=w13.shape[0] - 1,
+            experts_min=experts_min,
+            experts_max=experts_min + w13.shape[0] - 1,
         )
+    if num_experts is not None and num_experts != w13.shape[0]:
+        topk_weights, topk_ids = _within(topk_weights, topk_ids, experts_min, w13)
     if grouped_mm_fits(w2.shape[1], w2.shape[2], hidden_states.dtype):
         return experts_grouped(
             hidden_states, w13, w2, topk_weights, topk_ids, activation
         )
     return experts_dense(hidden_states, w13, w2, topk_weights, topk_ids, activation)
+
+
+def _within(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    experts_min: int,
+    w13: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing onto the experts of ``w13`` only: ids made local, and pairs routed
+    elsewhere sent to its first expert with weight 0 (shapes stay static)."""
+    local = topk_ids.long() - experts_min
+    inside = (local >= 0) & (local < w13.shape[0])
+    weights = torch.where(inside, topk_weights, torch.zeros_like(topk_weights))
+    return weights, torch.where(inside, local, torch.zeros_like(local))
