@@ -200,6 +200,9 @@ def _pool_host_memory() -> None:
     libc = ctypes.CDLL(None)
     libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
     libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)
+    # What an engine before this one pooled goes back first: this device starts
+    # empty, and what its weights take shows as growth (not as pool reuse).
+    libc.malloc_trim(0)
 
 
 def init_device_memory() -> None:
