@@ -40,9 +40,14 @@ def test_groups_of_experts_add_up_to_all_of_them(group):
     want = fused_experts(x, w13, w2, weights, ids)
     parts = [
         fused_experts(
-            x, w13[first : first + group], w2[first : first + group], weights, ids,
-            experts_min=first, num_experts=NUM_EXPERTS,
-        )  # fmt: skip
+            x,
+            w13[first : first + group],
+            w2[first : first + group],
+            weights,
+            ids,
+            experts_min=first,
+            num_experts=NUM_EXPERTS,
+        )
         for first in range(0, NUM_EXPERTS, group)
     ]
     torch.testing.assert_close(sum(parts), want, rtol=1e-5, atol=1e-5)
@@ -119,21 +124,26 @@ INT8_TOKEN = _args(num_bits=8, type="int", strategy="token", dynamic=True)
         (
             _args(num_bits=8, type="int", strategy="channel"),
             INT8_TOKEN,
-            "int8 channel weights and int8 token dynamic activations",
+            "weights int8 channel, activations int8 dynamic token",
         ),
         (
             _args(num_bits=4, type="float", strategy="group", group_size=32),
             _args(num_bits=4, type="float", strategy="group", group_size=32),
-            "MXFP4 experts with float4 group-32",
+            "MXFP4 experts with quantized activations",
         ),
         (
             _args(num_bits=8, type="float", strategy="channel"),
             None,
-            "float8 channel weights and unquantized activations",
+            "weights float8 channel, activations not quantized",
         ),
         (
-            _args(num_bits=4, type="int", strategy="group", group_size=32,
-                  actorder="group"),  # fmt: skip
+            _args(
+                num_bits=4,
+                type="int",
+                strategy="group",
+                group_size=32,
+                actorder="group",
+            ),
             None,
             "activation order",
         ),

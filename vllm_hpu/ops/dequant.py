@@ -211,3 +211,20 @@ def dequantize_mxfp4(
     groups = values.unflatten(-1, (-1, MXFP4_GROUP_SIZE))
     scaled = groups * e8m0_to_float(scales).unsqueeze(-1)
     return scaled.flatten(-2).to(dtype)
+
+
+def scaled_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(a * a_scale) @ (b * b_scale) + bias for fp8 or int8 ``a`` [M, K] and ``b``
+    [K, N], scales one value or per row of ``a`` ([M, 1]) and per column of ``b``
+    (N values): the values upcast to ``out_dtype`` (exact: 8-bit values fit in
+    bf16) are multiplied, then the scales applied to the result."""
+    out = torch.matmul(a.to(out_dtype), b.to(out_dtype))
+    out = out * (a_scale.float() * b_scale.float().reshape(1, -1)).to(out_dtype)
+    return out if bias is None else out + bias

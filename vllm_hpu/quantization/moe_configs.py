@@ -30,6 +30,7 @@ from vllm_hpu.ops.packed_moe import (
     HpuCompressedTensorsMxfp4MoEMethod,
     HpuCompressedTensorsWNA16MoEMethod,
 )
+from vllm_hpu.quantization.checkpoints import describe
 
 PACK_QUANTIZED = "pack-quantized"
 PACKED_BITS = (4, 8)
@@ -104,33 +105,26 @@ def compressed_tensors_method(
     moe = layer.moe_config
     if config._is_mxfp4(weights):
         if inputs is not None:
-            refuse(f"MXFP4 experts with {describe(inputs)} activations", FIX)
+            refuse(
+                f"MXFP4 experts with quantized activations ({describe(scheme)})", FIX
+            )
         return HpuCompressedTensorsMxfp4MoEMethod(moe)
     if config._is_wNa16_group_channel(weights, inputs):
-        check_packed(weights, scheme.get("format"))
+        check_packed(scheme)
         return HpuCompressedTensorsWNA16MoEMethod(weights, moe)
     if config._is_fp8_w8a8(weights, inputs):
         return HpuCompressedTensorsW8A8Fp8MoEMethod(weights, inputs, moe)
-    what = f"{describe(weights)} weights and {describe(inputs)} activations"
-    refuse(f"compressed-tensors experts with {what}", FIX)
+    refuse(f"compressed-tensors experts of scheme {describe(scheme)}", FIX)
 
 
-def check_packed(weights: Any, fmt: str | None) -> None:
+def check_packed(scheme: dict[str, Any]) -> None:
+    weights, fmt = scheme["weights"], scheme.get("format")
     if weights.type != "int" or weights.num_bits not in PACKED_BITS:
-        refuse(f"compressed-tensors {describe(weights)} weight-only experts", FIX)
+        refuse(f"compressed-tensors experts of scheme {describe(scheme)}", FIX)
     if fmt != PACK_QUANTIZED:
-        refuse(f"compressed-tensors '{fmt}' weight-only experts", FIX)
+        refuse(f"compressed-tensors experts in format {fmt!r}", FIX)
     if weights.actorder == "group":
         refuse("compressed-tensors experts with activation order (actorder)", FIX)
-
-
-def describe(args: Any) -> str:
-    """'int4 group-128', 'float8 channel', 'unquantized' (QuantizationArgs)."""
-    if args is None:
-        return "unquantized"
-    group = f"-{args.group_size}" if args.strategy == "group" else ""
-    dynamic = " dynamic" if args.dynamic else ""
-    return f"{args.type}{args.num_bits} {args.strategy}{group}{dynamic}"
 
 
 def register() -> None:
