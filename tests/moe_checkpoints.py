@@ -15,12 +15,17 @@ import shutil
 from pathlib import Path
 
 import torch
-from quant_checkpoints import Scheme, input_seed, layer_tensors, quantization_config
+from quant_checkpoints import (
+    Scheme,
+    dequantize_fp8_reference,
+    input_seed,
+    layer_tensors,
+    quantization_config,
+    quantize_fp8,
+)
 from quant_checkpoints import quantize as quantize_int4
 from safetensors.torch import load_file, save_file
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
 INT4_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", *EXPERT_PROJECTIONS)
 
@@ -33,35 +38,6 @@ class Fp8Experts:
 
 def is_expert(name: str) -> bool:
     return ".experts." in name and name.split(".")[-2] in EXPERT_PROJECTIONS
-
-
-def quantize_fp8(
-    weight: torch.Tensor, block_size: tuple[int, int] | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8 weight, scale) with weight ~= fp8 * scale per block (partial edge
-    blocks) or per tensor; each block's largest magnitude maps to fp8's largest."""
-    n, k = weight.shape
-    bn, bk = block_size or (n, k)
-    rows, cols = -(-n // bn), -(-k // bk)
-    padded = torch.zeros(rows * bn, cols * bk)
-    padded[:n, :k] = weight.float()
-    blocks = padded.view(rows, bn, cols, bk)
-    scale = (blocks.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=1e-12)
-    q = (blocks / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    q = q.view(rows * bn, cols * bk)[:n, :k].contiguous()
-    return q, scale if block_size else scale.reshape(())
-
-
-def dequantize_fp8_reference(
-    q: torch.Tensor, scale: torch.Tensor, block_size: tuple[int, int] | None
-) -> torch.Tensor:
-    """Each weight times its block's scale, looked up element by element."""
-    n, k = q.shape
-    bn, bk = block_size or (n, k)
-    grid = scale.reshape(-(-n // bn), -(-k // bk))
-    rows = (torch.arange(n) // bn)[:, None]
-    cols = (torch.arange(k) // bk)[None, :]
-    return q.float() * grid[rows, cols]
 
 
 def _fp8_tensors(
