@@ -93,6 +93,7 @@ def test_quantized_experts_generate_what_transformers_does(case, tmp_path):
         methods, held = llm.apply_model(expert_methods)[0]
         actual = vllm_greedy(llm, prompts, MAX_TOKENS)
     fp8 = isinstance(scheme, Fp8Experts)
+    print(f"{case}: experts hold {held:.1%} of their bf16 bytes")
     assert methods == {METHODS[Fp8Experts if fp8 else scheme.method]}
     # The experts stay packed: fp8 (with its scales) or 4 bits (with groups').
     assert held <= (FP8_EXPERT_BYTES if fp8 else INT4_EXPERT_BYTES)
@@ -140,5 +141,6 @@ def test_compressed_tensors_experts_generate_what_transformers_does(name, scheme
         actual = vllm_greedy(llm, prompts, MAX_TOKENS)
     assert methods == {COMPRESSED[name, scheme]}
     fp8 = scheme.startswith("fp8")
+    print(f"{name} {scheme}: experts hold {held:.1%} of their bf16 bytes")
     assert held <= (FP8_EXPERT_BYTES if fp8 else INT4_EXPERT_BYTES)
     assert actual == expected

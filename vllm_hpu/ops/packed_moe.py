@@ -26,7 +26,7 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_hpu.ops import dequant
-from vllm_hpu.ops.fused_moe import HpuQuantizedMoE
+from vllm_hpu.ops.fused_moe import HpuQuantizedMoE, refuse
 
 MXFP4_GROUP_SIZE = dequant.MXFP4_GROUP_SIZE
 
@@ -132,6 +132,12 @@ class HpuInt4CheckpointMoEMethod(HpuQuantizedMoE, FusedMoEMethodBase):
             ("w13", hidden_size, 2 * intermediate),
             ("w2", intermediate, hidden_size),
         ):
+            if inputs % self.group_size(inputs) or outputs % dequant.pack_factor(4):
+                refuse(
+                    f"4-bit experts of {inputs} inputs in groups of "
+                    f"{self.group_size(inputs)} (or {outputs} outputs in packs of 8)",
+                    "use a tensor-parallel size that keeps whole groups per device",
+                )
             groups = inputs // self.group_size(inputs)
             shape = (num_experts, *self.qweight_shape(inputs, outputs))
             self.register(layer, f"{name}_qweight", shape, **extra_weight_attrs)
