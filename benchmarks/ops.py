@@ -240,7 +240,7 @@ def checkpoint_kernels(
         Int8ScaledMMLinearLayerConfig(False, True, True), int8_params
     )
     int8_layer = _layer(
-        weight=torch.randint(-127, 128, (k, n), dtype=torch.int8),
+        weight=torch.randint(-127, 128, (n, k), dtype=torch.int8).t(),
         weight_scale=torch.full((n, 1), 1e-3),
     )
     wna16 = HpuWNA16LinearKernel(

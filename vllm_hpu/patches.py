@@ -64,11 +64,12 @@ DEVICE_HELP = (
 
 def check_device(value: str | None) -> None:
     """Accept the device a user named if it is the platform vLLM runs on."""
-    from vllm_hpu import register
+    from vllm_hpu import device
 
     if value in (None, "auto"):
         return
-    active = register() is not None
+    # The condition register() returns the platform on (that module imports this).
+    active = device.hpu_available() or device.is_emulation()
     if value == "hpu" and not active:
         raise ValueError(
             "--device hpu: no Gaudi found (the Habana bridge reports no HPU device). "

@@ -247,7 +247,8 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
     runner_type = model_config.runner_type if model_config is not None else "generate"
     unsupported = {
         "KV transfer (--kv-transfer-config)": vllm_config.kv_transfer_config,
-        # "draft": a speculative draft model's config (worker/draft_model.py).
+        # "draft": a speculative draft model's config
+        # (worker/spec_decode/draft_model.py).
         f"the '{runner_type}' runner (--runner)": runner_type
         not in ("generate", "pooling", "draft"),
     }
@@ -256,7 +257,7 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
             raise ValueError(
                 f"The HPU plugin does not support {feature} yet; start vLLM without it."
             )
-    from vllm_hpu.worker.spec_decode import check_speculative_config
+    from vllm_hpu.worker.spec_decode.config import check_speculative_config
 
     check_speculative_config(vllm_config)
 
