@@ -27,8 +27,9 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
 
+from vllm_hpu.ops.activations import ACTIVATIONS
 from vllm_hpu.ops.custom_ops import _register_oot
-from vllm_hpu.ops.moe import ACTIVATIONS, MoeRouting, fused_experts, select_experts
+from vllm_hpu.ops.moe import MoeRouting, fused_experts, select_experts
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.fused_moe.runner.shared_experts import (

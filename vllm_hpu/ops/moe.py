@@ -15,19 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from vllm.model_executor.layers.fused_moe.router.cpu_router import (
     select_experts as vllm_select_experts,
 )
 
 from vllm_hpu import device
+from vllm_hpu.ops.activations import gated
 
-# Activations of gated experts: act(gate) * up, with w13 holding gate then up.
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-}
 # torch's grouped GEMM on the CPU wants every stride a multiple of 16 bytes.
 GROUPED_MM_ALIGNMENT = 16
 
@@ -74,12 +68,6 @@ def select_experts(
     )
 
 
-def _gated(h: torch.Tensor, activation: str) -> torch.Tensor:
-    """[..., 2 * intermediate] -> [..., intermediate]: act(gate) * up."""
-    gate, up = h.chunk(2, dim=-1)
-    return ACTIVATIONS[activation](gate) * up
-
-
 def grouped_mm_fits(
     hidden_size: int, intermediate_size: int, dtype: torch.dtype
 ) -> bool:
@@ -117,7 +105,7 @@ def experts_grouped(
     offsets = rows_per_expert.cumsum(0, dtype=torch.int32)  # end row of each expert
     rows = hidden_states.index_select(0, token_ids)
     h = torch._grouped_mm(rows, w13.transpose(1, 2), offs=offsets)
-    out = torch._grouped_mm(_gated(h, activation), w2.transpose(1, 2), offs=offsets)
+    out = torch._grouped_mm(gated(h, activation), w2.transpose(1, 2), offs=offsets)
     weights = topk_weights.flatten().index_select(0, order).to(out.dtype)
     return torch.zeros_like(hidden_states).index_add_(
         0, token_ids, out * weights.unsqueeze(1)
@@ -144,7 +132,7 @@ def experts_dense(
     ).scatter_add_(1, topk_ids.long(), topk_weights.to(hidden_states.dtype))
     out = torch.zeros_like(hidden_states)
     for expert in range(num_experts):
-        h = _gated(hidden_states @ w13[expert].t(), activation)
+        h = gated(hidden_states @ w13[expert].t(), activation)
         out += (h @ w2[expert].t()) * dense_weights[:, expert : expert + 1]
     return out
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from vllm_hpu.ops.moe import ACTIVATIONS
+from vllm_hpu.ops.activations import gated
 
 FP8 = torch.float8_e4m3fn
 FP32 = torch.float32
@@ -168,8 +168,7 @@ def _routed_experts(
     out = torch.zeros(x.shape, dtype=FP32)
     for expert, (w_in, w_out) in enumerate(zip(w12, w3, strict=True)):
         tokens, slots = (expert_ids == experts_min + expert).nonzero(as_tuple=True)
-        gate, up = (x[tokens] @ w_in).chunk(2, dim=-1)
-        h = intermediate(expert, ACTIVATIONS[activation](gate) * up)
+        h = intermediate(expert, gated(x[tokens] @ w_in, activation))
         out.index_add_(0, tokens, (h @ w_out) * weights[tokens, slots, None].float())
     return out
 
