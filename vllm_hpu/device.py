@@ -223,6 +223,9 @@ def _pool_host_memory() -> None:
     libc = ctypes.CDLL(None)
     libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
     libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)
+    # What an engine before this one pooled goes back first: this device starts
+    # empty, and what its weights take shows as growth (not as pool reuse).
+    libc.malloc_trim(0)
 
 
 def init_device_memory() -> None:
@@ -365,6 +368,18 @@ def fused_moe() -> Callable[..., Any] | None:
     return _KERNELS[key]
 
 
+def fused_moe_fp8() -> Callable[..., Any] | None:
+    """Gaudi's fused MoE kernel on fp8 tokens and experts with their scales
+    (``torch.ops.hpu.mixture_of_experts.fp8_fused_weights``), or None without
+    Gaudi, where ``ops/fp8_moe.py`` rounds the input through fp8 and runs the
+    dequantized experts."""
+    key = "torch.ops.hpu.mixture_of_experts.fp8_fused_weights"
+    if key not in _KERNELS:
+        moe = fused_moe()
+        _KERNELS[key] = getattr(moe, "fp8_fused_weights", None)
+    return _KERNELS[key]
+
+
 def fp8_gemm() -> Callable[..., Any] | None:
     """Gaudi's fp8 matmul with per-tensor or per-row/column dequantization scales
     (``torch.ops.hpu.fp8_gemm_v2``), or None without Gaudi, where ``ops/fp8.py``
@@ -383,6 +398,7 @@ def load_kernels() -> None:
     fused_rotary_embedding()
     fused_sdpa()
     fused_moe()
+    fused_moe_fp8()
     fp8_gemm()
     fused_rotary_mode(True)
 
