@@ -20,12 +20,13 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
 
+from vllm_hpu.ops.activations import GATED_ACTIVATIONS
 from vllm_hpu.ops.fused_moe import (
     HpuUnquantizedFusedMoEMethod,
     check_layer,
     check_router,
+    check_supported,
 )
-from vllm_hpu.ops.moe import GATED_ACTIVATIONS
 
 
 def moe_config(**changes) -> FusedMoEConfig:
@@ -106,6 +107,19 @@ def test_gpt_oss_experts_are_built():
         assert isinstance(
             UnquantizedFusedMoEMethod(config), HpuUnquantizedFusedMoEMethod
         )
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"has_bias": True}, "expert biases on quantized experts"),
+        ({"activation": MoEActivation.SWIGLUOAI}, "'swigluoai' expert activation on"),
+    ],
+)
+def test_gpt_oss_pieces_are_refused_on_quantized_experts(changes, named):
+    """The quantized methods hand ops/moe.py bare weights: no bias, plain gate."""
+    with pytest.raises(ValueError, match=named):
+        check_supported(moe_config(**changes))
 
 
 @pytest.mark.parametrize("top_k", [1, 2])

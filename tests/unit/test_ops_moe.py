@@ -188,7 +188,7 @@ def test_gpt_oss_experts_match_naive_loop(form, dtype):
     assert (h.abs() > extras.swiglu_limit).float().mean() > 0.2  # the clamp binds
     ids = torch.tensor([[3, 0]] * (NUM_TOKENS - 1) + [[5, 3]])
     weights = torch.rand(NUM_TOKENS, TOP_K)
-    out = form(x, w13, w2, weights, ids, "swigluoai", extras)
+    out = form(x, w13, w2, weights, ids, "swigluoai", extras=extras)
     expected = naive_gpt_oss_moe(x, w13, w2, as_routes(weights, ids), extras)
     # Outputs reach a few hundred: bf16 rounds them at about 1 unit.
     scale = expected.abs().max()

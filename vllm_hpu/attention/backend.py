@@ -6,8 +6,6 @@ Registered as AttentionBackendEnum.CUSTOM at import (idempotent: a dict entry).
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from vllm.config import get_current_vllm_config_or_none
-from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionImpl,
@@ -26,6 +24,12 @@ from vllm_hpu.attention.inc_modules import (
     Softmax,
     VLLMKVCache,
 )
+from vllm_hpu.attention.layer_options import (
+    binding_window,
+    decode_block_slice,
+    prompt_slicing,
+    use_fused,
+)
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
 from vllm_hpu.ops.attention_kernels import AttentionKernels
 from vllm_hpu.ops.kv_cache import kv_cache_shape
@@ -34,13 +38,8 @@ from vllm_hpu.ops.paged_attention import (
     blocks_with_alibi,
     paged_attention,
 )
-from vllm_hpu.ops.prompt_attention import (
-    bias_with_alibi,
-    bidirectional_bias,
-    fused_unsupported_reason,
-    gather_context,
-    prompt_attention,
-)
+from vllm_hpu.ops.prompt_attention import PassKeys, gather_context, prompt_attention
+from vllm_hpu.ops.prompt_mask import PromptBias, PromptMask, padded_rows_mask
 from vllm_hpu.ops.score_mods import Scoring
 
 if TYPE_CHECKING:
@@ -54,8 +53,6 @@ PREFERRED_BLOCK_SIZE = 128  # platform.DEFAULT_BLOCK_SIZE: Gaudi's MME tile
 SUPPORTED_HEAD_SIZES = list(range(32, 257, 8))
 # Encoder-only: decoder models run bidirectionally for pooling (is_causal=False).
 SUPPORTED_ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
-
-logger = init_logger("vllm.hpu.attention")
 
 
 class HpuAttentionBackend(AttentionBackend):
@@ -215,14 +212,14 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         self.head_size = head_size
         self.num_kv_heads = num_kv_heads or num_heads
         self.scale = float(scale)
-        self.sliding_window = _binding_window(sliding_window)
+        self.sliding_window = binding_window(sliding_window)
         self.alibi_slopes: torch.Tensor | None = None
         if alibi_slopes is not None:
             self.alibi_slopes = torch.tensor(alibi_slopes, dtype=torch.float32)
         self.scoring = Scoring(
             self.scale,
             logits_soft_cap,
-            use_fused=_use_fused(head_size, logits_soft_cap, alibi_slopes),
+            use_fused=use_fused(head_size, logits_soft_cap, alibi_slopes),
             sinks=_checked_sinks(sinks, num_heads),
         )
         self.kv_cache_dtype = kv_cache_dtype
@@ -237,6 +234,8 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         self.fused_scaled_dot_product_attention = (
             None if fused is None else ModuleFusedSDPA(fused)
         )
+        self.slicing = prompt_slicing()
+        self.decode_block_slice = decode_block_slice()
 
     def _kernels(self) -> AttentionKernels:
         """The submodules as the ops call them, read at each call: INC replaces
@@ -277,14 +276,22 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         if self.kv_sharing_target_layer_name is None:
             self.k_cache(key, key_cache, attn_metadata.slot_mapping)
             self.v_cache(value, value_cache, attn_metadata.slot_mapping)
+        kernels = self._kernels()
         chunk = attention_chunk(layer)
         if attn_metadata.is_prompt:
-            attn_bias = attn_metadata.prompt_bias(self.sliding_window, chunk)
-            result = self._prompt(query, key, value, kv_cache, attn_metadata, attn_bias)
+            result = self._prompt(
+                query, key, value, kv_cache, attn_metadata, kernels, chunk
+            )
         else:
             blocks = self._decode_blocks(attn_metadata, chunk)
             result = paged_attention(
-                query, key_cache, value_cache, blocks, self.scoring, self._kernels()
+                query,
+                key_cache,
+                value_cache,
+                blocks,
+                self.scoring,
+                kernels,
+                self.decode_block_slice,
             )
         output.copy_(result.reshape(output.shape))
         return output
@@ -304,13 +311,19 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         assert attn_metadata.block_list is None, "encoder-only prompts have no context"
         batch_size = query_lens.shape[0]
         query_len = query.shape[0] // batch_size
+        mask = padded_rows_mask(
+            torch.zeros_like(query_lens), query_lens, query_len, 0, causal=False
+        )
         return prompt_attention(
             query.view(batch_size, query_len, *query.shape[1:]),
-            key.view(batch_size, query_len, *key.shape[1:]),
-            value.view(batch_size, query_len, *value.shape[1:]),
-            bidirectional_bias(query_lens, query_len, query.dtype),
+            PassKeys(
+                key.view(batch_size, query_len, *key.shape[1:]),
+                value.view(batch_size, query_len, *value.shape[1:]),
+            ),
+            self._bias(mask, query.dtype),
             self.scoring,
-            kernels=self._kernels(),
+            self._kernels(),
+            self.slicing,
         )
 
     def _prompt(
@@ -320,17 +333,19 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         value: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         attn_metadata: HpuAttentionMetadata,
-        attn_bias: torch.Tensor,
+        kernels: AttentionKernels,
+        chunk: int | None = None,
     ) -> torch.Tensor:
-        """Unflatten the padded [bs * q] tokens and attend, with context if any.
-        attn_bias: [bs, 1, q, K], the mask of this layer's window or chunk."""
-        kernels = self._kernels()
-        batch_size, _, query_len, num_keys = attn_bias.shape
+        """Unflatten the padded [bs * q] tokens and attend, with context if any;
+        ``chunk``: the layer's attention chunk size (Llama 4) or None."""
+        mask = attn_metadata.prompt_mask
+        assert mask is not None
+        batch_size, query_len = mask.batch_size, mask.query_len
         past_kv = None
         if attn_metadata.block_list is not None:
             # Shapes, not values: C = blocks per row, B = past keys per block.
             num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
-            block_size = (num_keys - query_len) // num_context_blocks
+            block_size = mask.past_len // num_context_blocks
             key_cache, value_cache = kv_cache
             past_kv = gather_context(
                 key_cache,
@@ -342,12 +357,15 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
             )
         return prompt_attention(
             query.view(batch_size, query_len, *query.shape[1:]),
-            key.view(batch_size, query_len, *key.shape[1:]),
-            value.view(batch_size, query_len, *value.shape[1:]),
-            self._with_alibi(attn_bias, attn_metadata),
+            PassKeys(
+                key.view(batch_size, query_len, *key.shape[1:]),
+                value.view(batch_size, query_len, *value.shape[1:]),
+                past_kv,
+            ),
+            self._bias(mask, query.dtype, chunk),
             self.scoring,
-            past_kv,
             kernels,
+            self.slicing,
         )
 
     def _slopes(self, on: torch.device) -> torch.Tensor:
@@ -356,18 +374,18 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
             self.alibi_slopes = self.alibi_slopes.to(on)
         return self.alibi_slopes
 
-    def _with_alibi(
-        self, attn_bias: torch.Tensor, attn_metadata: HpuAttentionMetadata
-    ) -> torch.Tensor:
-        """[bs, 1, q, K] mask -> [bs, num_heads, q, K] fp32 with ALiBi (if any)."""
-        if self.alibi_slopes is None:
-            return attn_bias
-        slopes = self._slopes(attn_bias.device)
-        distance = attn_metadata.query_key_distance()
-        return bias_with_alibi(attn_bias, distance, slopes)
+    def _bias(
+        self, mask: PromptMask, dtype: torch.dtype, chunk: int | None = None
+    ) -> PromptBias:
+        """This layer's score bias over the pass: its window or chunk, its ALiBi
+        slopes."""
+        slopes = None
+        if self.alibi_slopes is not None:
+            slopes = self._slopes(mask.key_owner.device)
+        return PromptBias(mask, dtype, self.sliding_window, slopes, chunk)
 
     def _decode_blocks(
-        self, attn_metadata: HpuAttentionMetadata, chunk: int | None
+        self, attn_metadata: HpuAttentionMetadata, chunk: int | None = None
     ) -> DecodeBlocks:
         """This layer's flat blocks (its window's or chunk's), with ALiBi in the
         bias."""
@@ -393,33 +411,6 @@ def _checked_sinks(sinks: torch.Tensor | None, num_heads: int) -> torch.Tensor |
             "the HPU attention backend takes one sink per head"
         )
     return sinks
-
-
-def _binding_window(sliding_window: int | None) -> int | None:
-    """The layer's window, or None where it can never bind (no shorter than the
-    model's length): such a layer is full attention."""
-    config = get_current_vllm_config_or_none()
-    if sliding_window is None or config is None or config.model_config is None:
-        return sliding_window
-    max_model_len = config.model_config.max_model_len
-    return sliding_window if sliding_window < max_model_len else None
-
-
-def _use_fused(
-    head_size: int, logits_soft_cap: float | None, alibi_slopes: list[float] | None
-) -> bool:
-    """Whether this layer may run the fused prompt kernel; when it may not while
-    the kernel is on, the start-up log says why."""
-    reason = fused_unsupported_reason(
-        head_size, logits_soft_cap, alibi_slopes is not None
-    )
-    if reason and device.fused_sdpa() is not None:
-        logger.info_once(
-            "Prompt attention of layers with %s runs the plain path: the fused "
-            "kernel does not take it.",
-            reason,
-        )
-    return not reason
 
 
 def register() -> None:

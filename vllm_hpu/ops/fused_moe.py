@@ -1,4 +1,5 @@
-"""vLLM's FusedMoE layers on the plugin: the out-of-tree unquantized MoE method.
+"""vLLM's FusedMoE layers on the plugin: the out-of-tree unquantized MoE method, and
+the base of the quantized ones (ops/fp8_moe.py, ops/packed_moe.py).
 
 For an out-of-tree platform vLLM picks no expert kernel (``experts_cls`` is None),
 so its method cannot even say whether it is monolithic. Ours is: it routes from the
@@ -6,7 +7,8 @@ router logits and runs the experts itself (``ops/moe.py``); what it cannot run i
 refused when the model is loaded, naming the option or model to change.
 """
 
-from typing import TYPE_CHECKING, cast
+import abc
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import torch
 from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
@@ -25,12 +27,15 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
 
-from vllm_hpu.ops.custom_ops import _register_oot
-from vllm_hpu.ops.moe import (
+from vllm_hpu.ops.activations import (
+    ACTIVATIONS,
     GATED_ACTIVATIONS,
     SWIGLUOAI,
     SWIGLUOAI_ALPHA,
     SWIGLUOAI_LIMIT,
+)
+from vllm_hpu.ops.custom_ops import _register_oot
+from vllm_hpu.ops.moe import (
     ExpertExtras,
     MoeRouting,
     fused_experts,
@@ -44,8 +49,12 @@ if TYPE_CHECKING:
     )
 
 SCORING_FUNCS = ("softmax", "sigmoid")
+# Dequantized bytes of one group of quantized experts in a forward: bounds the
+# transient copy (DeepSeek-V3's 256 experts would be 22 GiB in bf16 at once).
+EXPERT_GROUP_BYTES = 1 << 30
 # FusedMoEConfig fields that change the expert activation: ops/moe.py takes the
-# clamped SwiGLU's two (with "swigluoai" only), none of the others.
+# clamped SwiGLU's two (with "swigluoai", unquantized experts only), none of the
+# others.
 SWIGLUOAI_PARAMS = ("swiglu_limit", "swiglu_alpha")
 ACTIVATION_PARAMS = (
     *SWIGLUOAI_PARAMS,
@@ -55,59 +64,69 @@ ACTIVATION_PARAMS = (
 )
 
 
-def _refuse(what: str, fix: str) -> None:
+def refuse(what: str, fix: str) -> NoReturn:
     raise ValueError(f"The HPU plugin does not support {what} in MoE layers: {fix}.")
 
 
-def check_supported(moe: FusedMoEConfig) -> None:
-    """Refuse, at model construction, the MoE configurations ops/moe.py lacks."""
+def check_supported(moe: FusedMoEConfig, unquantized: bool = False) -> None:
+    """Refuse, at model construction, the MoE configurations ops/moe.py lacks.
+    Expert biases and gpt-oss's clamped SwiGLU run on unquantized experts only
+    (the quantized methods pass their weights without them)."""
     parallel = moe.moe_parallel_config
     if parallel.use_ep or parallel.enable_eplb:
-        _refuse(
+        refuse(
             "expert parallelism",
             "drop --enable-expert-parallel / --enable-eplb; tensor parallelism "
             "splits every expert instead",
         )
-    if moe.activation.value not in GATED_ACTIVATIONS:
-        _refuse(
-            f"the '{moe.activation.value}' expert activation",
-            f"use a model with a gated {'/'.join(GATED_ACTIVATIONS)} activation",
+    if moe.has_bias and not unquantized:
+        refuse(
+            "expert biases on quantized experts",
+            "use the unquantized checkpoint or one whose experts have no bias",
+        )
+    activations = GATED_ACTIVATIONS if unquantized else tuple(ACTIVATIONS)
+    if moe.activation.value not in activations:
+        refuse(
+            f"the '{moe.activation.value}' expert activation"
+            + ("" if unquantized else " on quantized experts"),
+            f"use a model with a gated {'/'.join(activations)} activation",
         )
     clamped = [
         name
-        for name in unsupported_params(moe.activation.value)
+        for name in unsupported_params(moe.activation.value, unquantized)
         if getattr(moe, name) is not None
     ]
     if clamped:
-        _refuse(
+        refuse(
             f"expert activation parameters ({', '.join(clamped)})",
             "use a model whose experts use the plain gated activation",
         )
     if moe.has_hash_routing:
-        _refuse("hash routing (experts chosen by token id)", "use another MoE model")
+        refuse("hash routing (experts chosen by token id)", "use another MoE model")
 
 
-def unsupported_params(activation: str) -> tuple[str, ...]:
+def unsupported_params(activation: str, unquantized: bool) -> tuple[str, ...]:
     """The activation parameters ops/moe.py cannot apply to ``activation``."""
-    if activation == SWIGLUOAI:
+    if activation == SWIGLUOAI and unquantized:
         return tuple(p for p in ACTIVATION_PARAMS if p not in SWIGLUOAI_PARAMS)
     return ACTIVATION_PARAMS
 
 
 def check_layer(layer: RoutedExperts) -> None:
     """Refuse a loaded MoE layer that ops/moe.py cannot run as its model asks."""
-    if not isinstance(layer.quant_method, HpuUnquantizedFusedMoEMethod):
-        _refuse(
+    ours = (HpuUnquantizedFusedMoEMethod, HpuQuantizedMoE)
+    if not isinstance(layer.quant_method, ours):
+        refuse(
             f"quantized experts ({layer.quant_method.method_name})",
             "use an unquantized (bf16/fp32) checkpoint",
         )
     if layer.scoring_func not in SCORING_FUNCS:
-        _refuse(
+        refuse(
             f"'{layer.scoring_func}' router scoring",
             f"use a model scoring with {' or '.join(SCORING_FUNCS)}",
         )
     if layer.apply_router_weight_on_input and layer.top_k != 1:
-        _refuse(
+        refuse(
             f"routing weights applied to the input of {layer.top_k} experts per token",
             "use a top-1 model (as Llama 4) or one that weights the outputs",
         )
@@ -117,12 +136,12 @@ def check_router(router: FusedMoERouter) -> None:
     """Refuse routers whose work the monolithic method would skip: it routes from
     the router logits itself, so a router's own extra output would be lost."""
     if isinstance(router, ZeroExpertRouter):
-        _refuse(
+        refuse(
             "zero experts (tokens routed to an identity expert)",
             "use another MoE model",
         )
     if isinstance(router, RoutingSimulatorRouter):
-        _refuse(
+        refuse(
             "simulated routing",
             "unset VLLM_MOE_ROUTING_SIMULATION_STRATEGY",
         )
@@ -160,7 +179,7 @@ class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     separate routers call kernels of vllm._C, which the plugin does not have."""
 
     def __init__(self, moe: FusedMoEConfig):
-        check_supported(moe)
+        check_supported(moe, unquantized=True)
         super().__init__(moe)
 
     @property
@@ -187,9 +206,22 @@ class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         shared_experts: "SharedExperts | None",
         shared_experts_input: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Shared experts, if any, are run by vLLM's MoE runner around this call."""
+        """Shared experts, if any, are run by vLLM's MoE runner around this call;
+        with Intel Neural Compressor on, its ``moe_op`` runs the experts."""
         if layer.apply_router_weight_on_input:
             x, topk_weights = weights_on_input(x, topk_weights)
+        extras = expert_extras(layer)
+        moe_op = getattr(layer, "moe_op", None)
+        if moe_op is not None:
+            if extras.has_bias or layer.activation.value == SWIGLUOAI:
+                refuse(
+                    "expert biases or the clamped SwiGLU under Intel Neural Compressor",
+                    "run the model without --quantization inc",
+                )
+            routing_weights = topk_weights.to(x.dtype)
+            return moe_op(
+                x, topk_ids.long(), routing_weights, True, layer.activation.value
+            )
         return fused_experts(
             x,
             cast(torch.Tensor, layer.w13_weight),
@@ -197,7 +229,7 @@ class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
             topk_weights,
             topk_ids,
             layer.activation.value,
-            expert_extras(layer),
+            extras=extras,
         )
 
 
@@ -211,6 +243,78 @@ def expert_extras(layer: RoutedExperts) -> ExpertExtras:
         swiglu_alpha=SWIGLUOAI_ALPHA if alpha is None else alpha,
         swiglu_limit=SWIGLUOAI_LIMIT if limit is None else limit,
     )
+
+
+class HpuQuantizedMoE(abc.ABC):
+    """The plugin's quantized experts, a mixin ahead of the vLLM MoE method of the
+    format: vLLM's ``create_weights`` stays (the checkpoint's tensors and their
+    loaders), its kernels do not. Weights stay packed in device memory; each
+    forward routes from the router logits and dequantizes the experts group by
+    group (at most ``EXPERT_GROUP_BYTES`` at once) for ops/moe.py."""
+
+    @property
+    def is_monolithic(self) -> bool:
+        return True
+
+    def get_fused_moe_quant_config(self, layer: Any) -> Any:
+        return None  # vLLM's kernels' description: no kernel of vLLM runs
+
+    def process_weights_after_loading(self, layer: Any) -> None:  # noqa: B027
+        """Instead of vLLM's repacking for its kernels: the weights are used as
+        loaded (a format may normalise its scales)."""
+
+    @abc.abstractmethod
+    def dequantize(
+        self, layer: Any, experts: slice, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """w13 [n, 2 * intermediate, hidden] and w2 [n, hidden, intermediate] of
+        the ``experts`` slice, in ``dtype``."""
+
+    def prepare_input(self, layer: Any, x: torch.Tensor) -> torch.Tensor:
+        """The experts' input as the format computes with it (as is by default)."""
+        return x
+
+    def apply_monolithic(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        router_logits: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x: [num_tokens, hidden_size]; router_logits: [num_tokens, num_experts]."""
+        topk_weights, topk_ids = select_experts(x, router_logits, routing_of(layer))
+        if layer.apply_router_weight_on_input:  # Llama 4 (top-1)
+            x, topk_weights = weights_on_input(x, topk_weights)
+        return self.run_experts(layer, x, topk_weights, topk_ids)
+
+    def run_experts(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        num_experts = layer.local_num_experts
+        per_group = experts_per_group(layer, x.dtype)
+        inputs = self.prepare_input(layer, x)
+        out = None
+        for first in range(0, num_experts, per_group):
+            experts = slice(first, min(first + per_group, num_experts))
+            w13, w2 = self.dequantize(layer, experts, x.dtype)
+            part = fused_experts(
+                inputs, w13, w2, topk_weights, topk_ids, layer.activation.value,
+                experts_min=first, num_experts=num_experts,
+            )  # fmt: skip
+            out = part if out is None else out + part
+        return cast(torch.Tensor, out)
+
+
+def experts_per_group(layer: Any, dtype: torch.dtype) -> int:
+    """How many experts dequantize at once: all that fit ``EXPERT_GROUP_BYTES``."""
+    hidden, intermediate = layer.hidden_size, layer.intermediate_size_per_partition
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    expert_bytes = 3 * hidden * intermediate * itemsize  # gate, up and down
+    return max(1, min(layer.local_num_experts, EXPERT_GROUP_BYTES // expert_bytes))
 
 
 _register_oot(UnquantizedFusedMoEMethod, HpuUnquantizedFusedMoEMethod)

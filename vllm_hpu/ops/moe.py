@@ -15,25 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from vllm.model_executor.layers.fused_moe.router.cpu_router import (
     select_experts as vllm_select_experts,
 )
 
 from vllm_hpu import device
+from vllm_hpu.ops.activations import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT, gated
 
-# Activations of gated experts: act(gate) * up, with w13 holding gate then up.
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-}
-# gpt-oss's clamped SwiGLU (vLLM's "swigluoai"): gate and up interleaved in w13,
-# (up + 1) * gate * sigmoid(alpha * gate) after clamping both; vLLM's defaults.
-SWIGLUOAI = "swigluoai"
-SWIGLUOAI_ALPHA = 1.702
-SWIGLUOAI_LIMIT = 7.0
-GATED_ACTIVATIONS = (*ACTIVATIONS, SWIGLUOAI)
 # torch's grouped GEMM on the CPU wants every stride a multiple of 16 bytes.
 GROUPED_MM_ALIGNMENT = 16
 
@@ -65,6 +53,9 @@ class ExpertExtras:
     @property
     def has_bias(self) -> bool:
         return self.w13_bias is not None or self.w2_bias is not None
+
+    def gated(self, h: torch.Tensor, activation: str) -> torch.Tensor:
+        return gated(h, activation, self.swiglu_alpha, self.swiglu_limit)
 
 
 PLAIN_EXPERTS = ExpertExtras()
@@ -106,23 +97,6 @@ def weights_on_input(
     weights. hidden_states: [num_tokens, hidden_size]; topk_weights: [num_tokens, 1]."""
     scaled = hidden_states * topk_weights.to(hidden_states.dtype)
     return scaled, torch.ones_like(topk_weights)
-
-
-def swiglu_oai(h: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    """[..., 2 * intermediate] with gate and up interleaved -> [..., intermediate]:
-    the gate clamped from above, up on both sides, then (up + 1) * gate *
-    sigmoid(alpha * gate)."""
-    gate = h[..., ::2].clamp(max=limit)
-    up = h[..., 1::2].clamp(min=-limit, max=limit)
-    return (up + 1) * gate * torch.sigmoid(gate * alpha)
-
-
-def _gated(h: torch.Tensor, activation: str, extras: ExpertExtras) -> torch.Tensor:
-    """[..., 2 * intermediate] -> [..., intermediate]: act(gate) * up."""
-    if activation == SWIGLUOAI:
-        return swiglu_oai(h, extras.swiglu_alpha, extras.swiglu_limit)
-    gate, up = h.chunk(2, dim=-1)
-    return ACTIVATIONS[activation](gate) * up
 
 
 def _with_bias(
@@ -172,7 +146,7 @@ def experts_grouped(
     rows = hidden_states.index_select(0, token_ids)
     row_experts = expert_ids.index_select(0, order)
     h = torch._grouped_mm(rows, w13.transpose(1, 2), offs=offsets)
-    h = _gated(_with_bias(h, extras.w13_bias, row_experts), activation, extras)
+    h = extras.gated(_with_bias(h, extras.w13_bias, row_experts), activation)
     out = torch._grouped_mm(h, w2.transpose(1, 2), offs=offsets)
     out = _with_bias(out, extras.w2_bias, row_experts)
     weights = topk_weights.flatten().index_select(0, order).to(out.dtype)
@@ -203,7 +177,7 @@ def experts_dense(
     out = torch.zeros_like(hidden_states)
     for expert in range(num_experts):
         h = _with_bias(hidden_states @ w13[expert].t(), extras.w13_bias, expert)
-        h = _gated(h, activation, extras)
+        h = extras.gated(h, activation)
         h = _with_bias(h @ w2[expert].t(), extras.w2_bias, expert)
         out += h * dense_weights[:, expert : expert + 1]
     return out
@@ -216,11 +190,16 @@ def fused_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     activation: str = "silu",
+    experts_min: int = 0,
+    num_experts: int | None = None,
     extras: ExpertExtras = PLAIN_EXPERTS,
 ) -> torch.Tensor:
     """The routed experts' summed output, [num_tokens, hidden_size]: Gaudi's fused
     MoE kernel where there is one (plain SiLU experts), else the token-to-expert
-    form, else dense. Shapes as :func:`experts_grouped`."""
+    form, else dense. Shapes as :func:`experts_grouped`. A group of the layer's
+    ``num_experts`` (None: all are in ``w13``): ``w13[e]`` is expert
+    ``experts_min + e``, and (token, k) pairs routed to other experts add
+    nothing. ``extras``: biases (of the experts in ``w13``) and SwiGLU clamp."""
     kernel = device.fused_moe()
     if kernel is not None and activation == "silu" and not extras.has_bias:
         return kernel(
@@ -231,9 +210,11 @@ def fused_experts(
             w3=list(w2.unbind(0)),
             permuted_weights=True,
             activation=activation,
-            experts_min=0,
-            experts_max=w13.shape[0] - 1,
+            experts_min=experts_min,
+            experts_max=experts_min + w13.shape[0] - 1,
         )
+    if num_experts is not None and num_experts != w13.shape[0]:
+        topk_weights, topk_ids = _within(topk_weights, topk_ids, experts_min, w13)
     if grouped_mm_fits(w2.shape[1], w2.shape[2], hidden_states.dtype):
         return experts_grouped(
             hidden_states, w13, w2, topk_weights, topk_ids, activation, extras
@@ -241,3 +222,17 @@ def fused_experts(
     return experts_dense(
         hidden_states, w13, w2, topk_weights, topk_ids, activation, extras
     )
+
+
+def _within(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    experts_min: int,
+    w13: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing onto the experts of ``w13`` only: ids made local, and pairs routed
+    elsewhere sent to its first expert with weight 0 (shapes stay static)."""
+    local = topk_ids.long() - experts_min
+    inside = (local >= 0) & (local < w13.shape[0])
+    weights = torch.where(inside, topk_weights, torch.zeros_like(topk_weights))
+    return weights, torch.where(inside, local, torch.zeros_like(local))

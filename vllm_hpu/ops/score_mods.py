@@ -2,7 +2,6 @@
 logit soft-capping (Gemma 2), ALiBi position biases (Bloom, Falcon) and attention
 sinks (gpt-oss), one learned logit per head that joins every softmax."""
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -39,15 +38,16 @@ def alibi_bias(slopes: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
     return slopes.view(shape) * distance.unsqueeze(1).to(slopes.dtype)
 
 
-def softmax_with_sinks(
-    scores: torch.Tensor,
-    sinks: torch.Tensor | None,
-    softmax: Callable[[torch.Tensor, int], torch.Tensor],
+def with_sinks(
+    out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor | None
 ) -> torch.Tensor:
-    """softmax over the last axis of ``scores``, each head's sink joining it as
-    one more column that is dropped after (a row then sums to less than 1).
-    sinks: one logit per head, shaped to broadcast to ``scores[..., :1]``."""
+    """Attention normalised over its keys -> normalised over its keys and each
+    head's sink, a logit with no value: ``out`` scaled by exp(lse) / (exp(lse) +
+    exp(sink)), so a row then sums to less than 1. Any kernel that returns its
+    log-sum-exp takes sinks this way, sliced or merged passes included.
+    out: [..., num_heads, Dv]; lse: [..., num_heads] (fp32 for 16-bit models);
+    sinks: [num_heads] or None (out returned as it is)."""
     if sinks is None:
-        return softmax(scores, -1)
-    column = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
-    return softmax(torch.cat((scores, column), dim=-1), -1)[..., :-1]
+        return out
+    share = torch.sigmoid(lse - sinks.to(lse.dtype))
+    return out * share.unsqueeze(-1).to(out.dtype)
