@@ -18,7 +18,7 @@ from vllm_hpu.kv_transfer.config import (
     has_kv_connector,
     resolve_kv_transfer_config,
 )
-from vllm_hpu.quantization.checkpoints import check_quant_config
+from vllm_hpu.quantization.checkpoints import check_quant_config, method_refusal
 from vllm_hpu.quantization.inc import apply_fp8_options
 
 if TYPE_CHECKING:
@@ -89,6 +89,15 @@ class HpuPlatform(Platform):
         from vllm_hpu.attention.mla import HpuMLAPrefillBackend
 
         return HpuMLAPrefillBackend
+
+    @classmethod
+    def verify_quantization(cls, quant: str) -> None:
+        """vLLM's check of the method, with the plugin's words where it has more
+        to say (gpt-oss's ``mxfp4``)."""
+        refusal = method_refusal(quant)
+        if refusal is not None:
+            raise ValueError(refusal)
+        super().verify_quantization(quant)
 
     @classmethod
     def _preferred_block_size_for_backends(

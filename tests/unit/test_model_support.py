@@ -50,6 +50,8 @@ REFUSED = {
     # Qwen2.5-VL's tower (windowed attention) has not been validated.
     "Qwen2_5_VLForConditionalGeneration": "image, audio or video inputs",
     "Qwen2AudioForConditionalGeneration": "image, audio or video inputs",
+    # Llama 4 Scout / Maverick as they ship: the vision encoder is not run.
+    "Llama4ForConditionalGeneration": "image, audio or video inputs",
     "WhisperForConditionalGeneration": "speech-to-text",
 }
 ALLOWED = (
@@ -58,6 +60,8 @@ ALLOWED = (
     "DeepseekV2ForCausalLM",
     "Gemma2ForCausalLM",
     "BloomForCausalLM",
+    "GptOssForCausalLM",  # attention sinks, biased clamped-SwiGLU experts
+    "Llama4ForCausalLM",  # Llama 4 text: chunked attention, experts on the input
     "GPT2ForSequenceClassification",
     "Qwen2ForRewardModel",
     "BertModel",

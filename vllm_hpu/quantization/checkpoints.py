@@ -14,6 +14,25 @@ RUNS = (
 )
 
 
+# Quantization methods vLLM reads that the plugin refuses with more to say than
+# vLLM's "... is currently not supported in hpu": method -> the whole message.
+# vLLM names gpt-oss's checkpoints (quant_method "mxfp4") "gpt_oss_mxfp4".
+_GPT_OSS_MXFP4 = (
+    "gpt-oss's own MXFP4 checkpoints (quantization_config quant_method "
+    "'mxfp4': experts as e2m1 *_blocks with e8m0 *_scales, for vLLM's GPU "
+    "kernels) are not supported on HPU. The plugin runs gpt-oss from a bf16 "
+    "checkpoint (the same model with its experts dequantized); "
+    "compressed-tensors MXFP4-A16 is another format, which runs on dense "
+    "layers and on experts without biases."
+)
+REFUSED_METHODS = {"mxfp4": _GPT_OSS_MXFP4, "gpt_oss_mxfp4": _GPT_OSS_MXFP4}
+
+
+def method_refusal(method: str) -> str | None:
+    """The plugin's own refusal of a quantization method, or None."""
+    return REFUSED_METHODS.get(method)
+
+
 def check_quant_config(quant_config: Any) -> None:
     """Refuse a checkpoint's quantization the plugin cannot run, naming it."""
     if quant_config is None or quant_config.get_name() != "compressed-tensors":
