@@ -18,12 +18,13 @@ export VLLM_HPU_EMULATION ?= 1
 .PHONY: setup test-setup run test test-unit test-e2e lint models clean
 
 # vLLM and the plugin come last, without dependencies: vLLM's declared ones are
-# CUDA's (requirements-vllm.txt lists the rest).
+# CUDA's (requirements-vllm.txt lists the rest). -qq there: setuptools warns on every
+# editable install of a flat layout that folders named like the package may shadow it.
 $(VENV)/.installed: requirements-emulation.txt requirements-vllm.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
 	$(PIP_INSTALL) -r requirements-emulation.txt
-	$(PIP_INSTALL) --no-deps vllm==0.32.0 -e .
+	$(PIP_INSTALL) -qq --no-deps vllm==0.32.0 -e .
 	$(PY) scripts/install_torchvision_hook.py
 	@$(PY) scripts/check_no_cuda.py
 	touch $@
