@@ -305,10 +305,6 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
     _require_optional_packages(vllm_config)
 
 
-def _asks_ray(vllm_config: "VllmConfig") -> bool:
-    return vllm_config.parallel_config.distributed_executor_backend == "ray"
-
-
 def _asks_ngram(vllm_config: "VllmConfig") -> bool:
     speculative = vllm_config.speculative_config
     return speculative is not None and speculative.method == "ngram"
@@ -322,8 +318,8 @@ def _asks_inc(vllm_config: "VllmConfig") -> bool:
 
 # Optional features whose package the main set-up does not install
 # (requirements-test.txt pins the tested versions): (feature, asked, module, pin).
+# (Ray's absence vLLM names itself, in the caller's process.)
 _OPTIONAL_PACKAGES = (
-    ("--distributed-executor-backend ray", _asks_ray, "ray", "ray==2.60.0"),
     ("n-gram speculative decoding", _asks_ngram, "numba", "numba==0.65.0"),
     (
         "Intel Neural Compressor's FP8 (--quantization inc, QUANT_CONFIG)",
