@@ -38,8 +38,11 @@ $(MODELS)/.smollm2: $(VENV)/.installed scripts/convert_smollm2.py scripts/gguf_l
 	$(PY) scripts/convert_smollm2.py $(MODELS)
 	touch $@
 
-$(MODELS)/.built: $(VENV)/.installed scripts/build_tiny_models.py scripts/tiny_*.py
+# The tiny test models, then the quantized checkpoints written from them by
+# llm-compressor (installed apart: scripts/build_quant_checkpoints.py).
+$(MODELS)/.built: $(VENV)/.installed scripts/build_tiny_models.py scripts/tiny_*.py scripts/build_quant_checkpoints.py scripts/llmcompressor_checkpoints.py
 	$(PY) scripts/build_tiny_models.py $(MODELS)
+	$(PY) scripts/build_quant_checkpoints.py $(MODELS)
 	touch $@
 
 setup: $(VENV)/.installed $(MODELS)/.smollm2

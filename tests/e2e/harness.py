@@ -8,7 +8,7 @@ import contextlib
 import gc
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -33,15 +33,19 @@ def hf_greedy(
     max_tokens: int,
     dtype: torch.dtype,
     attn_implementation: str | None = None,
+    prepare: Callable[[torch.nn.Module], None] | None = None,
 ) -> list[list[int]]:
     """Greedy continuations by transformers, one sequence at a time (no padding).
     ``attn_implementation="eager"`` where torch's SDPA cannot express the model's
-    attention (Gemma 2's soft-capping)."""
+    attention (Gemma 2's soft-capping); ``prepare`` changes the loaded model
+    (e.g. hooks that quantize activations as a quantized checkpoint's do)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=dtype, attn_implementation=attn_implementation
     ).eval()
+    if prepare is not None:
+        prepare(model)
     outputs = []
     for prompt in prompts:
         input_ids = torch.tensor([prompt])

@@ -4,6 +4,7 @@ packed in device memory and are dequantized in plain torch inside the forward.""
 from typing import Any
 
 import torch
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.layers.linear import (
     LinearBase,
     LinearMethodBase,
@@ -11,6 +12,7 @@ from vllm.model_executor.layers.linear import (
     register_weight_loader_v2_supported_method,
 )
 from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
     is_layer_skipped,
 )
@@ -20,7 +22,10 @@ from vllm.model_executor.parameter import (
 )
 
 from vllm_hpu.ops import int4
+from vllm_hpu.ops.dequant import dequantize_awq
+from vllm_hpu.ops.fused_moe import check_supported
 from vllm_hpu.ops.int4_config import HpuInt4Config
+from vllm_hpu.ops.packed_moe import HpuAWQMoEMethod
 
 
 class HpuAWQConfig(HpuInt4Config):
@@ -65,9 +70,8 @@ class HpuAWQConfig(HpuInt4Config):
 
     def get_quant_method(
         self, layer: torch.nn.Module, prefix: str
-    ) -> LinearMethodBase | None:
-        int4.refuse_experts("AWQ", layer)
-        if not isinstance(layer, LinearBase):
+    ) -> QuantizeMethodBase | None:
+        if not isinstance(layer, (LinearBase, RoutedExperts)):
             return None
         if is_layer_skipped(
             prefix,
@@ -75,7 +79,12 @@ class HpuAWQConfig(HpuInt4Config):
             self.packed_modules_mapping,
             match_mode="substring",
         ):
-            return UnquantizedLinearMethod()
+            return (
+                None if isinstance(layer, RoutedExperts) else UnquantizedLinearMethod()
+            )
+        if isinstance(layer, RoutedExperts):
+            check_supported(layer.moe_config)
+            return HpuAWQMoEMethod(self, layer.moe_config)
         return HpuAWQLinearMethod(self)
 
 
@@ -142,21 +151,11 @@ class HpuAWQLinearMethod(LinearMethodBase):
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        weight = awq_dequantize(
+        weight = dequantize_awq(
             layer.qweight, layer.qzeros, layer.scales, layer.group_size
         )
         out = torch.matmul(x, weight.to(x.dtype))
         return out if bias is None else out + bias
-
-
-def awq_dequantize(
-    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
-) -> torch.Tensor:
-    """The (in, out) weight of an AWQ layer, in the scales' dtype."""
-    values = int4.unpack_int4(qweight, dim=1, awq_order=True)
-    zeros = int4.unpack_int4(qzeros, dim=1, awq_order=True)
-    groups = int4.contiguous_groups(values.shape[0], group_size, values.device)
-    return int4.dequantize(values, zeros, scales, groups)
 
 
 def register() -> None:

@@ -4,6 +4,7 @@ HPU: weights stay packed in device memory, dequantized in the forward."""
 from typing import Any
 
 import torch
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.layers.linear import (
     LinearBase,
     LinearMethodBase,
@@ -11,6 +12,7 @@ from vllm.model_executor.layers.linear import (
     register_weight_loader_v2_supported_method,
 )
 from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from vllm.model_executor.layers.quantization.utils.gptq_utils import (
     is_layer_gptq_quantized,
 )
@@ -24,9 +26,10 @@ from vllm.model_executor.parameter import (
 )
 
 from vllm_hpu.ops import int4
+from vllm_hpu.ops.dequant import contiguous_groups, dequantize_gptq
+from vllm_hpu.ops.fused_moe import check_supported, refuse
 from vllm_hpu.ops.int4_config import HpuInt4Config
-
-SYMMETRIC_ZERO = 8  # the zero point of symmetric 4-bit GPTQ (uint4 with bias 8)
+from vllm_hpu.ops.packed_moe import HpuGPTQMoEMethod
 
 
 class HpuGPTQConfig(HpuInt4Config):
@@ -68,21 +71,35 @@ class HpuGPTQConfig(HpuInt4Config):
         quant.modules_in_block_to_quantize = blocks or []
         return quant
 
-    @staticmethod
-    def get_checkpoint_weight_mapper() -> WeightsMapper:
-        """Keeps g_idx, which vLLM drops by default: desc_act needs it."""
-        return WeightsMapper()
+    def get_checkpoint_weight_mapper(self) -> WeightsMapper:  # type: ignore[override]
+        """Keeps g_idx where desc_act needs it (vLLM drops it by default; the
+        experts have nowhere to load it)."""
+        return (
+            WeightsMapper() if self.desc_act else super().get_checkpoint_weight_mapper()
+        )
 
     def get_quant_method(
         self, layer: torch.nn.Module, prefix: str
-    ) -> LinearMethodBase | None:
-        int4.refuse_experts("GPTQ", layer)
-        if not isinstance(layer, LinearBase):
+    ) -> QuantizeMethodBase | None:
+        if not isinstance(layer, (LinearBase, RoutedExperts)):
             return None
         blocks = self.modules_in_block_to_quantize
         if not is_layer_gptq_quantized(prefix, blocks, self.packed_modules_mapping):
-            return UnquantizedLinearMethod()
+            return (
+                None if isinstance(layer, RoutedExperts) else UnquantizedLinearMethod()
+            )
+        if isinstance(layer, RoutedExperts):
+            return self.moe_method(layer)
         return HpuGPTQLinearMethod(self)
+
+    def moe_method(self, layer: RoutedExperts) -> HpuGPTQMoEMethod:
+        if self.desc_act:
+            refuse(
+                "GPTQ experts with desc_act (act-order)",
+                "use a GPTQ checkpoint quantized with desc_act=false",
+            )
+        check_supported(layer.moe_config)
+        return HpuGPTQMoEMethod(self, layer.moe_config)
 
 
 def _refuse_variants(config: dict[str, Any]) -> None:
@@ -163,7 +180,7 @@ class HpuGPTQLinearMethod(LinearMethodBase):
         if not self.quant_config.desc_act:
             # Without desc_act the groups are consecutive rows of this partition.
             rows = layer.qweight.shape[0] * int4.PACK_FACTOR
-            groups = int4.contiguous_groups(rows, layer.group_size, layer.g_idx.device)
+            groups = contiguous_groups(rows, layer.group_size, layer.g_idx.device)
             layer.g_idx.data.copy_(groups)
 
     def apply(
@@ -173,8 +190,9 @@ class HpuGPTQLinearMethod(LinearMethodBase):
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         config = self.quant_config
-        weight = gptq_dequantize(
-            layer.qweight, layer.qzeros, layer.scales, layer.g_idx, config
+        qzeros = None if config.sym else layer.qzeros
+        weight = dequantize_gptq(
+            layer.qweight, qzeros, layer.scales, layer.g_idx, config.v1
         )
         out = torch.matmul(x, weight.to(x.dtype))
         return out if bias is None else out + bias
@@ -207,24 +225,6 @@ def _register_group_params(
         )
     layer.register_parameter("qzeros", zeros_param)
     layer.register_parameter("scales", scales_param)
-
-
-def gptq_dequantize(
-    qweight: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
-    g_idx: torch.Tensor,
-    config: HpuGPTQConfig,
-) -> torch.Tensor:
-    """The (in, out) weight of a GPTQ layer, in the scales' dtype."""
-    values = int4.unpack_int4(qweight, dim=0)
-    if config.sym:
-        zeros = torch.full_like(scales, SYMMETRIC_ZERO, dtype=torch.int32)
-    else:
-        zeros = int4.unpack_int4(qzeros, dim=1)
-        # v1 stores zero - 1 in four bits: a zero of 0 was written as 15.
-        zeros = (zeros + 1) & 0xF if config.v1 else zeros
-    return int4.dequantize(values, zeros, scales, g_idx.long())
 
 
 def register() -> None:
