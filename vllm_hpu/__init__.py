@@ -36,6 +36,7 @@ def register_ops() -> None:
     import vllm_hpu.attention.backend
     import vllm_hpu.ops.custom_ops  # registers the op overrides
     import vllm_hpu.ops.fused_moe  # noqa: F401  registers the MoE method
+    from vllm_hpu import weight_transfer
     from vllm_hpu.ops import awq, fp8, gptq, int8, mxfp4, wna16
     from vllm_hpu.quantization import inc_config
 
@@ -45,3 +46,4 @@ def register_ops() -> None:
         kernels.register()
     patches.keep_fp8_shard_scales()
     inc_config.register()
+    weight_transfer.register()  # the "hpu" weight transfer backend

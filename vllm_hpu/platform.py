@@ -109,6 +109,11 @@ class HpuPlatform(Platform):
     ) -> float:
         return float(device.memory_used())
 
+    def is_sleep_mode_available(self) -> bool:
+        """Sleep mode is the worker's (worker/capabilities/sleep.py): it needs
+        no allocator of vLLM's."""
+        return True
+
     @classmethod
     def get_punica_wrapper(cls) -> str:
         return "vllm_hpu.ops.lora.HpuPunicaWrapper"
@@ -252,6 +257,12 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
         f"the '{runner_type}' runner (--runner)": runner_type
         not in ("generate", "pooling", "draft"),
     }
+    weights_change = model_config is not None and (
+        model_config.enable_sleep_mode or vllm_config.weight_transfer_config
+    )
+    unsupported["sleep mode or weight transfer with a draft model"] = bool(
+        weights_change and vllm_config.speculative_config is not None
+    )
     for feature, setting in unsupported.items():
         if setting:
             raise ValueError(

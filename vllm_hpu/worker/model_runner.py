@@ -8,7 +8,7 @@ their passes' intermediate tensors from ``execute_model`` for the worker to send
 """
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +20,7 @@ from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.model_loader import get_model
+from vllm.model_executor.model_loader.reload.inplace import reload_weights
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
@@ -40,6 +41,7 @@ from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.fused_moe import check_moe_layers
 from vllm_hpu.worker.capabilities import pipeline
 from vllm_hpu.worker.capabilities.factory import attach_model, build_capabilities
+from vllm_hpu.worker.capabilities.weight_updates import weights_change
 from vllm_hpu.worker.kv_caches import (
     bind_kv_caches,
     bind_scratch_kv_caches,
@@ -118,11 +120,13 @@ class HpuModelRunner:
         self.model: Any = None  # set by load_model
         # Per layer: (key_cache, value_cache), or one latent cache for MLA.
         self.kv_caches: dict[str, Any] = {}  # set by initialize_kv_cache
+        self.kv_cache_config: KVCacheConfig | None = None
         self.cache: CacheGeometry | None = None
         # Set by warmup (warmup/warmup.py): what runs the buckets given graphs.
         self.graph_model: Any = None
         self.graphed_buckets: set[tuple[str, Bucket]] = set()
         self._pending: _PendingStep | None = None
+        self.packed_weights = False  # repacked for the CPU by load_model
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -136,10 +140,13 @@ class HpuModelRunner:
         check_moe_layers(self.model)
         if self.caps.inc is not None:  # INC replaces the linears: nothing to pack
             self.model = self.caps.inc.apply(self.model)
-        elif self.execution_mode is ExecutionMode.EAGER:
+        elif self.execution_mode is ExecutionMode.EAGER and not weights_change(
+            self.vllm_config
+        ):
             # Compilers lower the layers as vLLM defines them: inductor cannot
-            # take oneDNN's packed weights as graph inputs.
-            device.prepare_weights(self.model)
+            # take oneDNN's packed weights as graph inputs. Weights that may
+            # change or sleep stay as vLLM loaded them.
+            self.packed_weights = device.prepare_weights(self.model)
         split_graph_every(self.model, get_envs().config_hidden_layers)
         if self.caps.spec is not None:  # a draft model loads after the target
             self.caps.spec.proposer.load_model()
@@ -168,6 +175,7 @@ class HpuModelRunner:
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the flat KV caches (plus the dummy block) and bind them."""
         num_blocks = kv_cache_config.num_blocks
+        self.kv_cache_config = kv_cache_config
         self.kv_caches = bind_kv_caches(
             self._attention_layers(), kv_cache_config, self.device
         )
@@ -179,6 +187,45 @@ class HpuModelRunner:
         self.cache = self._geometry(num_blocks)
         self.buckets.set_num_kv_blocks(num_blocks)
         logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
+
+    def release_kv_cache(self) -> None:
+        """Free the KV caches (sleep mode); their blocks hold nothing afterwards."""
+        self.stream.synchronize()
+        for layer in self._attention_layers().values():
+            layer.bind_kv_cache(torch.empty(0, 1))
+        self.kv_caches = {}
+
+    def restore_kv_cache(self) -> None:
+        """Allocate the KV caches released by ``release_kv_cache`` again, empty."""
+        assert self.kv_cache_config is not None, "initialize_kv_cache() first"
+        self.kv_caches = bind_kv_caches(
+            self._attention_layers(), self.kv_cache_config, self.device
+        )
+        device.reset_graphs(self.graph_model)
+
+    def reload_weights(
+        self,
+        weights_iterator: Iterable[tuple[str, torch.Tensor]] | None = None,
+        weights_path: str | None = None,
+        is_checkpoint_format: bool = True,
+    ) -> None:
+        """vLLM's in-place reload: from ``weights_iterator``, else from the
+        checkpoint at ``weights_path`` or the model's own."""
+        if self.packed_weights:
+            raise RuntimeError(
+                "reload_weights cannot load into the linear layers packed for the "
+                "CPU at start-up: start vLLM with enable_sleep_mode=True or a "
+                "weight_transfer_config, which keep vLLM's layout."
+            )
+        self.stream.synchronize()
+        with set_current_vllm_config(self.vllm_config):
+            reload_weights(
+                self.vllm_config,
+                self.get_model(),
+                weights_iterator,
+                weights_path,
+                is_checkpoint_format,
+            )
 
     def _geometry(self, num_blocks: int) -> CacheGeometry:
         return cache_geometry(
