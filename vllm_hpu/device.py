@@ -217,10 +217,12 @@ def _pool_host_memory() -> None:
 
 def init_device_memory() -> None:
     """At worker start, in emulation: pool host memory, then count emulated device
-    memory from this point."""
+    memory from this point, less what the heap kept of earlier work (an earlier
+    engine in this process), which the pool would hand out again uncounted."""
     if hpu_available():
         return
     _pool_host_memory()
+    release_freed_memory()
     _emulated_memory().restart()
 
 

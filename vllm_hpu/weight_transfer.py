@@ -245,6 +245,26 @@ class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitI
         self.client.finish_weight_update()
 
 
+class LLMClient:
+    """vLLM's trainer-side client protocol (``VLLMWeightSyncClient``) over an
+    offline ``vllm.LLM`` in a process of the trainer's own."""
+
+    def __init__(self, llm: Any):
+        self.llm = llm
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]):
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.llm.finish_weight_update(weight_version)
+
+
 def register() -> None:
     """Make ``"hpu"`` a backend of vLLM's factories (idempotent)."""
     module = __name__
