@@ -116,7 +116,10 @@ def test_sleep_levels_free_device_memory() -> None:
     """Level 1 keeps the weights on the host, level 2 drops them (reloaded from
     the checkpoint on wake); both free at least 90 % of the weights' and the KV
     cache's device bytes, and generate as before once awake."""
-    with vllm_engine(model_path(MODEL), enable_sleep_mode=True) as llm:
+    # A KV cache about the weights' size: each alone is over 10 % of the sum.
+    with vllm_engine(
+        model_path(MODEL), enable_sleep_mode=True, kv_cache_memory_bytes=8 << 20
+    ) as llm:
         before = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
         for level in (1, 2):
             awake = llm.collective_rpc(_meter)[0]
@@ -136,3 +139,33 @@ def test_sleep_levels_free_device_memory() -> None:
             llm.wake_up(tags=["kv_cache"])
             assert llm.collective_rpc(_meter)[0]["on_host"] == awake["on_host"]
             assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == before, level
+
+
+def test_compiled_graphs_survive_sleep(hpu_env) -> None:
+    """Compiled mode: the graphs warmup compiled serve again after both sleep
+    levels without a new compilation (dynamo guards on the tensors' shapes,
+    strides and dtypes, which waking keeps), and generate as before."""
+    from torch._dynamo.utils import counters
+
+    hpu_env(
+        VLLM_HPU_COMPILE_BACKEND="eager",
+        VLLM_PROMPT_SEQ_BUCKET_MIN="16",
+        VLLM_PROMPT_SEQ_BUCKET_STEP="16",
+        VLLM_PROMPT_SEQ_BUCKET_MAX="16",
+        VLLM_PROMPT_BLOCK_BUCKET_MAX="2",
+    )
+    engine = dict(block_size=16, max_model_len=64, max_num_seqs=4)
+    with vllm_engine(
+        model_path(MODEL), enable_sleep_mode=True, enforce_eager=False, **engine
+    ) as llm:
+        before = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
+        compiled = int(counters["stats"]["unique_graphs"])
+        assert compiled > 0  # warmup compiled the buckets
+        for level in (1, 2):
+            llm.sleep(level=level)
+            llm.wake_up(tags=["weights"])
+            if level == 2:
+                llm.collective_rpc("reload_weights")
+            llm.wake_up(tags=["kv_cache"])
+            assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == before, level
+        assert int(counters["stats"]["unique_graphs"]) == compiled
