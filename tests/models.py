@@ -32,6 +32,7 @@ TINY_MODELS = (
     "tiny-glm4-moe",
     "tiny-deepseek-v2",
     "tiny-deepseek-v2-moe",
+    "tiny-deepseek-v2-q192",
     *VARIANT_MODELS,
 )
 # Built by the set-up too, but with a classification head: they do not generate.
@@ -42,6 +43,13 @@ MULTIMODAL_MODELS = ("tiny-llava", "tiny-qwen2-vl")
 DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}
 # Built by the set-up too: EAGLE and EAGLE-3 heads for tiny-llama, as vLLM loads them.
 EAGLE_HEADS = ("tiny-llama-eagle", "tiny-llama-eagle3")
+# Built by the set-up too: 131072 positions with llama3, YaRN and LongRoPE rope
+# scaling, one layer and one head of 64 (tests/e2e/test_long_context.py).
+LONG_CONTEXT_MODELS = (
+    "tiny-llama3-128k",
+    "tiny-qwen2-yarn-128k",
+    "tiny-phi3-longrope-128k",
+)
 SMOLLM2 = "smollm2-135m-instruct"
 
 

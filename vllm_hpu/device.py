@@ -118,8 +118,31 @@ def synchronize() -> None:
 def device_stream(queued: bool) -> DeviceStream:
     """Where the runner's device work runs. Gaudi's bridge queues it itself, so
     it is submitted inline; in emulation it runs on one worker thread when
-    ``queued`` (async scheduling), so the host overlaps it as on Gaudi."""
-    return DeviceStream(threaded=queued and not hpu_available())
+    ``queued`` (async scheduling), so the host overlaps it as on Gaudi, else on
+    the calling thread. Either thread computes with ``compute_threads()``."""
+    if hpu_available():
+        return DeviceStream(threaded=False)
+    num_threads = compute_threads()
+    torch.set_num_threads(num_threads)  # the calling thread's own count
+    return DeviceStream(threaded=queued, num_threads=num_threads)
+
+
+def compute_threads() -> int:
+    """Torch threads of device work in emulation, where the CPU is the device:
+    OMP_NUM_THREADS as the user set it, else every core of this worker's share
+    (vLLM's OMP_NUM_THREADS for its workers, or all usable cores) but one, the
+    host thread's (vLLM's scheduler and the runner's preparation run beside the
+    device work). More threads than free cores make OpenMP's busy-waiting
+    threads wait for each other: a decode step ran 3 to 10 times slower on a
+    busy 2-core machine with two threads (docs/benchmarks.md, async overlap)."""
+    from vllm.utils.torch_utils import available_cpu_count
+
+    envs = get_envs()
+    given = envs.omp_num_threads.split(",")[0].strip()
+    count = int(given) if given.isdigit() and int(given) > 0 else 0
+    if count and not envs.omp_num_threads_set_by_vllm:
+        return count
+    return max(1, (count or available_cpu_count()) - 1)
 
 
 def set_device(device: torch.device) -> None:
@@ -213,6 +236,9 @@ def _pool_host_memory() -> None:
     libc = ctypes.CDLL(None)
     libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
     libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)
+    # What an engine before this one pooled goes back first: this device starts
+    # empty, and what its weights take shows as growth (not as pool reuse).
+    libc.malloc_trim(0)
 
 
 def init_device_memory() -> None:
@@ -378,6 +404,49 @@ def fused_sdpa() -> Any | None:
     )
 
 
+def _cpu_sdpa_stats(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's CPU flash kernel, which also returns the log-sum-exp of the
+    scores; heads-first, as many query heads as K/V heads."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, False, attn_mask=attn_mask, scale=scale
+    )
+    return out, lse
+
+
+def _hpu_sdpa_stats(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaudi's FusedSDPA forward that keeps what its backward needs: the row
+    maxima m and the inverse sums 1/l of the scores, so log-sum-exp = m - log(1/l).
+    Arguments: dropout, scale, causal, keep statistics, softmax mode, valid
+    lengths, padding side."""
+    out, row_max, inverse_sum = torch.ops.hpu.sdpa_recomp_fwd(
+        query, key, value, attn_mask, 0.0, scale, False, True, "None", None, "right"
+    )[:3]
+    lse = row_max.float() - torch.log(inverse_sum.float())
+    return out, lse.reshape(out.shape[:-1])
+
+
+def fused_sdpa_stats() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """The fused prompt kernel returning (output, log-sum-exp [bs, heads, q]), for
+    attention cut into tiles (``ops/sliced_attention.py``): Gaudi's FusedSDPA
+    forward with statistics, or torch's CPU flash kernel in emulation; None when
+    VLLM_PROMPT_USE_FUSEDSDPA turns the fused kernel off."""
+    if not get_envs().prompt_use_fusedsdpa:
+        return None
+    return _hpu_sdpa_stats if hpu_available() else _cpu_sdpa_stats
+
+
 def fused_moe() -> Callable[..., Any] | None:
     """Gaudi's fused mixture-of-experts kernel (``torch.ops.hpu.mixture_of_experts``),
     or None without Gaudi, where ``ops/moe.py`` runs the experts in plain torch."""
@@ -385,6 +454,18 @@ def fused_moe() -> Callable[..., Any] | None:
     if key not in _KERNELS:
         kernels = torch.ops.hpu if hpu_available() else None
         _KERNELS[key] = getattr(kernels, "mixture_of_experts", None)
+    return _KERNELS[key]
+
+
+def fused_moe_fp8() -> Callable[..., Any] | None:
+    """Gaudi's fused MoE kernel on fp8 tokens and experts with their scales
+    (``torch.ops.hpu.mixture_of_experts.fp8_fused_weights``), or None without
+    Gaudi, where ``ops/fp8_moe.py`` rounds the input through fp8 and runs the
+    dequantized experts."""
+    key = "torch.ops.hpu.mixture_of_experts.fp8_fused_weights"
+    if key not in _KERNELS:
+        moe = fused_moe()
+        _KERNELS[key] = getattr(moe, "fp8_fused_weights", None)
     return _KERNELS[key]
 
 
@@ -406,6 +487,7 @@ def load_kernels() -> None:
     fused_rotary_embedding()
     fused_sdpa()
     fused_moe()
+    fused_moe_fp8()
     fp8_gemm()
     fused_rotary_mode(True)
 

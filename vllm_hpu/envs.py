@@ -14,6 +14,10 @@ from typing import Any
 Parser = Callable[[str, str], Any]
 
 _TRUE = ("1", "true", "yes", "on")
+# Prompt attention slicing: passes of this many keys are cut, by default into
+# tiles of half of it, rounded up to this multiple (the reference's on Gaudi).
+SLICE_THRESHOLD = 8192
+SLICE_CHUNK_MULTIPLE = 1024
 _FALSE = ("0", "false", "no", "off")
 
 
@@ -100,6 +104,21 @@ class HpuEnvs:
         "",
         "Intel Neural Compressor FP8 config file (MEASURE or QUANTIZE JSON)",
     )
+    # Read, not set: the emulated device's torch threads (device.compute_threads).
+    omp_num_threads: str = _var(
+        "OMP_NUM_THREADS",
+        _text,
+        "",
+        "OpenMP's own; in emulation the torch threads of device work (unset: every "
+        "usable core but the host thread's)",
+    )
+    # vllm.utils.torch_utils.OMP_NUM_THREADS_SET_BY_VLLM (vLLM not imported here).
+    omp_num_threads_set_by_vllm: bool = _var(
+        "VLLM_OMP_NUM_THREADS_SET_BY_VLLM",
+        _bool,
+        False,
+        "vLLM's own: OMP_NUM_THREADS is its share of the cores per worker process",
+    )
     # Read, not set: emulation pools host memory unless these tune glibc's malloc.
     glibc_tunables: str = _var(
         "GLIBC_TUNABLES",
@@ -158,10 +177,11 @@ class HpuEnvs:
     # Bucket sets beyond the range variables (docs/bucketing.md, "Strategies").
     bucketing_strategy: str = _var(
         "VLLM_HPU_BUCKETING_STRATEGY",
-        _choice("compact", "linear", "exponential", "reference"),
+        _choice("compact", "linear", "exponential", "reference", "reference-merged"),
         "compact",
-        "how buckets are generated: compact (default), linear, exponential, or "
-        "reference (the reference Gaudi stack's exponential buckets)",
+        "how buckets are generated: compact (default), linear, exponential, "
+        "reference (the reference Gaudi plugin's default buckets, one prompt per "
+        "pass) or reference-merged (its merged-prefill mode)",
     )
     bucketing_from_file: str = _var(
         "VLLM_BUCKETING_FROM_FILE",
@@ -170,12 +190,13 @@ class HpuEnvs:
         "a bucket file (reference format) to warm up instead of generated buckets",
     )
     # Prompt passes pack their chunks into one sequence (docs/bucketing.md).
-    merged_prefill: bool = _var(
+    merged_prefill: bool | None = _var(
         "VLLM_HPU_MERGED_PREFILL",
         _bool,
-        True,
+        None,
         "pack a step's prompt chunks into one sequence with a block-diagonal mask "
-        "(prompt buckets by total tokens); false: one padded row per prompt",
+        "(prompt buckets by total tokens); false: one padded row per prompt; unset: "
+        "on, except with VLLM_PROMPT_BS_BUCKET_* set or strategy reference",
     )
     # Written by the runner after warmup; read by python -m vllm_hpu.bucketing.
     bucket_trace: str = _var(
@@ -210,6 +231,40 @@ class HpuEnvs:
         True,
         "fused SDPA kernel for prompt attention, cached context included (Gaudi's "
         "FusedSDPA; torch's scaled_dot_product_attention in emulation)",
+    )
+    # Long prompts: attention in tiles of queries x keys merged by log-sum-exp,
+    # so a pass holds one tile's scores and mask, not [q, K] (docs/long-context.md).
+    fsdpa_slice_enabled: bool = _var(
+        "VLLM_HPU_FSDPA_SLICE_ENABLED",
+        _bool,
+        True,
+        "cut long prompt attention into tiles (every path: fused, plain, merged, "
+        "MLA); false: one [q, K] attention per pass",
+    )
+    fsdpa_slice_seq_len_thld: int = _var(
+        "VLLM_HPU_FSDPA_SLICE_SEQ_LEN_THLD",
+        _positive_int,
+        SLICE_THRESHOLD,
+        "a prompt pass attending at least this many keys (context + queries) is cut",
+    )
+    fsdpa_slice_chunk_size: int = _var(
+        "VLLM_HPU_FSDPA_SLICE_CHUNK_SIZE",
+        _positive_int,
+        SLICE_THRESHOLD // 2,
+        "queries and keys per tile, at most the threshold; unset: half the "
+        "threshold rounded up to a multiple of 1024",
+    )
+    # Decode over many blocks: a layer reads this many flat blocks at a time, so
+    # it copies one slice of the batch's KV, not all of it (docs/long-context.md).
+    decode_block_slice: int = _var(
+        "VLLM_HPU_DECODE_BLOCK_SLICE",
+        _positive_int,
+        4096,
+        "decode attention reads at most this many KV blocks of the batch at a time",
+    )
+    fsdpa_slice_with_graph_breaks: bool | None = _no_effect(
+        "VLLM_HPU_FSDPA_SLICE_WITH_GRAPH_BREAKS",
+        "the tiles of a pass run in the pass's own graph",
     )
     log_step_graph_compilation: bool = _var(
         "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION",
@@ -337,7 +392,26 @@ def read_envs(environ: Mapping[str, str]) -> HpuEnvs:
         if raw != "":
             values[field.name] = field.metadata["parse"](field.metadata["env"], raw)
     _apply_bucketing_strategy(values)
+    _apply_slice_chunk_size(values)
     return HpuEnvs(**values)
+
+
+def _apply_slice_chunk_size(values: dict[str, Any]) -> None:
+    """The tile size defaults to half the threshold, rounded up to 1024 (the
+    reference's granularity on Gaudi); a tile may not exceed the threshold."""
+    threshold = values.get("fsdpa_slice_seq_len_thld", SLICE_THRESHOLD)
+    chunk = values.get("fsdpa_slice_chunk_size")
+    if chunk is None:
+        half = -(-threshold // 2)
+        chunk = -(-half // SLICE_CHUNK_MULTIPLE) * SLICE_CHUNK_MULTIPLE
+        values["fsdpa_slice_chunk_size"] = min(chunk, threshold)
+    elif chunk > threshold:
+        raise ValueError(
+            f"VLLM_HPU_FSDPA_SLICE_CHUNK_SIZE={chunk} exceeds "
+            f"VLLM_HPU_FSDPA_SLICE_SEQ_LEN_THLD={threshold}: a tile must not be "
+            "longer than the passes that are cut; lower the chunk size or raise "
+            "the threshold."
+        )
 
 
 def _apply_bucketing_strategy(values: dict[str, Any]) -> None:

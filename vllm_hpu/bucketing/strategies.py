@@ -10,6 +10,11 @@ from vllm_hpu.bucketing.buckets import (
 )
 from vllm_hpu.bucketing.compact import compact_decode_buckets, compact_prompt_buckets
 from vllm_hpu.bucketing.config import BucketingConfig
+from vllm_hpu.bucketing.long_context import (
+    is_long_context,
+    long_context_decode_buckets,
+    long_context_prompt_buckets,
+)
 from vllm_hpu.bucketing.merged import merged_prompt_buckets, single_row_buckets
 from vllm_hpu.bucketing.reference import (
     reference_decode_buckets,
@@ -21,11 +26,14 @@ RANGE_STRATEGIES = ("linear", "exponential")
 
 
 def strategy_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
-    if config.merged_prefill:
-        if config.prompt_strategy == "compact":
-            return merged_prompt_buckets(config)
-        return single_row_buckets(_prompt_buckets(config), config.prompt_strategy)
-    return _prompt_buckets(config)
+    strategy = config.prompt_strategy
+    if not config.merged_prefill or strategy == "reference-merged":
+        return _prompt_buckets(config)
+    if strategy == "compact" and is_long_context(config):
+        return long_context_prompt_buckets(config)
+    if strategy == "compact":
+        return merged_prompt_buckets(config)
+    return single_row_buckets(_prompt_buckets(config), strategy)
 
 
 def _prompt_buckets(config: BucketingConfig) -> list[Bucket]:
@@ -34,8 +42,8 @@ def _prompt_buckets(config: BucketingConfig) -> list[Bucket]:
         return generate_prompt_buckets(config)
     if strategy == "compact":
         return compact_prompt_buckets(config)
-    if strategy == "reference":
-        return reference_prompt_buckets(config)
+    if strategy in ("reference", "reference-merged"):
+        return reference_prompt_buckets(config, merged=strategy == "reference-merged")
     return read_bucket_file(config.bucket_file).prompt
 
 
@@ -45,9 +53,11 @@ def strategy_decode_buckets(
     strategy = config.decode_strategy
     if strategy in RANGE_STRATEGIES:
         return generate_decode_buckets(config, num_kv_blocks)
+    if strategy == "compact" and is_long_context(config):
+        return long_context_decode_buckets(config, num_kv_blocks)
     if strategy == "compact":
         return compact_decode_buckets(config, num_kv_blocks)
-    if strategy == "reference":
+    if strategy in ("reference", "reference-merged"):
         return reference_decode_buckets(config, num_kv_blocks)
     return clamp_decode_buckets(
         config, read_bucket_file(config.bucket_file).decode, num_kv_blocks
