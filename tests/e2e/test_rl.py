@@ -2,7 +2,8 @@
 
 A trainer (this process) holding a transformers copy of tiny-llama changes its
 weights with a few optimizer steps, pushes them through the "hpu" weight
-transfer backend to a sleeping LLM whose workers are other processes, wakes it,
+transfer backend to a sleeping LLM (with TP=2 its workers are two other
+processes, each loading its shard), wakes it,
 and the LLM's greedy generations equal transformers' with the new weights.
 Sleep at levels 1 and 2 hands the weights' and the KV cache's bytes back to the
 emulated device meter, and generations after waking equal those before.
@@ -73,8 +74,7 @@ def test_rl_loop(tp: int) -> None:
         model_path(MODEL),
         enable_sleep_mode=True,
         weight_transfer_config={"backend": "hpu"},
-        tensor_parallel_size=tp,
-        distributed_executor_backend="mp",  # the workers are other processes
+        tensor_parallel_size=tp,  # TP=2: the workers are processes of their own
     ) as llm:
         assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == _greedy(original, PROMPTS)
         engine = WeightTransferTrainerFactory.trainer_init(
