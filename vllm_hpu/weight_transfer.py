@@ -9,6 +9,10 @@ own ``load_weights``, so a tensor-parallel worker keeps its shard only. Loading
 runs inside vLLM's layerwise reload (``start_weight_update`` /
 ``finish_weight_update``), which writes into the model's existing tensors.
 
+A trainer elsewhere (another host, or ranks of its own) sets ``master_address``:
+trainer rank 0 and the workers then form a gloo group, and each chunk's tensors
+are broadcast through it while the workers' ``update_weights`` receives them.
+
 Both sides are registered with vLLM's factories (``register``, called by the
 plugin in every process), so a trainer drives it as any other backend::
 
@@ -23,10 +27,16 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Self
 
 import torch
+from torch.distributed import BroadcastOptions, ProcessGroup
+from vllm.distributed.utils import (
+    stateless_destroy_torch_distributed_process_group,
+    stateless_init_torch_distributed_process_group,
+)
 from vllm.distributed.weight_transfer.base import (
     TrainerInitInfo,
     TrainerWeightTransferEngine,
@@ -54,7 +64,14 @@ def _shared_memory_dir() -> str:
 
 @dataclass
 class HpuWeightTransferInitInfo(WeightTransferInitInfo):
-    """Nothing to rendezvous: each update names the file that holds it."""
+    """Host shared memory by default: nothing to rendezvous, each update names
+    its file. With ``master_address``: the group to join, workers from rank
+    ``rank_offset`` on (the trainer's sender is rank 0)."""
+
+    master_address: str = ""
+    master_port: int = 0
+    world_size: int = 0
+    rank_offset: int = 1
 
 
 @dataclass
@@ -62,25 +79,27 @@ class HpuTrainerInitInfo(TrainerInitInfo):
     backend: ClassVar[str] = BACKEND
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # host memory one chunk may take
     directory: str = ""  # where chunks are written; "" = /dev/shm
+    # A gloo group instead of files: the sender and every worker.
+    master_address: str = ""
+    master_port: int = 0
+    world_size: int = 0
 
 
 @dataclass
 class HpuWeightTransferUpdateInfo(WeightTransferUpdateInfo):
-    """One chunk: ``path`` holds tensor i at byte ``offsets[i]``."""
+    """One chunk: ``path`` holds tensor i at byte ``offsets[i]``; without a
+    path, the tensors come by broadcast, in this order."""
 
-    path: str
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
-    offsets: list[int]
+    path: str = ""
+    offsets: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        lengths = {
-            len(self.names),
-            len(self.dtype_names),
-            len(self.shapes),
-            len(self.offsets),
-        }
+        lengths = {len(self.names), len(self.dtype_names), len(self.shapes)}
+        if self.path:
+            lengths.add(len(self.offsets))
         if len(lengths) != 1:
             raise ValueError(
                 "names, dtype_names, shapes and offsets must have one entry per "
@@ -121,8 +140,16 @@ class HpuWeightTransferEngine(
     update_info_cls = HpuWeightTransferUpdateInfo
     supports_draft_weight_update = False
 
+    group: ProcessGroup | None = None  # set when the trainer broadcasts
+
     def init_transfer_engine(self, init_info: HpuWeightTransferInitInfo) -> None:
-        return
+        if init_info.master_address:
+            self.group = join_group(
+                init_info.master_address,
+                init_info.master_port,
+                init_info.rank_offset + self.parallel_config.rank,
+                init_info.world_size,
+            )
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import (
@@ -146,12 +173,51 @@ class HpuWeightTransferEngine(
             disable_mtp_completeness_check,
         )
 
+        if update_info.path:
+            weights = read_chunk(update_info, self.device)
+        else:
+            weights = self._receive(update_info)
         model: Any = self.model  # vLLM's models add load_weights to nn.Module
         with disable_mtp_completeness_check():
-            model.load_weights(read_chunk(update_info, self.device))
+            model.load_weights(weights)
+
+    def _receive(
+        self, info: HpuWeightTransferUpdateInfo
+    ) -> list[tuple[str, torch.Tensor]]:
+        if self.group is None:
+            raise RuntimeError(
+                "This update comes by broadcast: init_weight_transfer_engine "
+                "needs the trainer's master_address first."
+            )
+        weights = []
+        for name, dtype, shape in zip(
+            info.names, info.dtype_names, info.shapes, strict=True
+        ):
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+            broadcast(self.group, tensor)
+            weights.append((name, tensor.to(self.device)))
+        return weights
 
     def shutdown(self) -> None:
-        return
+        if self.group is not None:
+            stateless_destroy_torch_distributed_process_group(self.group)
+            self.group = None
+
+
+def join_group(address: str, port: int, rank: int, world_size: int) -> ProcessGroup:
+    """The trainer's and the workers' gloo group (host tensors, on Gaudi too)."""
+    group = stateless_init_torch_distributed_process_group(
+        address, port, rank, world_size, backend="gloo"
+    )
+    assert isinstance(group, ProcessGroup)
+    return group
+
+
+def broadcast(group: ProcessGroup, tensor: torch.Tensor) -> None:
+    """``tensor`` from the group's rank 0 to every other rank, in place."""
+    options = BroadcastOptions()
+    options.rootRank = 0
+    group.broadcast([tensor], options).wait()
 
 
 def _chunks(
@@ -175,7 +241,7 @@ def write_chunk(
     chunk: list[tuple[str, torch.Tensor]], path: str
 ) -> HpuWeightTransferUpdateInfo:
     """Write ``chunk``'s tensors to ``path``; what a worker needs to read them."""
-    info = HpuWeightTransferUpdateInfo(path, [], [], [], [])
+    info = HpuWeightTransferUpdateInfo([], [], [], path, [])
     with open(path, "wb") as file:
         for name, tensor in chunk:
             file.write(bytes(-file.tell() % _ALIGN))
@@ -189,8 +255,9 @@ def write_chunk(
 
 
 class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitInfo]):
-    """The trainer side: every round writes the source chunk by chunk and has
-    the workers load each chunk before the next is written."""
+    """The trainer side: every round hands the source over chunk by chunk
+    (written to a file, or broadcast while the workers receive it) and has the
+    workers load each chunk before the next."""
 
     init_info_cls = HpuTrainerInitInfo
 
@@ -205,6 +272,7 @@ class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitI
         super().__init__(client=client, source=source, is_sender=is_sender)
         self.chunk_bytes = init_info.chunk_bytes
         self.directory = init_info.directory or _shared_memory_dir()
+        self.group: ProcessGroup | None = None  # with a master_address
 
     @classmethod
     def trainer_init(
@@ -222,9 +290,23 @@ class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitI
             is_sender=init_info.is_sender,
             init_info=init_info,
         )
-        if engine.is_sender:
+        if engine.is_sender and init_info.master_address:
+            engine.group = engine._rendezvous(init_info)
+        elif engine.is_sender:
             client.init_weight_transfer_engine({})
         return engine
+
+    def _rendezvous(self, init_info: HpuTrainerInitInfo) -> ProcessGroup:
+        """Join the group as rank 0 while the workers join it (in their RPC)."""
+        address, port = init_info.master_address, init_info.master_port
+        worker_info = HpuWeightTransferInitInfo(address, port, init_info.world_size)
+        with ThreadPoolExecutor(1) as pool:
+            joined = pool.submit(
+                self.client.init_weight_transfer_engine, asdict(worker_info)
+            )
+            group = join_group(address, port, 0, init_info.world_size)
+            joined.result()
+        return group
 
     def send_weights(self) -> None:
         """One round; ranks other than the sender only iterate the source (it
@@ -235,6 +317,14 @@ class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitI
                 pass
             return
         self.client.start_weight_update()
+        if self.group is not None:
+            self._broadcast_chunks(self.group)
+        else:
+            self._write_chunks()
+        self.client.finish_weight_update()
+
+    def _write_chunks(self) -> None:
+        assert self.source is not None
         path = os.path.join(self.directory, f"vllm-hpu-weights-{uuid.uuid4().hex}")
         try:
             for chunk in _chunks(self.source, self.chunk_bytes):
@@ -242,7 +332,26 @@ class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitI
         finally:
             if os.path.exists(path):
                 os.unlink(path)
-        self.client.finish_weight_update()
+
+    def _broadcast_chunks(self, group: ProcessGroup) -> None:
+        assert self.source is not None
+        for chunk in _chunks(self.source, self.chunk_bytes):
+            tensors = [t.detach().to("cpu").contiguous() for _, t in chunk]
+            info = HpuWeightTransferUpdateInfo(
+                names=[name for name, _ in chunk],
+                dtype_names=[str(t.dtype).removeprefix("torch.") for t in tensors],
+                shapes=[list(t.shape) for t in tensors],
+            )
+            with ThreadPoolExecutor(1) as pool:  # the workers receive meanwhile
+                received = pool.submit(self.client.update_weights, asdict(info))
+                for tensor in tensors:
+                    broadcast(group, tensor)
+                received.result()
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            stateless_destroy_torch_distributed_process_group(self.group)
+            self.group = None
 
 
 class LLMClient:

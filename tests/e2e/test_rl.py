@@ -53,8 +53,29 @@ def _train(model: torch.nn.Module, steps: int, seed: int) -> None:
     model.eval()
 
 
-@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
-def test_rl_loop(tp: int) -> None:
+def _sender(tp: int, transport: str) -> Any:
+    """Trainer-side init info: chunks in host shared memory, or a gloo group of
+    the trainer and the ``tp`` workers. Small chunks: every round spans several
+    update_weights calls."""
+    from vllm.utils.network_utils import get_open_port
+
+    from vllm_hpu.weight_transfer import HpuTrainerInitInfo
+
+    if transport == "shm":
+        return HpuTrainerInitInfo(rank=0, chunk_bytes=1 << 20)
+    return HpuTrainerInitInfo(
+        rank=0,
+        chunk_bytes=1 << 20,
+        master_address="127.0.0.1",
+        master_port=get_open_port(),
+        world_size=1 + tp,
+    )
+
+
+@pytest.mark.parametrize(
+    ("tp", "transport"), [(1, "shm"), (2, "gloo")], ids=["tp1-shm", "tp2-gloo"]
+)
+def test_rl_loop(tp: int, transport: str) -> None:
     """Two rounds of train, sleep, wake the weights, push, wake the KV cache,
     generate: the first round sleeps at level 2 (the weights are dropped, so
     only the pushed ones can be there), the second at level 1."""
@@ -64,7 +85,7 @@ def test_rl_loop(tp: int) -> None:
         WeightTransferTrainerFactory,
     )
 
-    from vllm_hpu.weight_transfer import HpuTrainerInitInfo, LLMClient
+    from vllm_hpu.weight_transfer import LLMClient
 
     trainer = AutoModelForCausalLM.from_pretrained(
         model_path(MODEL), dtype=torch.float32
@@ -78,8 +99,7 @@ def test_rl_loop(tp: int) -> None:
     ) as llm:
         assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == _greedy(original, PROMPTS)
         engine = WeightTransferTrainerFactory.trainer_init(
-            # Small chunks: every round spans several update_weights calls.
-            HpuTrainerInitInfo(rank=0, chunk_bytes=1 << 20),
+            _sender(tp, transport),
             client=LLMClient(llm),
             source=ModuleSource(trainer),
         )
@@ -93,6 +113,7 @@ def test_rl_loop(tp: int) -> None:
             assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == expected, level
         # The pushed weights changed the generations (else the check is void).
         assert expected != _greedy(original, PROMPTS)
+        engine.shutdown()
 
 
 def _meter(worker: Any) -> dict[str, int]:

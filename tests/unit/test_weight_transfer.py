@@ -5,6 +5,7 @@ drives vLLM's client protocol in order, every chunk within its size."""
 import os
 from typing import Any
 
+import pytest
 import torch
 from vllm.distributed.weight_transfer import (
     ModuleSource,
@@ -34,6 +35,13 @@ def test_chunks_read_back_exactly(tmp_path) -> None:
     assert [name for name, _ in read] == [name for name, _ in chunk]
     for (_, sent), (_, got) in zip(chunk, read, strict=True):
         assert got.dtype == sent.dtype and torch.equal(got, sent)
+
+
+def test_update_info_checks_its_lists() -> None:
+    # A broadcast chunk carries no file and no offsets.
+    HpuWeightTransferUpdateInfo(names=["a"], dtype_names=["float32"], shapes=[[2]])
+    with pytest.raises(ValueError, match="one entry per tensor"):
+        HpuWeightTransferUpdateInfo(["a"], ["float32"], [[2]], path="/x", offsets=[])
 
 
 class _Client:
