@@ -43,6 +43,24 @@ def device_type() -> str:
     return "hpu" if hpu_available() else "cpu"
 
 
+@functools.cache
+def cpu_has_bf16_instructions() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX tiles): there
+    oneDNN runs packed bf16 linear layers; elsewhere bf16 matmuls run unpacked,
+    several times slower than float32 (``ops/packed_linear.py``)."""
+    return bool(
+        torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    )
+
+
+def fast_dtype() -> torch.dtype:
+    """The dtype this device runs models fastest in: bf16 on Gaudi and on a CPU
+    with bf16 instructions, float32 on other CPUs."""
+    if hpu_available() or cpu_has_bf16_instructions():
+        return torch.bfloat16
+    return torch.float32
+
+
 def dist_backend() -> str:
     return "hccl" if hpu_available() else "gloo"
 
