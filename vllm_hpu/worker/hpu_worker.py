@@ -32,12 +32,15 @@ from vllm_hpu.worker.capabilities import kv_connector, pipeline
 from vllm_hpu.worker.capabilities.lora import HpuLoRA
 from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
 from vllm_hpu.worker.capabilities.sleep import HpuSleepMode
-from vllm_hpu.worker.capabilities.weight_updates import WeightUpdates
+from vllm_hpu.worker.capabilities.weight_updates import (
+    WeightUpdates,
+    reload_model_weights,
+)
 from vllm_hpu.worker.diagnostics.compile_stats import StepCompilations
 from vllm_hpu.worker.diagnostics.fallback_stats import StepFallbacks
 from vllm_hpu.worker.model_runner import HpuModelRunner
 from vllm_hpu.worker.warmup.memory import MemorySplit, split_memory
-from vllm_hpu.worker.warmup.warmup import warm_up_model
+from vllm_hpu.worker.warmup.warmup import start_step_trace, warm_up_model
 
 logger = init_logger("vllm.hpu.worker")
 
@@ -137,7 +140,7 @@ class HpuWorker(WorkerBase):
     def compile_or_warm_up_model(self) -> CompilationTimes:
         started = time.perf_counter()
         warm_up_model(self.runner, self._graph_mem())
-        self.runner.start_step_trace()
+        start_step_trace(self.runner)
         # The seed is reset so that profiling does not shift seeded sampling.
         set_random_seed(self.model_config.seed)
         elapsed = time.perf_counter() - started
@@ -244,7 +247,11 @@ class HpuWorker(WorkerBase):
     def reload_weights(self, **kwargs: Any) -> None:
         if self.runner.caps.sleep is not None:
             self.runner.caps.sleep.check_awake("reload_weights")
-        self.runner.reload_weights(**kwargs)
+        runner = self.runner
+        runner.stream.synchronize()  # queued passes read the weights
+        reload_model_weights(
+            self.vllm_config, runner.get_model(), runner.packed_weights, **kwargs
+        )
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self._weight_updates().init_engine(init_info)

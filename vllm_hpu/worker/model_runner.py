@@ -8,7 +8,7 @@ their passes' intermediate tensors from ``execute_model`` for the worker to send
 """
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +20,6 @@ from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.model_loader import get_model
-from vllm.model_executor.model_loader.reload.inplace import reload_weights
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
@@ -47,11 +46,12 @@ from vllm_hpu.worker.kv_caches import (
     bind_scratch_kv_caches,
     cache_geometry,
     kv_cache_specs,
+    unbind_kv_caches,
 )
 from vllm_hpu.worker.passes.build import build_prompt_forward
 from vllm_hpu.worker.passes.forward_pass import ForwardPass, sampled_token_indices
-from vllm_hpu.worker.passes.planner import PassPlanner, step_trace_header
-from vllm_hpu.worker.passes.synthetic import profile_seqs
+from vllm_hpu.worker.passes.planner import PassPlanner
+from vllm_hpu.worker.passes.synthetic import largest_prompt_bucket, profile_seqs
 from vllm_hpu.worker.state.async_output import (
     HpuAsyncOutput,
     SampledStep,
@@ -60,7 +60,7 @@ from vllm_hpu.worker.state.async_output import (
 )
 from vllm_hpu.worker.state.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.state.request_states import RequestStates, make_input_batch
-from vllm_hpu.worker.warmup.execution import ExecutionMode, select_mode
+from vllm_hpu.worker.warmup.execution import pack_linear_weights, select_mode
 from vllm_hpu.worker.warmup.layer_split import split_graph_every
 
 logger = init_logger("vllm.hpu.model_runner")
@@ -140,13 +140,11 @@ class HpuModelRunner:
         check_moe_layers(self.model)
         if self.caps.inc is not None:  # INC replaces the linears: nothing to pack
             self.model = self.caps.inc.apply(self.model)
-        elif self.execution_mode is ExecutionMode.EAGER and not weights_change(
-            self.vllm_config
-        ):
-            # Compilers lower the layers as vLLM defines them: inductor cannot
-            # take oneDNN's packed weights as graph inputs. Weights that may
-            # change or sleep stay as vLLM loaded them.
-            self.packed_weights = device.prepare_weights(self.model)
+        else:
+            keep_layout = weights_change(self.vllm_config)
+            self.packed_weights = pack_linear_weights(
+                self.model, self.execution_mode, keep_layout
+            )
         split_graph_every(self.model, get_envs().config_hidden_layers)
         if self.caps.spec is not None:  # a draft model loads after the target
             self.caps.spec.proposer.load_model()
@@ -162,10 +160,8 @@ class HpuModelRunner:
         return self.model
 
     def _attention_layers(self) -> dict[str, AttentionLayerBase]:
-        return get_layers_from_vllm_config(
-            self.vllm_config,
-            AttentionLayerBase,  # type: ignore[type-abstract]
-        )
+        layer_type: Any = AttentionLayerBase  # abstract: mypy wants a concrete one
+        return get_layers_from_vllm_config(self.vllm_config, layer_type)
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         return kv_cache_specs(
@@ -193,41 +189,14 @@ class HpuModelRunner:
     def release_kv_cache(self) -> None:
         """Free the KV caches (sleep mode); their blocks hold nothing afterwards."""
         self.stream.synchronize()
-        for layer in self._attention_layers().values():
-            layer.bind_kv_cache(torch.empty(0, 1))
-        self.kv_caches = {}
+        self.kv_caches = unbind_kv_caches(self._attention_layers())
 
     def restore_kv_cache(self) -> None:
-        """Allocate the KV caches released by ``release_kv_cache`` again, empty."""
+        """Allocate the caches ``release_kv_cache`` freed again, empty."""
         assert self.kv_cache_config is not None, "initialize_kv_cache() first"
-        self.kv_caches = bind_kv_caches(
-            self._attention_layers(), self.kv_cache_config, self.device
-        )
+        layers = self._attention_layers()
+        self.kv_caches = bind_kv_caches(layers, self.kv_cache_config, self.device)
         device.reset_graphs(self.graph_model)
-
-    def reload_weights(
-        self,
-        weights_iterator: Iterable[tuple[str, torch.Tensor]] | None = None,
-        weights_path: str | None = None,
-        is_checkpoint_format: bool = True,
-    ) -> None:
-        """vLLM's in-place reload: from ``weights_iterator``, else from the
-        checkpoint at ``weights_path`` or the model's own."""
-        if self.packed_weights:
-            raise RuntimeError(
-                "reload_weights cannot load into the linear layers packed for the "
-                "CPU at start-up: start vLLM with enable_sleep_mode=True or a "
-                "weight_transfer_config, which keep vLLM's layout."
-            )
-        self.stream.synchronize()
-        with set_current_vllm_config(self.vllm_config):
-            reload_weights(
-                self.vllm_config,
-                self.get_model(),
-                weights_iterator,
-                weights_path,
-                is_checkpoint_format,
-            )
 
     def _geometry(self, num_blocks: int) -> CacheGeometry:
         return cache_geometry(
@@ -245,16 +214,10 @@ class HpuModelRunner:
         The KV caches do not exist yet: a throw-away cache of one block takes
         the writes (every slot lands in block 0 or the dummy block).
         """
-        bucket = max(
-            (b for b in self.buckets.prompt_buckets if b.num_blocks == 0),
-            key=lambda b: (b.batch_size * b.query_len, b.query_len),
-        )
-        seqs = profile_seqs(
-            bucket,
-            self.buckets.config.merged_prefill,
-            self.block_size,
-            self.model_config.max_model_len,
-        )
+        bucket = largest_prompt_bucket(self.buckets)
+        max_len = self.model_config.max_model_len
+        merged = self.buckets.config.merged_prefill
+        seqs = profile_seqs(bucket, merged, self.block_size, max_len)
         bind_scratch_kv_caches(
             self._attention_layers(), self.get_kv_cache_spec(), self.device
         )
@@ -264,15 +227,7 @@ class HpuModelRunner:
         )
         self._forward(forward_pass, *self._stage_inputs([forward_pass], None))
         device.synchronize()
-        for layer in self._attention_layers().values():
-            # 2-D: an MLA layer squeezes dim 1 of what it is given.
-            layer.bind_kv_cache(torch.empty(0, 1))
-
-    def start_step_trace(self) -> None:
-        """Record step shapes from now on (after warmup), if asked to."""
-        if self.caps.step_trace is not None and self.cache is not None:
-            header = step_trace_header(self.vllm_config, self.cache.num_blocks)
-            self.caps.step_trace.start(header)
+        unbind_kv_caches(self._attention_layers())
 
     # ---- one engine step -------------------------------------------------
 

@@ -5,11 +5,13 @@ handed to the engine vLLM's factory builds for the configured backend (on Gaudi
 and in emulation: ``"hpu"``, see ``vllm_hpu/weight_transfer.py``).
 """
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.distributed.weight_transfer import WeightTransferEngineFactory
+from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
 from vllm_hpu.worker.capabilities.sleep import HpuSleepMode
 
@@ -21,6 +23,29 @@ def weights_change(vllm_config: VllmConfig) -> bool:
         vllm_config.model_config.enable_sleep_mode
         or vllm_config.weight_transfer_config is not None
     )
+
+
+def reload_model_weights(
+    vllm_config: VllmConfig,
+    model: torch.nn.Module,
+    packed: bool,
+    weights_iterator: Iterable[tuple[str, torch.Tensor]] | None = None,
+    weights_path: str | None = None,
+    is_checkpoint_format: bool = True,
+) -> None:
+    """vLLM's in-place reload: from ``weights_iterator``, else from the
+    checkpoint at ``weights_path`` or the model's own. ``packed``: the runner
+    repacked the linear layers for the CPU at start-up."""
+    if packed:
+        raise RuntimeError(
+            "reload_weights cannot load into the linear layers packed for the "
+            "CPU at start-up: start vLLM with enable_sleep_mode=True or a "
+            "weight_transfer_config, which keep vLLM's layout."
+        )
+    with set_current_vllm_config(vllm_config):
+        reload_weights(
+            vllm_config, model, weights_iterator, weights_path, is_checkpoint_format
+        )
 
 
 class WeightUpdates:
