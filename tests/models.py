@@ -1,4 +1,4 @@
-"""Where tests find the local models that `make setup` builds under .cache/models.
+"""Where tests find the local models `make test-setup` builds under .cache/models.
 
 A missing model fails the test with the command that builds it: no hub fallback.
 Plain functions, not fixtures: an imported fixture trips linters (F811).
@@ -61,5 +61,7 @@ def model_path(name: str) -> str:
     """Path of a built model as a string, as vLLM and transformers take it."""
     path: Path = MODELS_DIR / name
     if not (path / "config.json").is_file():
-        pytest.fail(f"{path} is missing: run `make setup` to build the local models")
+        pytest.fail(
+            f"{path} is missing: run `make test-setup` to build the local models"
+        )
     return str(path)

@@ -1,6 +1,8 @@
-"""Which model classes the HPU plugin cannot run, read from vLLM's model registry.
+"""Which models the HPU plugin cannot run: classes, read from vLLM's model registry,
+and features their config switches on.
 
-A refusal names the missing piece and what to use instead, so it can stop start-up.
+A refusal names the missing piece and what to use instead, so it can stop start-up
+in the caller's process, before the engine process starts.
 """
 
 import dataclasses
@@ -80,8 +82,8 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
 def model_config_reason(model_config: "ModelConfig") -> str | None:
     """:func:`unsupported_reason` for the configured model, with the flags that
     ``ModelConfig`` refines from the checkpoint's own config, then
-    :func:`family_variant_reason`."""
-    return _model_class_reason(model_config) or family_variant_reason(
+    :func:`config_feature_reason`."""
+    return _model_class_reason(model_config) or config_feature_reason(
         model_config.architecture, model_config.hf_text_config
     )
 
@@ -101,8 +103,24 @@ def _model_class_reason(model_config: "ModelConfig") -> str | None:
     return unsupported_reason(info)
 
 
+# gpt-oss's sinks run (validated end to end); other families switch sinks on with
+# a key of their config (Granite, MiMo-V2, Laguna, as vLLM's models read them),
+# which no test has run.
+_SINK_KEYS = (
+    "attention_sinks",
+    "add_swa_attention_sink_bias",
+    "swa_attention_sink_enabled",
+)
+
+
+def _has_unvalidated_sinks(text_config: "PretrainedConfig") -> bool:
+    return text_config.model_type != "gpt_oss" and any(
+        getattr(text_config, key, False) is True for key in _SINK_KEYS
+    )
+
+
 # vLLM's gpt-oss runs its experts' clamped SwiGLU with these constants whatever
-# the checkpoint's config says (ops/moe.py SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT).
+# the checkpoint's config says (ops/activations.py SWIGLUOAI_ALPHA, _LIMIT).
 _GPT_OSS_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
 
 
@@ -114,8 +132,9 @@ def _gpt_oss_swiglu_differs(text_config: "PretrainedConfig") -> bool:
 
 
 def _weights_inputs_of_several_experts(text_config: "PretrainedConfig") -> bool:
-    """Llama 4's MoE layers scale each expert's input by its routing weight, which
-    ops/moe.py does for one expert per token (Scout, Maverick)."""
+    """Llama 4's MoE layers (every interleave_moe_layer_step-th) scale each
+    expert's input by its routing weight, which ops/moe.py does for one expert
+    per token (Scout, Maverick)."""
     return (
         text_config.model_type == "llama4_text"
         and getattr(text_config, "num_local_experts", 0) > 0
@@ -124,9 +143,20 @@ def _weights_inputs_of_several_experts(text_config: "PretrainedConfig") -> bool:
     )
 
 
-# Variants of the families the plugin runs (gpt-oss, Llama 4) that it cannot:
-# (what, whether the text config asks for it, what to do instead).
-_FAMILY_VARIANTS: tuple[tuple[str, Callable[["PretrainedConfig"], bool], str], ...] = (
+def _has_zero_experts(text_config: "PretrainedConfig") -> bool:
+    return getattr(text_config, "zero_expert_num", 0) > 0
+
+
+# Features a model's config switches on that the HPU ops lack: (what, whether the
+# text config asks for it, what to do). Checked in order, the first named. What
+# only the built model shows is refused while it is built (attention/backend.py,
+# ops/fused_moe.py), in the engine process.
+_CONFIG_FEATURES: tuple[tuple[str, Callable[["PretrainedConfig"], bool], str], ...] = (
+    (
+        "attention sinks outside gpt-oss (the family validated with them)",
+        _has_unvalidated_sinks,
+        "use a model without attention sinks (or gpt-oss)",
+    ),
     (
         "an expert SwiGLU other than vLLM's gpt-oss runs (swiglu_alpha 1.702, "
         "swiglu_limit 7.0: vLLM ignores these keys)",
@@ -138,15 +168,20 @@ _FAMILY_VARIANTS: tuple[tuple[str, Callable[["PretrainedConfig"], bool], str], .
         _weights_inputs_of_several_experts,
         "use a Llama 4 with one expert per token (num_experts_per_tok 1)",
     ),
+    (
+        "zero experts (tokens routed to an identity expert)",
+        _has_zero_experts,
+        "use an MoE model without them",
+    ),
 )
 
 
-def family_variant_reason(
+def config_feature_reason(
     architecture: str, text_config: "PretrainedConfig"
 ) -> str | None:
-    """Why the HPU plugin cannot run this variant of a family it runs, or None;
-    read from the (text) config alone, before the engine starts."""
-    for what, asked, fix in _FAMILY_VARIANTS:
+    """Why the HPU plugin cannot run what a model's (text) config asks for, or
+    None; read from the config alone, before the engine starts."""
+    for what, asked, fix in _CONFIG_FEATURES:
         if asked(text_config):
             return (
                 f"{architecture} uses {what}, which the HPU plugin does not "
