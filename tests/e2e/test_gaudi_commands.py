@@ -49,17 +49,48 @@ def child_env(**changes: str | None) -> dict[str, str]:
     return env
 
 
-def run_child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """``code`` in a fresh interpreter, under a main guard (engines spawn)."""
+def child_command(code: str) -> list[str]:
+    """``code`` for a fresh interpreter, under a main guard (engines spawn)."""
     script = "def main():\n" + textwrap.indent(textwrap.dedent(code), "    ")
     script += "\n\nif __name__ == '__main__':\n    main()\n"
+    return [sys.executable, "-c", script]
+
+
+def run_child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", script],
+        child_command(code),
         env=env,
         capture_output=True,
         text=True,
         timeout=CHILD_TIMEOUT_S,
     )
+
+
+def run_together(
+    commands: list[list[str]], env: dict[str, str]
+) -> list[subprocess.CompletedProcess]:
+    """Commands run side by side (each spends seconds importing vLLM)."""
+    children = [
+        subprocess.Popen(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for command in commands
+    ]
+    done = []
+    try:
+        for command, child in zip(commands, children, strict=True):
+            out, err = child.communicate(timeout=CHILD_TIMEOUT_S)
+            result = subprocess.CompletedProcess(command, child.returncode, out, err)
+            done.append(result)
+    finally:
+        for child in children:
+            child.kill()  # only those still running, after a timeout
+            child.wait()
+    return done
 
 
 def generate_code(engine_kwargs: str) -> str:
@@ -108,21 +139,19 @@ def test_llm_wrong_device_is_refused(device):
 
 
 def test_without_gaudi_or_emulation_device_hpu_fails_at_once():
-    env = child_env(VLLM_HPU_EMULATION=None)
     command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
-    served = subprocess.run(
-        [*command, model_path(MODEL), "--device", "hpu"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
+    served, built = run_together(
+        [
+            [*command, model_path(MODEL), "--device", "hpu"],
+            child_command(
+                f"from vllm import LLM\nLLM({model_path(MODEL)!r}, device='hpu')"
+            ),
+        ],
+        child_env(VLLM_HPU_EMULATION=None),
     )
     assert served.returncode != 0
     (line,) = [x for x in served.stderr.splitlines() if NO_GAUDI in x]
     assert HOW_TO_EMULATE in line
-    built = run_child(
-        f"from vllm import LLM\nLLM({model_path(MODEL)!r}, device='hpu')", env
-    )
     assert built.returncode != 0
     assert f"ValueError: {NO_GAUDI}" in built.stderr
     assert HOW_TO_EMULATE in built.stderr
