@@ -29,7 +29,8 @@ import dataclasses
 import gc
 import os
 import random
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -212,29 +213,38 @@ def plugin_env(values: Iterable[tuple[str, str]]) -> Iterator[None]:
         envs.get_envs.cache_clear()
 
 
-class EnginePool:
-    """At most one shared engine alive: asking for another spec, or starting a
-    fresh engine with :func:`vllm_engine`, shuts the current one down."""
+class SharedPool:
+    """At most one shared engine (or server) alive: asking for another spec
+    shuts the current one down; so does a fresh :func:`vllm_engine`, and the
+    end of the last test using a spec (tests/e2e/conftest.py)."""
 
-    def __init__(self) -> None:
-        self._spec: EngineSpec | None = None
+    def __init__(self, start: Callable[[Any], AbstractContextManager[Any]]) -> None:
+        self._start = start
+        self._spec: Any = None
         self._stack = contextlib.ExitStack()
-        self._llm: Any = None
+        self._value: Any = None
 
-    def get(self, spec: EngineSpec) -> Any:
-        from models import model_path
-
+    def get(self, spec: Any) -> Any:
         if spec != self._spec:
             self.release()
-            path = spec.model if os.path.isabs(spec.model) else model_path(spec.model)
-            with plugin_env(spec.env):
-                self._llm = self._stack.enter_context(_engine(path, dict(spec.kwargs)))
+            self._value = self._stack.enter_context(self._start(spec))
             self._spec = spec
-        return self._llm
+        return self._value
 
     def release(self) -> None:
-        self._spec, self._llm = None, None
+        self._spec, self._value = None, None
         self._stack.close()
 
 
-ENGINE_POOL = EnginePool()
+@contextlib.contextmanager
+def _start_shared(spec: EngineSpec) -> Iterator[Any]:
+    from models import model_path
+
+    path = spec.model if os.path.isabs(spec.model) else model_path(spec.model)
+    with contextlib.ExitStack() as stack:
+        with plugin_env(spec.env):  # while it starts; the llm fixture sets them again
+            llm = stack.enter_context(_engine(path, dict(spec.kwargs)))
+        yield llm
+
+
+ENGINE_POOL = SharedPool(_start_shared)
