@@ -20,9 +20,10 @@ $(VENV)/.installed: requirements-emulation.txt requirements-vllm.txt pyproject.t
 	@$(PY) scripts/check_no_cuda.py
 	touch $@
 
-$(MODELS)/.built: $(VENV)/.installed scripts/build_tiny_models.py scripts/tiny_*.py scripts/convert_smollm2.py
+$(MODELS)/.built: $(VENV)/.installed scripts/build_tiny_models.py scripts/tiny_*.py scripts/convert_smollm2.py scripts/build_quant_checkpoints.py scripts/llmcompressor_checkpoints.py
 	$(PY) scripts/build_tiny_models.py $(MODELS)
 	$(PY) scripts/convert_smollm2.py $(MODELS)
+	$(PY) scripts/build_quant_checkpoints.py $(MODELS)
 	touch $@
 
 setup: $(VENV)/.installed $(MODELS)/.built

@@ -2,7 +2,9 @@
 vs gathering each sequence's tokens (batch 64, context 1024, block 128, 32 heads,
 8 kv heads, head size 128). MoE: a Mixtral-like layer (8 experts, top 2, 64 tokens)
 routed and run by ops/moe.py vs a per-token loop over its chosen experts.
-Quantized linear: 4-bit AWQ/GPTQ dequantize-and-multiply and fp8 vs the linear.
+Quantized linear: each checkpoint format's dequantize-and-multiply (AWQ, GPTQ,
+online fp8, and the kernels vLLM selects for fp8, block fp8, int8 W8A8, WNA16 and
+MXFP4 checkpoints) vs the unquantized linear.
 Run: python benchmarks/ops.py [--dtype bf16] [--op attention|moe|quant]
 """
 
@@ -13,16 +15,42 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from vllm.config import (
+    CompilationConfig,
+    CompilationMode,
+    VllmConfig,
+    set_current_vllm_config,
+)
+from vllm.model_executor.kernels.linear import (
+    FP8ScaledMMLinearLayerConfig,
+    Int8ScaledMMLinearLayerConfig,
+    MPLinearLayerConfig,
+    MxFp4LinearLayerConfig,
+)
+from vllm.model_executor.layers.quantization.utils.quant_utils import (
+    GroupShape,
+    QuantKey,
+    create_fp8_quant_key,
+    kFp8DynamicTokenSym,
+    kFp8StaticChannelSym,
+)
+from vllm.scalar_type import scalar_types
 
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_metadata
-from vllm_hpu.ops import int4
-from vllm_hpu.ops.awq import awq_dequantize
-from vllm_hpu.ops.fp8 import fp8_linear, quantize_per_tensor
-from vllm_hpu.ops.gptq import HpuGPTQConfig, gptq_dequantize
+from vllm_hpu.ops import dequant
+from vllm_hpu.ops.fp8 import (
+    HpuFp8BlockScaledMMLinearKernel,
+    HpuFp8ScaledMMLinearKernel,
+    fp8_linear,
+    quantize_per_tensor,
+)
+from vllm_hpu.ops.int8 import HpuInt8ScaledMMLinearKernel
 from vllm_hpu.ops.kv_cache import allocate_kv_cache, gather_blocks
 from vllm_hpu.ops.moe import MoeRouting, experts_dense, fused_experts, select_experts
+from vllm_hpu.ops.mxfp4 import HpuMxfp4LinearKernel
 from vllm_hpu.ops.paged_attention import paged_attention
 from vllm_hpu.ops.score_mods import Scoring
+from vllm_hpu.ops.wna16 import HpuWNA16LinearKernel
 
 BATCH_SIZE, CONTEXT, BLOCK_SIZE = 64, 1024, 128
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE = 32, 8, 128
@@ -133,29 +161,102 @@ def time_quantized_linear(name: str, dtype: torch.dtype, iters: int) -> None:
     awq_zeros = words[:groups].to(torch.int32)
     gptq_weight = words.to(torch.int32).view(LINEAR_IN // 8, LINEAR_OUT)
     scales = (torch.rand(groups, LINEAR_OUT) * 1e-3).to(dtype)
-    g_idx = int4.contiguous_groups(LINEAR_IN, GROUP_SIZE, x.device)
-    gptq = HpuGPTQConfig(GROUP_SIZE, desc_act=False, sym=False, v1=True)
+    g_idx = dequant.contiguous_groups(LINEAR_IN, GROUP_SIZE, x.device)
     fp8_weight, fp8_scale = quantize_per_tensor(weight)
     awq_weight = words.to(torch.int32)
-    dense, awq, gptq_time, fp8 = measure_interleaved(
-        [
-            lambda: F.linear(x, weight),
-            lambda: x @ awq_dequantize(awq_weight, awq_zeros, scales, GROUP_SIZE),
-            lambda: x @ gptq_dequantize(gptq_weight, awq_zeros, scales, g_idx, gptq),
-            lambda: fp8_linear(x, fp8_weight, fp8_scale),
-        ],
-        iters,
-    )
+    cases = {
+        f"{name} linear": lambda: F.linear(x, weight),
+        "AWQ dequant + matmul": lambda: (
+            x @ dequant.dequantize_awq(awq_weight, awq_zeros, scales, GROUP_SIZE)
+        ),
+        "GPTQ dequant + matmul": lambda: (
+            x @ dequant.dequantize_gptq(gptq_weight, awq_zeros, scales, g_idx)
+        ),
+        "online fp8 (per tensor)": lambda: fp8_linear(x, fp8_weight, fp8_scale),
+    }
+    compilation = CompilationConfig(mode=CompilationMode.NONE, custom_ops=["all"])
+    with set_current_vllm_config(VllmConfig(compilation_config=compilation)):
+        cases |= checkpoint_kernels(x, weight)
+        times = measure_interleaved(list(cases.values()), iters)
     print(
         f"quantized linear, {name}, {LINEAR_TOKENS} tokens, {LINEAR_IN} -> "
         f"{LINEAR_OUT}, group {GROUP_SIZE}, {torch.get_num_threads()} threads"
     )
-    print(f"{name} linear            : {dense * 1e3:8.2f} ms")
-    print(f"AWQ dequant + matmul   : {awq * 1e3:8.2f} ms ({awq / dense:.1f}x)")
-    print(
-        f"GPTQ dequant + matmul  : {gptq_time * 1e3:8.2f} ms ({gptq_time / dense:.1f}x)"
+    for label, seconds in zip(cases, times, strict=True):
+        print(f"{label:34}: {seconds * 1e3:8.2f} ms ({seconds / times[0]:.1f}x)")
+
+
+def _layer(**tensors: torch.Tensor | None) -> torch.nn.Module:
+    module = torch.nn.Module()
+    for name, tensor in tensors.items():
+        setattr(module, name, tensor)
+    return module
+
+
+def checkpoint_kernels(
+    x: torch.Tensor, weight: torch.Tensor
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """The kernels vLLM selects for checkpoints on the plugin, each on the same
+    layer as its checkpoint format stores it (random codes and scales)."""
+    n, k = weight.shape
+    fp8_params = ["weight", "weight_scale", "input_scale", "input_scale_ub"]
+    fp8 = HpuFp8ScaledMMLinearKernel(
+        _fp8_config(kFp8DynamicTokenSym, kFp8StaticChannelSym, (n, k)), fp8_params
     )
-    print(f"fp8 upcast matmul      : {fp8 * 1e3:8.2f} ms ({fp8 / dense:.1f}x)")
+    channel = _layer(
+        weight=weight.to(torch.float8_e4m3fn).t(), weight_scale=torch.ones(n, 1)
+    )
+    block = HpuFp8BlockScaledMMLinearKernel(
+        _fp8_config(
+            create_fp8_quant_key(static=False, group_shape=GroupShape(1, 128)),
+            create_fp8_quant_key(static=True, group_shape=GroupShape(128, 128)),
+            (n, k),
+        )
+    )
+    blocks = _layer(
+        weight=weight.to(torch.float8_e4m3fn),
+        weight_scale_inv=torch.ones(n // 128, k // 128),
+    )
+    int8_params = ["weight", "weight_scale", "input_scale", "input_zero_point", "azp"]
+    int8 = HpuInt8ScaledMMLinearKernel(
+        Int8ScaledMMLinearLayerConfig(False, True, True), int8_params
+    )
+    int8_layer = _layer(
+        weight=torch.randint(-127, 128, (n, k), dtype=torch.int8).t(),
+        weight_scale=torch.full((n, 1), 1e-3),
+    )
+    wna16 = HpuWNA16LinearKernel(
+        MPLinearLayerConfig(
+            (k, n), (k, n), scalar_types.uint4b8, x.dtype, GROUP_SIZE, False
+        ),
+        "weight_packed",
+        "weight_scale",
+    )
+    packed = _layer(
+        weight_packed=torch.randint(
+            -(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32
+        ),
+        weight_scale=torch.full((n, k // GROUP_SIZE), 1e-3, dtype=x.dtype),
+    )
+    mxfp4 = HpuMxfp4LinearKernel(MxFp4LinearLayerConfig())
+    codes = _layer(
+        weight=torch.randint(0, 256, (n, k // 2), dtype=torch.uint8),
+        weight_scale=torch.randint(117, 123, (n, k // 32), dtype=torch.uint8),
+    )
+    return {
+        "fp8 W8A8 (channel, dynamic token)": lambda: fp8.apply_weights(channel, x),
+        "fp8 block 128x128 (W8A8)": lambda: block.apply_weights(blocks, x),
+        "int8 W8A8 (channel, dynamic token)": lambda: int8.apply_weights(int8_layer, x),
+        f"WNA16 int4 (group {GROUP_SIZE})": lambda: wna16.apply_weights(packed, x),
+        "MXFP4-A16": lambda: mxfp4.apply_weights(codes, x),
+    }
+
+
+def _fp8_config(
+    act_key: QuantKey, weight_key: QuantKey, shape: tuple[int, int]
+) -> FP8ScaledMMLinearLayerConfig:
+    dtype = torch.get_default_dtype()
+    return FP8ScaledMMLinearLayerConfig(weight_key, act_key, shape, dtype, dtype)
 
 
 def time_attention(name: str, dtype: torch.dtype, iters: int) -> None:

@@ -5,6 +5,7 @@ import os
 import pathlib
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 # Emulation must be on before vLLM is imported anywhere (spawned engine
 # processes find the plugin again through its entry point and read this too).
@@ -16,6 +17,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from vllm_hpu.patches import allow_torchvision_import
 
 allow_torchvision_import()
+
+# Property tests run beside engine tests on a 2-core CI machine: input generation
+# can be slow there through no fault of the strategy, and a deadline measures the
+# machine's load, not the code.
+settings.register_profile(
+    "shared-cpu", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("shared-cpu")
 
 MODELS_DIR = pathlib.Path(__file__).resolve().parent.parent / ".cache" / "models"
 

@@ -36,10 +36,12 @@ def register_ops() -> None:
     import vllm_hpu.attention.backend
     import vllm_hpu.ops.custom_ops  # registers the op overrides
     import vllm_hpu.ops.fused_moe  # noqa: F401  registers the MoE method
-    from vllm_hpu.ops import awq, fp8, gptq
+    from vllm_hpu.ops import awq, fp8, gptq, int8, mxfp4, wna16
     from vllm_hpu.quantization import inc_config
 
     awq.register()
     gptq.register()
-    fp8.register()
+    for kernels in (fp8, int8, wna16, mxfp4):
+        kernels.register()
+    patches.keep_fp8_shard_scales()
     inc_config.register()

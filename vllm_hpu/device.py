@@ -342,6 +342,17 @@ def fused_moe() -> Callable[..., Any] | None:
     return _KERNELS[key]
 
 
+def fp8_gemm() -> Callable[..., Any] | None:
+    """Gaudi's fp8 matmul with per-tensor or per-row/column dequantization scales
+    (``torch.ops.hpu.fp8_gemm_v2``), or None without Gaudi, where ``ops/fp8.py``
+    multiplies the fp8 values upcast in plain torch."""
+    key = "torch.ops.hpu.fp8_gemm_v2"
+    if key not in _KERNELS:
+        kernels = torch.ops.hpu if hpu_available() else None
+        _KERNELS[key] = getattr(kernels, "fp8_gemm_v2", None)
+    return _KERNELS[key]
+
+
 def load_kernels() -> None:
     """Look every kernel up now, before a region is compiled: a lookup first made
     inside a compiled region would leave a guard that fails once it is made."""
@@ -349,6 +360,7 @@ def load_kernels() -> None:
     fused_rotary_embedding()
     fused_sdpa()
     fused_moe()
+    fp8_gemm()
     fused_rotary_mode(True)
 
 

@@ -38,9 +38,10 @@ _MISSING_PIECES = (
         "which the HPU plugin does not feed: use a text-only model",
     ),
 )
-# Multimodal classes whose inputs the runner feeds (worker/multimodal.py): an
-# encoder whose outputs replace placeholder tokens, with plain causal attention,
-# and 1-D positions or M-RoPE positions (worker/mrope.py). Others may need more
+# Multimodal classes whose inputs the runner feeds
+# (worker/capabilities/multimodal.py): an encoder whose outputs replace
+# placeholder tokens, with plain causal attention, and 1-D positions or M-RoPE
+# positions (worker/capabilities/mrope.py). Others may need more
 # (bidirectional attention over image tokens, audio or video encoders, other
 # M-RoPE variants), so each is validated end to end before it is listed here.
 FED_MULTIMODAL_ARCHS = frozenset(

@@ -11,6 +11,7 @@ from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from vllm_hpu import device, envs, model_support, patches
+from vllm_hpu.quantization.checkpoints import check_quant_config
 from vllm_hpu.quantization.inc import apply_fp8_options
 
 if TYPE_CHECKING:
@@ -41,13 +42,19 @@ class HpuPlatform(Platform):
     ray_device_key: str = "HPU"
     device_control_env_var: str = "HABANA_VISIBLE_MODULES"
     simple_compile_backend: str = device.compile_backend()
-    supported_quantization: list[str] = ["fp8", "inc", "awq", "gptq"]
+    supported_quantization: list[str] = [
+        "fp8",
+        "inc",
+        "awq",
+        "gptq",
+        "compressed-tensors",
+    ]
     additional_env_vars: list[str] = envs.variable_names()
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
-        if device.hpu_available():
-            return [torch.bfloat16, torch.float32]
+        """bf16 first: vLLM's "auto" runs float32 checkpoints in it. float16 runs
+        as asked (or as vLLM's "auto" keeps a float16 checkpoint)."""
         return [torch.bfloat16, torch.float32, torch.float16]
 
     @classmethod
@@ -151,7 +158,7 @@ class HpuPlatform(Platform):
         _use_our_worker(vllm_config)  # 1.
         _set_block_size(vllm_config)  # 2.
         _disable_vllm_compilation(vllm_config)  # 3.
-        _set_dtype(vllm_config)  # 4.
+        check_quant_config(vllm_config.quant_config)  # 4. before weights load
         _disable_unsupported_scheduling(vllm_config)  # 5.
         _reject_unsupported_features(vllm_config)  # 6.
         _spawn_processes()  # 7.
@@ -210,16 +217,6 @@ def _disable_vllm_compilation(vllm_config: "VllmConfig") -> None:
     compilation_config.custom_ops = ["all"]
 
 
-def _set_dtype(vllm_config: "VllmConfig") -> None:
-    """bf16 on Gaudi; emulation honours what was asked (tests use float32)."""
-    model_config = vllm_config.model_config
-    if model_config is None or not device.hpu_available():
-        return
-    if model_config.dtype == torch.float16:
-        logger.warning("Gaudi runs float16 models in bfloat16.")
-        model_config.dtype = torch.bfloat16
-
-
 def _disable_unsupported_scheduling(vllm_config: "VllmConfig") -> None:
     """Async scheduling where the runner supports it; the log says which is in
     force and why (the CLI, VLLM_DELAYED_SAMPLING or vLLM's default)."""
@@ -250,7 +247,8 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
     runner_type = model_config.runner_type if model_config is not None else "generate"
     unsupported = {
         "KV transfer (--kv-transfer-config)": vllm_config.kv_transfer_config,
-        # "draft": a speculative draft model's config (worker/draft_model.py).
+        # "draft": a speculative draft model's config
+        # (worker/spec_decode/draft_model.py).
         f"the '{runner_type}' runner (--runner)": runner_type
         not in ("generate", "pooling", "draft"),
     }
@@ -259,7 +257,7 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
             raise ValueError(
                 f"The HPU plugin does not support {feature} yet; start vLLM without it."
             )
-    from vllm_hpu.worker.spec_decode import check_speculative_config
+    from vllm_hpu.worker.spec_decode.config import check_speculative_config
 
     check_speculative_config(vllm_config)
 

@@ -57,11 +57,19 @@ def hf_greedy(
     max_tokens: int,
     dtype: torch.dtype,
     attn_implementation: str | None = None,
+    prepare: Callable[[torch.nn.Module], None] | None = None,
 ) -> list[list[int]]:
     """Greedy continuations by transformers, one sequence at a time (no padding).
     ``attn_implementation="eager"`` where torch's SDPA cannot express the model's
-    attention (Gemma 2's soft-capping). Kept on disk between runs, keyed by the
-    model's bytes and everything else that decides them (e2e/references.py)."""
+    attention (Gemma 2's soft-capping); ``prepare`` changes the loaded model
+    (e.g. hooks that quantize activations as a quantized checkpoint's do).
+    Without ``prepare``, kept on disk between runs, keyed by the model's bytes
+    and everything else that decides them (e2e/references.py); a ``prepare``
+    cannot be keyed by what it does, so its references are computed each time."""
+    if prepare is not None:
+        return _hf_greedy(
+            model_dir, prompts, max_tokens, dtype, attn_implementation, prepare
+        )
     return cached_tokens(
         _hf_greedy,
         model_dir,
@@ -79,12 +87,15 @@ def _hf_greedy(
     max_tokens: int,
     dtype: torch.dtype,
     attn_implementation: str | None,
+    prepare: Callable[[torch.nn.Module], None] | None = None,
 ) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=dtype, attn_implementation=attn_implementation
     ).eval()
+    if prepare is not None:
+        prepare(model)
     outputs = []
     for prompt in prompts:
         input_ids = torch.tensor([prompt])

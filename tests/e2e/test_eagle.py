@@ -151,7 +151,7 @@ class NaiveEagle3:
 
 def record_drafts(monkeypatch) -> list[tuple[list[int], list[int]]]:
     """(tokens so far, drafts proposed after them) of every row and step."""
-    from vllm_hpu.worker.spec_decode import SpecDecoder
+    from vllm_hpu.worker.spec_decode.decoder import SpecDecoder
 
     records: list[tuple[list[int], list[int]]] = []
     propose = SpecDecoder.propose

@@ -154,7 +154,9 @@ def _record_encoder_shapes(worker: Any) -> list[list[int]]:
 
     runner.model.visual.register_forward_pre_hook(record, with_kwargs=True)
     runner.encoder_shapes_seen = seen
-    return [list(s) for s in runner.multimodal.patch_buckets["image"].warmup_shapes()]
+    return [
+        list(s) for s in runner.caps.multimodal.patch_buckets["image"].warmup_shapes()
+    ]
 
 
 def _encoder_shapes_seen(worker: Any) -> list[list[int]]:

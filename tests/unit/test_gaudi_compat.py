@@ -12,8 +12,8 @@ from models import model_path
 from vllm_hpu import envs, patches
 from vllm_hpu.bucketing.config import base_strategy
 from vllm_hpu.ray_cluster import check_hpu_resources
-from vllm_hpu.worker import layer_split
-from vllm_hpu.worker.fallback_stats import StepFallbacks, new_fallbacks
+from vllm_hpu.worker.diagnostics.fallback_stats import StepFallbacks, new_fallbacks
+from vllm_hpu.worker.warmup import layer_split
 
 BUCKET_DIMS = [
     ("PROMPT", "BS"),
@@ -171,7 +171,8 @@ def test_config_hidden_layers_needs_lazy_mode_and_the_variable(monkeypatch):
 def test_cpu_fallbacks_counted_per_step(monkeypatch, vllm_log):
     readings = iter([{"aten::a": 1}, {"aten::a": 1}, {"aten::a": 3, "aten::b": 1}])
     monkeypatch.setattr(
-        "vllm_hpu.worker.fallback_stats.device.cpu_fallbacks", lambda: next(readings)
+        "vllm_hpu.worker.diagnostics.fallback_stats.device.cpu_fallbacks",
+        lambda: next(readings),
     )
     stats = StepFallbacks(log_nonzero=True, log_all=False)
     with stats.step():
@@ -211,7 +212,8 @@ def test_topk_duplicates_kept_by_vllms_sampler():
     ],
 )
 def test_device_option_refused_with_its_fix(monkeypatch, value, active, message):
-    monkeypatch.setattr("vllm_hpu.register", lambda: "x" if active else None)
+    monkeypatch.setattr("vllm_hpu.device.hpu_available", lambda: False)
+    monkeypatch.setattr("vllm_hpu.device.is_emulation", lambda: active)
     with pytest.raises(ValueError, match=message):
         patches.check_device(value)
 

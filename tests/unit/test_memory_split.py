@@ -1,6 +1,6 @@
 """The documented device memory split (hpu-algorithms.md section 6)."""
 
-from vllm_hpu.worker.memory import split_memory
+from vllm_hpu.worker.warmup.memory import split_memory
 
 GiB = 1 << 30
 

@@ -37,12 +37,10 @@ from vllm_hpu.ops.prompt_attention import (
     prompt_attention,
 )
 from vllm_hpu.ops.score_mods import Scoring
-from vllm_hpu.worker.inputs import ScheduledSeq
-from vllm_hpu.worker.merged_prefill import (
-    merged_fake_chunks,
-    pass_shape,
-    split_merged,
-)
+from vllm_hpu.worker.passes.seqs import ScheduledSeq
+from vllm_hpu.worker.passes.shapes import pass_shape
+from vllm_hpu.worker.passes.split import split_merged
+from vllm_hpu.worker.passes.synthetic import merged_fake_chunks
 
 BLOCK = 16
 

@@ -20,8 +20,9 @@ from vllm_hpu.ops.encoder_attention import block_diagonal_bias
 NUM_HEADS = 4
 SEQ_LEN = 64
 # Span boundaries of a 64-patch pass: one image; images of different lengths
-# ending in a 4-patch padding image (worker/vision_buckets.py); and the repeated
-# trailing boundaries Qwen2-VL's prepare_encoder_metadata pads cu_seqlens with.
+# ending in a 4-patch padding image (worker/capabilities/vision_buckets.py); and
+# the repeated trailing boundaries Qwen2-VL's prepare_encoder_metadata pads
+# cu_seqlens with.
 CU_SEQLENS = {
     "one-image": [0, 64],
     "three-sizes": [0, 16, 20, 52, 64],

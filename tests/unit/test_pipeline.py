@@ -5,7 +5,7 @@ import pytest
 import torch
 from vllm.sequence import IntermediateTensors
 
-from vllm_hpu.worker import pipeline
+from vllm_hpu.worker.capabilities import pipeline
 
 
 def _pass_output(num_tokens: int, fill: float) -> IntermediateTensors:

@@ -11,8 +11,9 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
 from vllm.v1.sample.sampler import Sampler
 
-from vllm_hpu.worker.rejection_sampler import HpuRejectionSampler
-from vllm_hpu.worker.spec_decode import check_speculative_config, spec_decode_metadata
+from vllm_hpu.worker.spec_decode.config import check_speculative_config
+from vllm_hpu.worker.spec_decode.decoder import spec_decode_metadata
+from vllm_hpu.worker.spec_decode.rejection_sampler import HpuRejectionSampler
 
 VOCAB = 4
 TARGET = torch.tensor([0.1, 0.2, 0.3, 0.4])

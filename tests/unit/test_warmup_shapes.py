@@ -6,8 +6,8 @@ import pytest
 
 from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager, ServingLimits
 from vllm_hpu.envs import read_envs
-from vllm_hpu.worker.execution import ExecutionMode, select_mode
-from vllm_hpu.worker.warmup import HpuWarmup
+from vllm_hpu.worker.warmup.execution import ExecutionMode, select_mode
+from vllm_hpu.worker.warmup.warmup import HpuWarmup
 
 
 def fake_runner(limits: ServingLimits, manager: HpuBucketManager) -> SimpleNamespace:

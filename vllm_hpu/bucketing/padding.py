@@ -6,11 +6,21 @@ padding. Decode reports batch padding (sequences) and block padding separately.
 
 import dataclasses
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from vllm_hpu.bucketing.buckets import Bucket
-    from vllm_hpu.bucketing.manager import HpuBucketManager
+
+
+class BucketLookup(Protocol):
+    """What padding a trace needs of ``HpuBucketManager`` (which imports this
+    module for its live counters)."""
+
+    def find_prompt_bucket(
+        self, batch_size: int, query_len: int, num_context_blocks: int
+    ) -> "Bucket": ...
+
+    def find_decode_bucket(self, batch_size: int, num_blocks: int) -> "Bucket": ...
 
 
 @dataclasses.dataclass
@@ -70,9 +80,7 @@ class TraceStep(NamedTuple):
     num_context_blocks: int = 0
 
 
-def measure_padding(
-    trace: Iterable[TraceStep], manager: "HpuBucketManager"
-) -> PaddingStats:
+def measure_padding(trace: Iterable[TraceStep], manager: BucketLookup) -> PaddingStats:
     """Pad every step of ``trace`` to ``manager``'s buckets and count the padding."""
     stats = PaddingStats()
     for step in trace:

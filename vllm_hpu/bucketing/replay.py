@@ -12,8 +12,9 @@ from vllm_hpu.attention.metadata import SeqLayout
 from vllm_hpu.bucketing.manager import HpuBucketManager
 from vllm_hpu.bucketing.padding import PaddingCounter, PaddingStats
 from vllm_hpu.bucketing.trace import StepShape, StepTrace
-from vllm_hpu.worker.inputs import ScheduledSeq, context_blocks
-from vllm_hpu.worker.merged_prefill import pass_shape, split_prompt_passes
+from vllm_hpu.worker.passes.seqs import ScheduledSeq, context_blocks
+from vllm_hpu.worker.passes.shapes import pass_shape
+from vllm_hpu.worker.passes.split import split_prompt_passes
 
 
 @dataclasses.dataclass

@@ -20,6 +20,7 @@ from vllm.model_executor.parameter import (
 )
 
 from vllm_hpu.ops import int4
+from vllm_hpu.ops.dequant import dequantize_awq
 from vllm_hpu.ops.int4_config import HpuInt4Config
 
 
@@ -142,21 +143,11 @@ class HpuAWQLinearMethod(LinearMethodBase):
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        weight = awq_dequantize(
+        weight = dequantize_awq(
             layer.qweight, layer.qzeros, layer.scales, layer.group_size
         )
         out = torch.matmul(x, weight.to(x.dtype))
         return out if bias is None else out + bias
-
-
-def awq_dequantize(
-    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
-) -> torch.Tensor:
-    """The (in, out) weight of an AWQ layer, in the scales' dtype."""
-    values = int4.unpack_int4(qweight, dim=1, awq_order=True)
-    zeros = int4.unpack_int4(qzeros, dim=1, awq_order=True)
-    groups = int4.contiguous_groups(values.shape[0], group_size, values.device)
-    return int4.dequantize(values, zeros, scales, groups)
 
 
 def register() -> None:

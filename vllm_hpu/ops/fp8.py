@@ -1,15 +1,38 @@
-"""vLLM's online per-tensor FP8 (``--quantization fp8``) on HPU: weights cast to
-fp8 at load with one scale each, activations cast per step, upcast matmul."""
+"""FP8 linear layers on HPU: vLLM's online per-tensor FP8 (``--quantization fp8``),
+and the kernels vLLM's linear methods select for fp8 checkpoints (``fp8`` and
+compressed-tensors W8A8-FP8): per-tensor or per-channel weight scales with static
+or dynamic activation scales, and block scales (DeepSeek's ``weight_scale_inv``).
 
+The fp8 values stay in device memory. Gaudi multiplies them with its fp8 matmul;
+emulation upcasts them (exact: e4m3 fits in bf16) and applies the scales.
+"""
+
+import functools
 from typing import Any
 
 import torch
+from vllm.model_executor.kernels.linear import (
+    FP8ScaledMMLinearKernel,
+    FP8ScaledMMLinearLayerConfig,
+    register_linear_kernel,
+)
+from vllm.model_executor.kernels.linear.scaled_mm.BlockScaledMMLinearKernel import (
+    Fp8BlockScaledMMLinearKernel,
+)
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
 from vllm.model_executor.layers.quantization.online import base as online_base
 from vllm.model_executor.layers.quantization.online.fp8 import OnlineLinearBase
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
+    GroupShape,
     kFp8StaticTensorSym,
 )
 from vllm.model_executor.utils import replace_parameter
+from vllm.platforms import PlatformEnum
+
+from vllm_hpu import device, patches
+from vllm_hpu.ops.dequant import dequantize_fp8, expand_block_scales, scaled_matmul
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max
@@ -24,6 +47,34 @@ def quantize_per_tensor(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def fp8_scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(a * a_scale) @ (b * b_scale) + bias for fp8 ``a`` [M, K] and ``b`` [K, N];
+    ``a_scale`` one value or [M, 1] (per token), ``b_scale`` one value or N (per
+    output channel, any shape with N elements)."""
+    gemm = device.fp8_gemm()
+    if gemm is not None:
+        return gemm(
+            A=a,
+            trans_A=False,
+            B=b,
+            trans_B=False,
+            D=None,
+            out_dtype=out_dtype,
+            A_scale_inv=a_scale,
+            B_scale_inv=b_scale,
+            bias=bias,
+            accumulate=False,
+        )
+    return scaled_matmul(a, b, a_scale, b_scale, out_dtype, bias)
+
+
 def fp8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -31,12 +82,9 @@ def fp8_linear(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x @ weight.T of an fp8 (out, in) weight, x cast to fp8 per tensor as an fp8
-    gemm would take it; the fp8 values are exact in x's dtype, so the matmul runs
-    upcast and the two scales multiply its result."""
+    gemm would take it."""
     xq, x_scale = quantize_per_tensor(x)
-    out = torch.matmul(xq.to(x.dtype), weight.to(x.dtype).t())
-    out = out * (x_scale * weight_scale).to(x.dtype)
-    return out if bias is None else out + bias
+    return fp8_scaled_mm(xq, weight.t(), x_scale, weight_scale, x.dtype, bias)
 
 
 class HpuFp8PerTensorOnlineLinearMethod(OnlineLinearBase):
@@ -64,8 +112,91 @@ class HpuFp8PerTensorOnlineLinearMethod(OnlineLinearBase):
         return fp8_linear(x, layer.weight, layer.weight_scale, bias)
 
 
+class HpuFp8Config(Fp8Config):
+    """vLLM's config of ``fp8`` checkpoints, which also runs float32 activations
+    here (vLLM allows only 16-bit ones: its CUDA kernels' limit, not ours)."""
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+
+class HpuFp8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
+    """Per-tensor or per-channel fp8 weights ([K, N] once vLLM's method has
+    processed them) times fp8 activations: a static per-tensor scale from the
+    checkpoint, or dynamic scales, which are per token here whatever vLLM asks
+    (as Gaudi's reference path does): finer than one scale for the batch, and a
+    sequence's output then does not depend on the others in its batch."""
+
+    def __init__(self, c: FP8ScaledMMLinearLayerConfig, layer_param_names: Any):
+        super().__init__(c, layer_param_names)
+        if not c.activation_quant_key.scale.static:
+            self.quant_fp8 = QuantFP8(static=False, group_shape=GroupShape.PER_TOKEN)
+
+    @classmethod
+    def is_supported(
+        cls, compute_capability: int | None = None
+    ) -> tuple[bool, str | None]:
+        return True, None
+
+    @classmethod
+    def can_implement(cls, c: FP8ScaledMMLinearLayerConfig) -> tuple[bool, str | None]:
+        weight = c.weight_quant_key.scale.group_shape
+        if not (weight.is_per_tensor() or weight.is_per_channel()):
+            return False, f"weight scales per {weight} are not per tensor or channel"
+        activation = c.activation_quant_key.scale
+        if activation.static and not activation.group_shape.is_per_tensor():
+            return False, "static activation scales must be per tensor"
+        return True, None
+
+    def apply_scaled_mm(
+        self,
+        *,
+        A: torch.Tensor,
+        B: torch.Tensor,
+        out_dtype: torch.dtype,
+        As: torch.Tensor,
+        Bs: torch.Tensor,
+        bias: torch.Tensor | None,
+        output_shape: list,
+    ) -> torch.Tensor:
+        return fp8_scaled_mm(A, B, As, Bs, out_dtype, bias).view(*output_shape)
+
+
+class HpuFp8BlockScaledMMLinearKernel(Fp8BlockScaledMMLinearKernel):
+    """Block-scaled fp8 weights [N, K] with scales [ceil(N/bn), ceil(K/bk)] (the
+    last blocks may be partial), times activations quantized per token and group
+    of ``bn`` inputs by vLLM's QuantFP8: both dequantized, then multiplied."""
+
+    @classmethod
+    def is_supported(
+        cls, compute_capability: int | None = None
+    ) -> tuple[bool, str | None]:
+        return True, None
+
+    def apply_block_scaled_mm(
+        self,
+        A: torch.Tensor,
+        B: torch.Tensor,
+        As: torch.Tensor,
+        Bs: torch.Tensor,
+    ) -> torch.Tensor:
+        dtype = self.config.out_dtype
+        group = (1, self.quant_fp8.group_size)
+        x = A.float() * expand_block_scales(As.float(), A.shape, group)
+        block = (self.weight_group_shape.row, self.weight_group_shape.col)
+        weight = dequantize_fp8(B, Bs, block, dtype)
+        return torch.matmul(x.to(dtype), weight.t())
+
+
+@functools.cache
 def register() -> None:
-    """vLLM builds its online config itself and looks its linear methods up in a
+    """The ``fp8`` config and the checkpoint kernels through vLLM's registries
+    (the block kernel through a patch: the registry has no kind for it); vLLM
+    builds its online config itself and looks its linear methods up in a
     module-level table, with no registration hook: the per-tensor entry is ours."""
+    register_quantization_config("fp8")(HpuFp8Config)
+    register_linear_kernel(HpuFp8ScaledMMLinearKernel, PlatformEnum.OOT, "fp8")
+    patches.register_block_fp8_kernel(HpuFp8BlockScaledMMLinearKernel)
     methods: dict[Any, type] = online_base._ONLINE_LINEAR_METHODS
     methods[kFp8StaticTensorSym] = HpuFp8PerTensorOnlineLinearMethod

@@ -24,9 +24,8 @@ from vllm.model_executor.parameter import (
 )
 
 from vllm_hpu.ops import int4
+from vllm_hpu.ops.dequant import contiguous_groups, dequantize_gptq
 from vllm_hpu.ops.int4_config import HpuInt4Config
-
-SYMMETRIC_ZERO = 8  # the zero point of symmetric 4-bit GPTQ (uint4 with bias 8)
 
 
 class HpuGPTQConfig(HpuInt4Config):
@@ -163,7 +162,7 @@ class HpuGPTQLinearMethod(LinearMethodBase):
         if not self.quant_config.desc_act:
             # Without desc_act the groups are consecutive rows of this partition.
             rows = layer.qweight.shape[0] * int4.PACK_FACTOR
-            groups = int4.contiguous_groups(rows, layer.group_size, layer.g_idx.device)
+            groups = contiguous_groups(rows, layer.group_size, layer.g_idx.device)
             layer.g_idx.data.copy_(groups)
 
     def apply(
@@ -173,8 +172,9 @@ class HpuGPTQLinearMethod(LinearMethodBase):
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         config = self.quant_config
-        weight = gptq_dequantize(
-            layer.qweight, layer.qzeros, layer.scales, layer.g_idx, config
+        qzeros = None if config.sym else layer.qzeros
+        weight = dequantize_gptq(
+            layer.qweight, qzeros, layer.scales, layer.g_idx, config.v1
         )
         out = torch.matmul(x, weight.to(x.dtype))
         return out if bias is None else out + bias
@@ -207,24 +207,6 @@ def _register_group_params(
         )
     layer.register_parameter("qzeros", zeros_param)
     layer.register_parameter("scales", scales_param)
-
-
-def gptq_dequantize(
-    qweight: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
-    g_idx: torch.Tensor,
-    config: HpuGPTQConfig,
-) -> torch.Tensor:
-    """The (in, out) weight of a GPTQ layer, in the scales' dtype."""
-    values = int4.unpack_int4(qweight, dim=0)
-    if config.sym:
-        zeros = torch.full_like(scales, SYMMETRIC_ZERO, dtype=torch.int32)
-    else:
-        zeros = int4.unpack_int4(qzeros, dim=1)
-        # v1 stores zero - 1 in four bits: a zero of 0 was written as 15.
-        zeros = (zeros + 1) & 0xF if config.v1 else zeros
-    return int4.dequantize(values, zeros, scales, g_idx.long())
 
 
 def register() -> None:

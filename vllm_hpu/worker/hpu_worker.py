@@ -23,14 +23,14 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 from vllm_hpu import device
 from vllm_hpu.envs import get_envs
 from vllm_hpu.metrics import HpuMetrics
-from vllm_hpu.worker import pipeline
-from vllm_hpu.worker.compile_stats import StepCompilations
-from vllm_hpu.worker.fallback_stats import StepFallbacks
-from vllm_hpu.worker.lora import HpuLoRA
-from vllm_hpu.worker.memory import MemorySplit, split_memory
+from vllm_hpu.worker.capabilities import pipeline
+from vllm_hpu.worker.capabilities.lora import HpuLoRA
+from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
+from vllm_hpu.worker.diagnostics.compile_stats import StepCompilations
+from vllm_hpu.worker.diagnostics.fallback_stats import StepFallbacks
 from vllm_hpu.worker.model_runner import HpuModelRunner
-from vllm_hpu.worker.pooling import supported_pooling_tasks
-from vllm_hpu.worker.warmup import warm_up_model
+from vllm_hpu.worker.warmup.memory import MemorySplit, split_memory
+from vllm_hpu.worker.warmup.warmup import warm_up_model
 
 logger = init_logger("vllm.hpu.worker")
 
@@ -187,10 +187,10 @@ class HpuWorker(WorkerBase):
         return self._lora().list_loras()
 
     def _lora(self) -> HpuLoRA:
-        if self.runner.lora is None:
+        if self.runner.caps.lora is None:
             raise RuntimeError("LoRA is not enabled: start vLLM with --enable-lora.")
         self.runner.stream.synchronize()  # queued passes read the adapters
-        return self.runner.lora
+        return self.runner.caps.lora
 
     def check_health(self) -> None:
         return
@@ -198,14 +198,14 @@ class HpuWorker(WorkerBase):
     def shutdown_inc(self) -> None:
         """Write Intel Neural Compressor's measurements now (MEASURE only; the
         reference's name): ``llm.collective_rpc("shutdown_inc")``."""
-        if self.model_runner is not None and self.model_runner.inc is not None:
+        if self.model_runner is not None and self.model_runner.caps.inc is not None:
             self.model_runner.stream.synchronize()  # queued passes are measured
-            self.model_runner.inc.finalize()
+            self.model_runner.caps.inc.finalize()
 
     def shutdown(self) -> None:
         self.shutdown_inc()
         if self.model_runner is not None:
             logger.info(self.model_runner.buckets.stats.summary())
-            self.model_runner.profiler.write()
+            self.model_runner.caps.profiler.write()
         if self.metrics is not None:
             self.metrics.log()

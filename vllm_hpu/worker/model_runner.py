@@ -11,7 +11,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,6 @@ from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.model_loader import get_model
-from vllm.model_executor.models.interfaces import supports_multimodal
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
@@ -30,50 +28,38 @@ from vllm.v1.outputs import (
     DraftTokenIds,
     ModelRunnerOutput,
 )
-from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
-from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu import device
-from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
+from vllm_hpu.attention.metadata import CacheGeometry
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
-from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.fused_moe import check_moe_layers
-from vllm_hpu.profiler import StepProfiler
-from vllm_hpu.quantization.inc_flow import IncFlow
-from vllm_hpu.worker import pipeline
-from vllm_hpu.worker.async_output import (
-    AsyncTokenFeed,
-    HpuAsyncOutput,
-    SampledStep,
-    StepLogits,
-    keeping_generators,
-)
-from vllm_hpu.worker.execution import ExecutionMode, select_mode
-from vllm_hpu.worker.inputs import ForwardPass, ScheduledSeq, build_decode_pass
+from vllm_hpu.worker.capabilities import pipeline
+from vllm_hpu.worker.capabilities.factory import attach_model, build_capabilities
 from vllm_hpu.worker.kv_caches import (
     bind_kv_caches,
     bind_scratch_kv_caches,
     cache_geometry,
     kv_cache_specs,
 )
-from vllm_hpu.worker.layer_split import split_graph_every
-from vllm_hpu.worker.lora import HpuLoRA
-from vllm_hpu.worker.merged_prefill import (
-    build_prompt_forward,
-    profile_seqs,
-    split_prompt_passes,
+from vllm_hpu.worker.passes.build import build_prompt_forward
+from vllm_hpu.worker.passes.forward_pass import ForwardPass, sampled_token_indices
+from vllm_hpu.worker.passes.planner import PassPlanner, step_trace_header
+from vllm_hpu.worker.passes.synthetic import profile_seqs
+from vllm_hpu.worker.state.async_output import (
+    HpuAsyncOutput,
+    SampledStep,
+    StepLogits,
+    keeping_generators,
 )
-from vllm_hpu.worker.mrope import MRopePositions, mrope_positions_for
-from vllm_hpu.worker.multimodal import MultimodalInputs
-from vllm_hpu.worker.pooling import StepPooler
-from vllm_hpu.worker.prompt_logprobs import PromptLogprobs
-from vllm_hpu.worker.request_states import RequestStates
-from vllm_hpu.worker.spec_decode import SpecDecoder, sampled_token_indices
+from vllm_hpu.worker.state.prompt_logprobs import PromptLogprobs
+from vllm_hpu.worker.state.request_states import RequestStates, make_input_batch
+from vllm_hpu.worker.warmup.execution import ExecutionMode, select_mode
+from vllm_hpu.worker.warmup.layer_split import split_graph_every
 
 logger = init_logger("vllm.hpu.model_runner")
 
@@ -97,30 +83,9 @@ class HpuModelRunner:
         self.model_config = vllm_config.model_config
         self.device = torch_device
         self.stage = pipeline.Stage.of_this_rank()
-        scheduler_config = vllm_config.scheduler_config
-        self.max_num_tokens = scheduler_config.max_num_batched_tokens
+        self.max_num_tokens = vllm_config.scheduler_config.max_num_batched_tokens
         self.block_size = vllm_config.cache_config.block_size
         self.is_pooling_model = self.model_config.runner_type == "pooling"
-        self.input_batch = self._make_input_batch()
-        self.states = RequestStates(self.input_batch, torch_device)
-        self.prompt_logprobs = PromptLogprobs(self.states)
-        self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
-        self.spec: SpecDecoder | None = None
-        if vllm_config.speculative_config is not None:
-            self.spec = SpecDecoder(self)
-        self.buckets = HpuBucketManager(
-            BucketingConfig.from_vllm_config(vllm_config, get_envs())
-        )
-        # vLLM's model classes add methods (compute_logits) beyond nn.Module.
-        self.model: Any = None
-        self.pooler: StepPooler | None = None  # set by load_model for pooling
-        # Set by load_model for a multimodal model, on the first pipeline stage.
-        self.multimodal: MultimodalInputs | None = None
-        self.mrope: MRopePositions | None = None  # set by load_model for M-RoPE
-        self.lora = (
-            HpuLoRA(vllm_config, self.input_batch) if vllm_config.lora_config else None
-        )
-        self.inc = IncFlow.from_config(vllm_config)  # QUANT_CONFIG: measure or fp8
         dtype = self.model_config.dtype
         assert isinstance(dtype, torch.dtype), "vLLM resolves the dtype first"
         self.dtype = dtype
@@ -129,47 +94,35 @@ class HpuModelRunner:
             self.model_config.enforce_eager,
             device.model_compile_backend(),
         )
-        # Per layer: (key_cache, value_cache), or one latent cache for MLA.
-        self.kv_caches: dict[str, Any] = {}
-        self.cache: CacheGeometry | None = None
-        self._pending: _PendingStep | None = None
-        # Async scheduling: step N's tokens reach step N+1 on the device, and
-        # in emulation the device stream runs step N while the host prepares N+1.
+        # Across steps: vLLM's batch rows and the requests behind them.
+        self.input_batch = make_input_batch(vllm_config, torch_device)
+        self.states = RequestStates(self.input_batch, torch_device)
+        self.prompt_logprobs = PromptLogprobs(self.states)
+        self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
+        self.buckets = HpuBucketManager(
+            BucketingConfig.from_vllm_config(vllm_config, get_envs())
+        )
+        # Async scheduling: in emulation the device stream runs step N while
+        # the host prepares N+1.
         is_async = bool(vllm_config.scheduler_config.async_scheduling)
         self.stream = device.device_stream(queued=is_async)
-        self.async_feed = (
-            AsyncTokenFeed(self.input_batch, self.states, self.stream)
-            if is_async
-            else None
+        self.caps = build_capabilities(self, self.sampler, self.stream)
+        self.planner = PassPlanner(
+            self.input_batch,
+            self.states.requests,
+            self.buckets,
+            vllm_config,
+            self.caps.step_trace,
         )
-        # Set by warmup (worker/warmup.py): what runs the buckets given graphs.
+        # vLLM's model classes add methods (compute_logits) beyond nn.Module.
+        self.model: Any = None  # set by load_model
+        # Per layer: (key_cache, value_cache), or one latent cache for MLA.
+        self.kv_caches: dict[str, Any] = {}  # set by initialize_kv_cache
+        self.cache: CacheGeometry | None = None
+        # Set by warmup (warmup/warmup.py): what runs the buckets given graphs.
         self.graph_model: Any = None
         self.graphed_buckets: set[tuple[str, Bucket]] = set()
-        envs = get_envs()
-        self.profiler = StepProfiler(
-            envs.profiler_enabled, envs.profile_dir, vllm_config.parallel_config.rank
-        )
-        # VLLM_HPU_BUCKET_TRACE: real step shapes for the bucket planner. Every
-        # rank plans the same passes: the first one writes them.
-        records = envs.bucket_trace and vllm_config.parallel_config.rank == 0
-        self.step_trace = TraceRecorder(Path(envs.bucket_trace)) if records else None
-
-    def _make_input_batch(self) -> InputBatch:
-        max_model_len = self.model_config.max_model_len
-        max_num_reqs = self.vllm_config.scheduler_config.max_num_seqs
-        return InputBatch(
-            max_num_reqs=max_num_reqs,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=self.max_num_tokens,
-            device=self.device,
-            vocab_size=self.model_config.get_vocab_size(),
-            block_sizes=[self.block_size],
-            max_num_blocks_per_req=[-(-max_model_len // self.block_size)],
-            logitsprocs=build_logitsprocs(
-                self.vllm_config, self.device, False, self.is_pooling_model, ()
-            ),
-            is_pooling_model=self.is_pooling_model,
-        )
+        self._pending: _PendingStep | None = None
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -178,31 +131,19 @@ class HpuModelRunner:
         used_before = device.memory_used()
         with set_current_vllm_config(self.vllm_config):
             self.model = get_model(vllm_config=self.vllm_config)
-            if self.lora is not None:
-                self.model = self.lora.wrap(self.model, self.device)
+            if self.caps.lora is not None:
+                self.model = self.caps.lora.wrap(self.model, self.device)
         check_moe_layers(self.model)
-        if self.inc is not None:  # INC replaces the linears: nothing to pack
-            self.model = self.inc.apply(self.model)
+        if self.caps.inc is not None:  # INC replaces the linears: nothing to pack
+            self.model = self.caps.inc.apply(self.model)
         elif self.execution_mode is ExecutionMode.EAGER:
             # Compilers lower the layers as vLLM defines them: inductor cannot
             # take oneDNN's packed weights as graph inputs.
             device.prepare_weights(self.model)
         split_graph_every(self.model, get_envs().config_hidden_layers)
-        if self.spec is not None:  # a draft model loads after the target
-            self.spec.proposer.load_model()
-        self.mrope = mrope_positions_for(
-            self.model, self.model_config, self.input_batch, self.states.requests
-        )
-        if self.is_pooling_model:
-            self.pooler = StepPooler(self.input_batch, self.model, self.model_config)
-        if supports_multimodal(self.model) and self.stage.is_first:
-            self.multimodal = MultimodalInputs(
-                self.vllm_config,
-                self.model,
-                self.input_batch,
-                self.states.requests,
-                self.device,
-            )
+        if self.caps.spec is not None:  # a draft model loads after the target
+            self.caps.spec.proposer.load_model()
+        attach_model(self.caps, self, self.stage.is_first)
         logger.info(
             "Loading model weights took %.2f s and %.4f GiB of device memory",
             time.perf_counter() - started,
@@ -280,17 +221,9 @@ class HpuModelRunner:
 
     def start_step_trace(self) -> None:
         """Record step shapes from now on (after warmup), if asked to."""
-        if self.step_trace is not None and self.cache is not None:
-            scheduler = self.vllm_config.scheduler_config
-            self.step_trace.start(
-                {
-                    "block_size": self.block_size,
-                    "max_num_seqs": scheduler.max_num_seqs,
-                    "max_num_batched_tokens": self.max_num_tokens,
-                    "max_model_len": self.model_config.max_model_len,
-                    "num_kv_blocks": self.cache.num_blocks,
-                }
-            )
+        if self.caps.step_trace is not None and self.cache is not None:
+            header = step_trace_header(self.vllm_config, self.cache.num_blocks)
+            self.caps.step_trace.start(header)
 
     # ---- one engine step -------------------------------------------------
 
@@ -302,16 +235,10 @@ class HpuModelRunner:
     ) -> ModelRunnerOutput | IntermediateTensors | None:
         """Run the step's passes. ``intermediate_tensors``: what the previous
         pipeline stage sent for this step; warmup runs without it."""
-        with self.profiler.span("prepare"):
-            if self.pooler is not None:
-                self.pooler.prepare_new_requests(scheduler_output)
-            if self.async_feed is not None:
-                self.async_feed.before_update(scheduler_output)
+        with self.caps.profiler.span("prepare"):
+            self.caps.before_update(scheduler_output)
             self.states.update(scheduler_output)
-            if self.multimodal is not None:
-                self.multimodal.update(scheduler_output)
-            if self.spec is not None:
-                self.spec.update(scheduler_output, self.states.requests)
+            self.caps.after_update(scheduler_output, self.states.requests)
             if not scheduler_output.total_num_scheduled_tokens:
                 return EMPTY_MODEL_RUNNER_OUTPUT
             passes = self._plan_passes(scheduler_output)
@@ -321,17 +248,19 @@ class HpuModelRunner:
                 [self._forward(p, x) for p, x in zip(passes, inputs, strict=True)]
             )
         pairs = list(zip(passes, inputs, strict=True))
-        if self.pooler is not None:  # pooling models answer here: nothing to sample
+        if self.caps.pooler is not None:  # pooling models answer here: no sampling
             outputs = ((p, self._forward(p, x)) for p, x in pairs)
-            return self.pooler.pool(scheduler_output, outputs)
+            return self.caps.pooler.pool(scheduler_output, outputs)
         num_sampled = 1 + self._num_draft_tokens()
         self._pending = _PendingStep(
             scheduler_output=scheduler_output,
             device=self.stream.submit(
                 self._run_passes, pairs, num_sampled, scheduler_output
             ),
-            discard_rows=self._rows_inside_prompt(scheduler_output),
-            spec_metadata=self.spec.metadata(self.device) if self.spec else None,
+            discard_rows=self.states.rows_inside_prompt(scheduler_output),
+            spec_metadata=self.caps.spec.metadata(self.device)
+            if self.caps.spec
+            else None,
         )
         return None
 
@@ -361,91 +290,30 @@ class HpuModelRunner:
         )
 
     def _num_draft_tokens(self) -> np.ndarray:
-        if self.spec is None:
+        if self.caps.spec is None:
             return np.zeros(self.input_batch.num_reqs, dtype=np.int64)
-        return self.spec.num_draft_tokens()
+        return self.caps.spec.num_draft_tokens()
 
     def _stage_inputs(
         self, passes: list[ForwardPass], received: IntermediateTensors | None
     ) -> Sequence[IntermediateTensors | None]:
-        """Per pass, what this stage starts from: nothing on the first stage,
-        the previous stage's tensors (or zeros, when warming up) on the others."""
         sizes = [p.num_tokens for p in passes]
-        if self.stage.is_first:
-            return [None] * len(passes)
-        if received is None:
-            return [self._empty_intermediate_tensors(size) for size in sizes]
-        return pipeline.split(received, sizes)
+        return pipeline.stage_inputs(
+            self.stage, sizes, received, self._empty_intermediate_tensors
+        )
 
     def _empty_intermediate_tensors(self, num_tokens: int) -> IntermediateTensors:
         return self.get_model().make_empty_intermediate_tensors(
             batch_size=num_tokens, dtype=self.dtype, device=self.device
         )
 
-    def _scheduled_seqs(self, scheduler_output: SchedulerOutput) -> list[ScheduledSeq]:
-        seqs = []
-        for row, req_id in enumerate(self.input_batch.req_ids):
-            state = self.states.requests[req_id]
-            seqs.append(
-                ScheduledSeq(
-                    row=row,
-                    layout=SeqLayout(
-                        block_table=state.block_ids[0],
-                        num_computed_tokens=state.num_computed_tokens,
-                        num_scheduled_tokens=scheduler_output.num_scheduled_tokens[
-                            req_id
-                        ],
-                    ),
-                )
-            )
-        return seqs
-
     def _plan_passes(self, scheduler_output: SchedulerOutput) -> list[ForwardPass]:
-        """Prompt chunks in bucketed batches, then one decode batch."""
+        """The step's padded passes (worker/passes/): prompts, then decodes."""
         assert self.cache is not None, "initialize_kv_cache() first"
-        seqs = self._scheduled_seqs(scheduler_output)
-        # Pooling models never decode: a one-token prompt (or last chunk) runs
-        # as a prompt pass, so only prompt buckets are ever used.
-        min_prompt_tokens = 1 if self.is_pooling_model else 2
-        decodes = [s for s in seqs if s.layout.num_scheduled_tokens < min_prompt_tokens]
-        prompts = [
-            s for s in seqs if s.layout.num_scheduled_tokens >= min_prompt_tokens
-        ]
-        if self.step_trace is not None:
-            self.step_trace.record(self._step_shape(prompts, decodes))
-        token_ids = self.input_batch.token_ids_cpu
-        passes = []
-        batches = split_prompt_passes(
-            prompts, self.max_num_tokens, self.buckets, self.block_size
-        )
-        for batch in batches:
-            forward_pass = build_prompt_forward(
-                batch, self.buckets, token_ids, self.cache
-            )
-            self.buckets.stats.record_prompt(
-                forward_pass.bucket, [s.layout.num_scheduled_tokens for s in batch]
-            )
-            passes.append(forward_pass)
-        if decodes:
-            forward_pass = build_decode_pass(
-                decodes, self.buckets, token_ids, self.cache
-            )
-            num_blocks = sum(-(-s.end // self.block_size) for s in decodes)
-            self.buckets.stats.record_decode(
-                forward_pass.bucket, len(decodes), num_blocks
-            )
-            if self.async_feed is not None:
-                self.async_feed.feed(forward_pass)
-            passes.append(forward_pass)
-        return passes
-
-    def _step_shape(
-        self, prompts: list[ScheduledSeq], decodes: list[ScheduledSeq]
-    ) -> StepShape:
-        return StepShape(
-            tuple(PromptChunk(s.layout.num_scheduled_tokens, s.start) for s in prompts),
-            tuple(-(-s.end // self.block_size) for s in decodes),
-        )
+        plan = self.planner.plan(scheduler_output, self.cache)
+        if self.caps.async_feed is not None and plan.decode is not None:
+            self.caps.async_feed.feed(plan.decode)
+        return plan.passes
 
     def _forward(
         self,
@@ -463,10 +331,10 @@ class HpuModelRunner:
         phase = "prompt" if forward_pass.is_prompt else "decode"
         graphed = (phase, forward_pass.bucket) in self.graphed_buckets
         model = self.graph_model if graphed else self.get_model()
-        if self.lora is not None:
-            self.lora.set_pass(forward_pass)
+        if self.caps.lora is not None:
+            self.caps.lora.set_pass(forward_pass)
         with (
-            self.profiler.span("forward", phase=phase, bucket=forward_pass.bucket),
+            self.caps.profiler.span("forward", phase=phase, bucket=forward_pass.bucket),
             set_forward_context(
                 attn_metadata,
                 self.vllm_config,
@@ -475,45 +343,19 @@ class HpuModelRunner:
             ),
         ):
             hidden = model(
-                positions=self._positions(forward_pass),
                 intermediate_tensors=intermediate_tensors,
-                **self._token_inputs(forward_pass),
+                **self.caps.model_inputs(forward_pass),
             )
             device.mark_step()
-        if self.spec is not None:  # a draft model writes the pass into its KV
-            hidden = self.spec.proposer.after_target_pass(forward_pass, hidden)
+        if self.caps.spec is not None:  # a draft model writes the pass into its KV
+            hidden = self.caps.spec.proposer.after_target_pass(forward_pass, hidden)
         return hidden
-
-    def _positions(self, forward_pass: ForwardPass) -> torch.Tensor:
-        """[num_tokens], or [3, num_tokens] for an M-RoPE model."""
-        if self.mrope is None:
-            return forward_pass.positions
-        return self.mrope.positions(forward_pass)
-
-    def _token_inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
-        """Token ids, or for a multimodal model input embeddings on every pass
-        (encoder outputs merged in), so each bucket compiles one graph."""
-        if self.multimodal is None:
-            return {"input_ids": forward_pass.input_ids}
-        with self.profiler.span("embed", bucket=forward_pass.bucket):
-            embeds = self.multimodal.embed(forward_pass)
-        return {"input_ids": None, "inputs_embeds": embeds}
 
     def _compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """Logits of ``hidden``, whose states belong to InputBatch ``rows``."""
-        if self.lora is not None:
-            self.lora.set_logits_rows(rows)
+        if self.caps.lora is not None:
+            self.caps.lora.set_logits_rows(rows)
         return self.get_model().compute_logits(hidden)
-
-    def _rows_inside_prompt(self, scheduler_output: SchedulerOutput) -> list[int]:
-        """Rows whose scheduled tokens stop short of the end of their prompt."""
-        rows = []
-        for row, req_id in enumerate(self.input_batch.req_ids):
-            state = self.states.requests[req_id]
-            scheduled = scheduler_output.num_scheduled_tokens[req_id]
-            if state.num_computed_tokens + scheduled < state.num_tokens:
-                rows.append(row)
-        return rows
 
     @torch.no_grad()
     def sample_tokens(
@@ -522,20 +364,20 @@ class HpuModelRunner:
         pending, self._pending = self._pending, None
         if pending is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        if self.async_feed is not None:
+        if self.caps.async_feed is not None:
             # The forward passes are queued: now the host may wait for step N-1.
-            self.async_feed.record_on_host()
+            self.caps.async_feed.record_on_host()
         sampled = self.stream.submit(
             self._sample, pending, grammar_output, self.input_batch.sampling_metadata
         )
-        if self.async_feed is not None:
+        if self.caps.async_feed is not None:
             # The sampled tokens stay on the device for the next step; the
             # host copy completes in the output (never with drafts).
             output = ModelRunnerOutput(
                 req_ids=list(self.input_batch.req_ids),
                 req_id_to_index=dict(self.input_batch.req_id_to_index),
             )
-            return self.async_feed.launch(output, sampled, pending.discard_rows)
+            return self.caps.async_feed.launch(output, sampled, pending.discard_rows)
         return self._make_output(pending, sampled.result())
 
     def _sample(
@@ -556,12 +398,12 @@ class HpuModelRunner:
             )
         generators = self.input_batch.generators
         with (
-            self.profiler.span("sample"),
+            self.caps.profiler.span("sample"),
             keeping_generators(generators, pending.discard_rows),
         ):
             if pending.spec_metadata is not None:
-                assert self.spec is not None
-                sampled, logprobs = self.spec.sample(
+                assert self.caps.spec is not None
+                sampled, logprobs = self.caps.spec.sample(
                     pending.spec_metadata,
                     step.logits,
                     sampling_metadata,
@@ -582,8 +424,8 @@ class HpuModelRunner:
         for row, tokens in enumerate(sampled_token_ids):
             for token_id in tokens:
                 self.states.append_sampled(row, token_id)
-        if self.spec is not None:
-            self.spec.propose(pending.scheduler_output, sampled_token_ids)
+        if self.caps.spec is not None:
+            self.caps.spec.propose(pending.scheduler_output, sampled_token_ids)
         return ModelRunnerOutput(
             req_ids=list(self.input_batch.req_ids),
             req_id_to_index=dict(self.input_batch.req_id_to_index),
@@ -594,4 +436,5 @@ class HpuModelRunner:
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The drafts proposed in the last step, for the scheduler's next."""
-        return self.spec.take_draft_token_ids() if self.spec is not None else None
+        spec = self.caps.spec
+        return spec.take_draft_token_ids() if spec is not None else None

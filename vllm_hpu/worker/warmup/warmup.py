@@ -26,21 +26,21 @@ from vllm_hpu.bucketing import Bucket
 from vllm_hpu.bucketing.buckets import context_tokens
 from vllm_hpu.bucketing.padding import PaddingStats
 from vllm_hpu.envs import get_envs
-from vllm_hpu.worker.execution import (
+from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
+from vllm_hpu.worker.model_runner import HpuModelRunner
+from vllm_hpu.worker.passes.synthetic import merged_fake_chunks
+from vllm_hpu.worker.warmup.execution import (
     RECOMPILE_HEADROOM,
     CompileOptions,
     prepare_model,
 )
-from vllm_hpu.worker.graphs import (
+from vllm_hpu.worker.warmup.graphs import (
     DECODE,
     PROMPT,
     CapturePlan,
     capture_graphs,
     describe_budget,
 )
-from vllm_hpu.worker.merged_prefill import merged_fake_chunks
-from vllm_hpu.worker.model_runner import HpuModelRunner
-from vllm_hpu.worker.pooling import supported_pooling_tasks
 
 logger = init_logger("vllm.hpu.warmup")
 
@@ -139,7 +139,7 @@ class HpuWarmup:
         self._next_block += num_blocks
         self._next_id += 1
         sampling_params, pooling_params = self._request_params()
-        lora = self.runner.lora
+        lora = self.runner.caps.lora
         return NewRequestData(
             req_id=f"{REQ_PREFIX}{self._next_id}",
             prompt_token_ids=[0] * seq.num_tokens,
@@ -196,12 +196,12 @@ class HpuWarmup:
         used_before = device.memory_used()
         buckets = self.runner.buckets
         prompt = list(reversed(buckets.prompt_buckets))
-        # Pooling models run prompt passes only (model_runner._plan_passes).
+        # Pooling models run prompt passes only (passes/planner.py).
         pooling = self.runner.is_pooling_model
         decode = [] if pooling else list(reversed(buckets.decode_buckets))
         with preserved_rng():
-            if self.runner.multimodal is not None:
-                self.runner.multimodal.warm_up()
+            if self.runner.caps.multimodal is not None:
+                self.runner.caps.multimodal.warm_up()
             self._warm_all("Prompt", PROMPT, prompt)
             self._warm_all("Decode", DECODE, decode)
             if not pooling:
@@ -285,14 +285,14 @@ def warm_up_model(runner: HpuModelRunner, graph_mem: int) -> None:
     if backend is not None:
         num_buckets = len(buckets.prompt_buckets) + len(buckets.decode_buckets)
         # A draft model of the same class compiles the same code once more.
-        if runner.spec is not None and runner.spec.has_draft_model:
+        if runner.caps.spec is not None and runner.caps.spec.has_draft_model:
             num_buckets *= 2
         options = CompileOptions(
             backend, envs.compile_fullgraph, num_buckets + RECOMPILE_HEADROOM
         )
     runner.graph_model = prepare_model(runner.get_model(), mode, options)
-    if runner.spec is not None:
-        runner.spec.proposer.prepare(mode, options)
+    if runner.caps.spec is not None:
+        runner.caps.spec.proposer.prepare(mode, options)
     if envs.skip_warmup:
         logger.warning(
             "Skipping warmup (VLLM_SKIP_WARMUP): the first requests compile."
@@ -301,6 +301,10 @@ def warm_up_model(runner: HpuModelRunner, graph_mem: int) -> None:
     if not mode.compiles_shapes:
         logger.info("No warmup: nothing compiles per shape in emulated eager mode.")
         return
-    with runner.lora.dummy_adapters() if runner.lora else contextlib.nullcontext():
+    with (
+        runner.caps.lora.dummy_adapters()
+        if runner.caps.lora
+        else contextlib.nullcontext()
+    ):
         HpuWarmup(runner, graph_mem).run(capture=mode.captures_graphs)
     buckets.mark_warmed(strict=envs.full_warmup)

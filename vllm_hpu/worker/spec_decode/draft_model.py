@@ -27,7 +27,7 @@ warmup (which mirrors every bucket through the draft) compiles the draft's
 graphs too.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,11 +44,15 @@ from vllm.model_executor.model_loader import get_model
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import SeqLayout
 from vllm_hpu.ops.fused_moe import check_moe_layers
-from vllm_hpu.worker.execution import CompileOptions, ExecutionMode, prepare_model
-from vllm_hpu.worker.inputs import ForwardPass, ScheduledSeq, build_decode_pass
-
-if TYPE_CHECKING:
-    from vllm_hpu.worker.model_runner import HpuModelRunner
+from vllm_hpu.worker.passes.build import build_decode_pass
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+from vllm_hpu.worker.passes.seqs import ScheduledSeq
+from vllm_hpu.worker.spec_decode.interface import TargetRunner
+from vllm_hpu.worker.warmup.execution import (
+    CompileOptions,
+    ExecutionMode,
+    prepare_model,
+)
 
 
 def draft_vllm_config(vllm_config: VllmConfig) -> VllmConfig:
@@ -83,13 +87,13 @@ class HpuDraftModelProposer:
     # count: the draft model reads the last sampled token at its own position.
     first_decode_offset = 1
 
-    def __init__(self, runner: "HpuModelRunner"):
+    def __init__(self, runner: TargetRunner):
         spec = runner.vllm_config.speculative_config
         assert spec is not None
         spec.verify_equal_vocab_size_if_draft_model()
         self.runner = runner
         self.vllm_config = runner.vllm_config
-        self.max_model_len = runner.model_config.max_model_len
+        self.max_model_len = runner.vllm_config.model_config.max_model_len
         self.model: Any = None
         self.graph_model: Any = None
         self.layer_names: list[str] = []

@@ -11,8 +11,8 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.sample.sampler import Sampler
 
-from vllm_hpu.worker.inputs import ForwardPass
-from vllm_hpu.worker.request_states import RequestStates
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+from vllm_hpu.worker.state.request_states import RequestStates
 
 
 def _of_row(

@@ -18,13 +18,13 @@ from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm.v1.worker.utils import sanity_check_mm_encoder_outputs
 
 from vllm_hpu import device
-from vllm_hpu.worker.inputs import ForwardPass
-from vllm_hpu.worker.vision_buckets import (
+from vllm_hpu.worker.capabilities.vision_buckets import (
     PatchBuckets,
     group_by_patches,
     is_grid_item,
     item_patches,
 )
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
 
 logger = init_logger("vllm.hpu.multimodal")
 
@@ -46,7 +46,7 @@ class MultimodalInputs:
 
     Encoder passes are padded to a bucket of items per pass by repeating the
     last item (its extra outputs are dropped); a dynamic-resolution tower's
-    passes to a bucket of images and patches (``worker/vision_buckets.py``). So
+    passes to a bucket of images and patches (``vision_buckets.py``). So
     the encoder sees only the shapes :meth:`warm_up` ran.
     """
 

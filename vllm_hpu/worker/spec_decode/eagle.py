@@ -6,7 +6,7 @@ The head's KV at position ``p`` is computed from ``(token p + 1, target hidden
 state at p)`` and predicts token ``p + 2``, as in vLLM's ``EagleProposer``
 (vllm/v1/spec_decode/eagle.py and llm_base_proposer.py), whose CUDA-graph
 buffers and triton kernels are replaced by the plugin's passes, as for a draft
-model (``worker/draft_model.py``):
+model (``draft_model.py``):
 
 1. Every target pass runs through the head with the same bucket and metadata,
    its tokens shifted one to the left within each request and the target's
@@ -21,7 +21,7 @@ true next token, so prefix caching and preemption need nothing more.
 """
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,18 +29,16 @@ from vllm.config import set_current_vllm_config
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.model_loader.utils import get_draft_load_config
 
-from vllm_hpu.worker.draft_model import HpuDraftModelProposer
-from vllm_hpu.worker.inputs import ForwardPass
-
-if TYPE_CHECKING:
-    from vllm_hpu.worker.model_runner import HpuModelRunner
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+from vllm_hpu.worker.spec_decode.draft_model import HpuDraftModelProposer
+from vllm_hpu.worker.spec_decode.interface import TargetRunner
 
 
 class HpuEagleProposer(HpuDraftModelProposer):
     # The first decode reads the last sampled token at the position before it.
     first_decode_offset = 2
 
-    def __init__(self, runner: "HpuModelRunner"):
+    def __init__(self, runner: TargetRunner):
         super().__init__(runner)
         spec = runner.vllm_config.speculative_config
         assert spec is not None

@@ -20,7 +20,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
-from vllm_hpu.worker.inputs import ForwardPass
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
 
 
 def encoder_only_kv_cache_spec(

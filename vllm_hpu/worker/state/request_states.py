@@ -6,9 +6,30 @@ vLLM's ``InputBatch`` holds the batch rows and builds the full sampling metadata
 """
 
 import torch
+from vllm.config import VllmConfig
 from vllm.sampling_params import SamplingType
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+
+
+def make_input_batch(vllm_config: VllmConfig, device: torch.device) -> InputBatch:
+    """vLLM's batch rows, sized by the scheduler's limits, one KV cache group."""
+    model_config = vllm_config.model_config
+    max_model_len = model_config.max_model_len
+    block_size = vllm_config.cache_config.block_size
+    is_pooling_model = model_config.runner_type == "pooling"
+    return InputBatch(
+        max_num_reqs=vllm_config.scheduler_config.max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+        device=device,
+        vocab_size=model_config.get_vocab_size(),
+        block_sizes=[block_size],
+        max_num_blocks_per_req=[-(-max_model_len // block_size)],
+        logitsprocs=build_logitsprocs(vllm_config, device, False, is_pooling_model, ()),
+        is_pooling_model=is_pooling_model,
+    )
 
 
 class RequestStates:
@@ -112,6 +133,16 @@ class RequestStates:
         tail may be new."""
         num_new = state.num_computed_tokens + len(token_ids) - state.num_tokens
         return token_ids[len(token_ids) - num_new :] if num_new > 0 else []
+
+    def rows_inside_prompt(self, scheduler_output: SchedulerOutput) -> list[int]:
+        """Rows whose scheduled tokens stop short of the end of their prompt."""
+        rows = []
+        for row, req_id in enumerate(self.input_batch.req_ids):
+            state = self.requests[req_id]
+            scheduled = scheduler_output.num_scheduled_tokens[req_id]
+            if state.num_computed_tokens + scheduled < state.num_tokens:
+                rows.append(row)
+        return rows
 
     def append_sampled(self, row: int, token_id: int) -> None:
         """Record a sampled token; the runner feeds it back on the next step."""

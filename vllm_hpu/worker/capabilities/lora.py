@@ -13,7 +13,7 @@ from vllm.lora.request import LoRARequest
 from vllm.v1.worker.gpu_input_batch import InputBatch
 from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 
-from vllm_hpu.worker.inputs import ForwardPass
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
 
 WARMUP_LORA_PATH = "/not/a/real/path"  # dummy adapters are never read from disk
 

@@ -6,6 +6,7 @@ sends one message per step: each intermediate tensor of every pass, joined along
 the token axis; the next stage splits it back by the passes' padded sizes.
 """
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,22 @@ class Stage:
     def of_this_rank(cls) -> "Stage":
         group = get_pp_group()
         return cls(is_first=group.is_first_rank, is_last=group.is_last_rank)
+
+
+def stage_inputs(
+    stage: Stage,
+    sizes: list[int],
+    received: IntermediateTensors | None,
+    make_empty: Callable[[int], IntermediateTensors],
+) -> Sequence[IntermediateTensors | None]:
+    """Per pass of ``sizes`` tokens, what this stage starts from: nothing on the
+    first stage, the previous stage's tensors (or ``make_empty`` zeros, when
+    warming up) on the others."""
+    if stage.is_first:
+        return [None] * len(sizes)
+    if received is None:
+        return [make_empty(size) for size in sizes]
+    return split(received, sizes)
 
 
 def join(outputs: list[IntermediateTensors]) -> IntermediateTensors:

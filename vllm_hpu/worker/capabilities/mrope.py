@@ -14,7 +14,8 @@ import torch
 from vllm.model_executor.models.interfaces import SupportsMRoPE
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
-from vllm_hpu.worker.inputs import ForwardPass, ScheduledSeq
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+from vllm_hpu.worker.passes.seqs import ScheduledSeq
 
 
 class MRopePositions:

@@ -38,8 +38,8 @@ from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu.device_stream import DeviceStream
-from vllm_hpu.worker.inputs import ForwardPass
-from vllm_hpu.worker.request_states import RequestStates
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+from vllm_hpu.worker.state.request_states import RequestStates
 
 
 @dataclass

@@ -1,0 +1,133 @@
+"""Every optional part of the runner, constructed here and nowhere else.
+
+``build_capabilities`` makes what the configuration alone decides (with the
+runner); ``attach_model`` what depends on the loaded model. Each part is None
+where it is not asked for, and the runner calls it at its hook points:
+
+- ``load_model``: ``lora.wrap``, ``inc.apply``, ``spec.proposer.load_model``;
+- each step, before planning: ``before_update`` and ``after_update`` hand the
+  scheduler output around (request states are updated between the two); after
+  planning ``async_feed.feed``;
+- each pass: ``lora.set_pass``, ``model_inputs`` (M-RoPE positions, multimodal
+  embeddings), then ``spec.proposer.after_target_pass``;
+- sampling: ``spec.sample``, ``async_feed.launch``, ``spec.propose``.
+
+A new capability (a KV connector, sleep mode, a state-space cache, ...) is a
+field here, built in one of the two functions, and called from the hook its
+work belongs to (docs/architecture.md, "The worker, room by room").
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm.model_executor.models.interfaces import supports_multimodal
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.sample.sampler import Sampler
+from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+from vllm_hpu.bucketing.trace import TraceRecorder
+from vllm_hpu.device_stream import DeviceStream
+from vllm_hpu.envs import get_envs
+from vllm_hpu.profiler import StepProfiler
+from vllm_hpu.quantization.inc_flow import IncFlow
+from vllm_hpu.worker.capabilities.lora import HpuLoRA
+from vllm_hpu.worker.capabilities.mrope import MRopePositions, mrope_positions_for
+from vllm_hpu.worker.capabilities.multimodal import MultimodalInputs
+from vllm_hpu.worker.capabilities.pooling import StepPooler
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+from vllm_hpu.worker.spec_decode.decoder import SpecDecoder
+from vllm_hpu.worker.spec_decode.interface import TargetRunner
+from vllm_hpu.worker.state.async_output import AsyncTokenFeed
+
+
+@dataclass
+class Capabilities:
+    lora: HpuLoRA | None  # --enable-lora
+    spec: SpecDecoder | None  # --speculative-config
+    inc: IncFlow | None  # --quantization inc / QUANT_CONFIG: measure or fp8
+    # Async scheduling: step N's tokens reach step N+1 on the device.
+    async_feed: AsyncTokenFeed | None
+    profiler: StepProfiler  # VLLM_PROFILER_ENABLED (a no-op otherwise)
+    step_trace: TraceRecorder | None  # VLLM_HPU_BUCKET_TRACE
+    # Set by ``attach_model``:
+    pooler: StepPooler | None = None  # a pooling model
+    multimodal: MultimodalInputs | None = None  # on the first pipeline stage
+    mrope: MRopePositions | None = None  # a model with M-RoPE positions
+
+    def before_update(self, scheduler_output: SchedulerOutput) -> None:
+        """A step's hook before the request states take its changes."""
+        if self.pooler is not None:
+            self.pooler.prepare_new_requests(scheduler_output)
+        if self.async_feed is not None:
+            self.async_feed.before_update(scheduler_output)
+
+    def after_update(
+        self,
+        scheduler_output: SchedulerOutput,
+        requests: Mapping[str, CachedRequestState],
+    ) -> None:
+        """A step's hook after the request states took its changes."""
+        if self.multimodal is not None:
+            self.multimodal.update(scheduler_output)
+        if self.spec is not None:
+            self.spec.update(scheduler_output, requests)
+
+    def model_inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
+        """A pass's positions ([num_tokens], or [3, num_tokens] for M-RoPE) and
+        token ids, or for a multimodal model input embeddings on every pass
+        (encoder outputs merged in), so each bucket compiles one graph."""
+        inputs: dict[str, Any] = {"positions": forward_pass.positions}
+        if self.mrope is not None:
+            inputs["positions"] = self.mrope.positions(forward_pass)
+        if self.multimodal is None:
+            return inputs | {"input_ids": forward_pass.input_ids}
+        with self.profiler.span("embed", bucket=forward_pass.bucket):
+            embeds = self.multimodal.embed(forward_pass)
+        return inputs | {"input_ids": None, "inputs_embeds": embeds}
+
+
+def build_capabilities(
+    runner: TargetRunner, sampler: Sampler, stream: DeviceStream
+) -> Capabilities:
+    """The parts the configuration asks for, before the model is loaded."""
+    vllm_config = runner.vllm_config
+    input_batch = runner.input_batch
+    envs = get_envs()
+    rank = vllm_config.parallel_config.rank
+    is_async = bool(vllm_config.scheduler_config.async_scheduling)
+    # Every rank plans the same passes: the first one writes the trace.
+    records = envs.bucket_trace and rank == 0
+    return Capabilities(
+        spec=(
+            SpecDecoder(runner, sampler)
+            if vllm_config.speculative_config is not None
+            else None
+        ),
+        lora=HpuLoRA(vllm_config, input_batch) if vllm_config.lora_config else None,
+        inc=IncFlow.from_config(vllm_config),
+        async_feed=(
+            AsyncTokenFeed(input_batch, runner.states, stream) if is_async else None
+        ),
+        profiler=StepProfiler(envs.profiler_enabled, envs.profile_dir, rank),
+        step_trace=TraceRecorder(Path(envs.bucket_trace)) if records else None,
+    )
+
+
+def attach_model(
+    capabilities: Capabilities, runner: TargetRunner, is_first_stage: bool
+) -> None:
+    """The parts the loaded model asks for."""
+    model = runner.get_model()
+    model_config = runner.vllm_config.model_config
+    requests = runner.states.requests
+    capabilities.mrope = mrope_positions_for(
+        model, model_config, runner.input_batch, requests
+    )
+    if model_config.runner_type == "pooling":
+        capabilities.pooler = StepPooler(runner.input_batch, model, model_config)
+    if supports_multimodal(model) and is_first_stage:
+        capabilities.multimodal = MultimodalInputs(
+            runner.vllm_config, model, runner.input_batch, requests, runner.device
+        )

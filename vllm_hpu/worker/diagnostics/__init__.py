@@ -1,0 +1,1 @@
+"""Per-step diagnostics: graph compilations and CPU fallbacks."""

@@ -1,0 +1,135 @@
+"""Step 3 of planning: a group of scheduled seqs as one padded forward pass.
+
+The pass is padded to the bucket the manager finds for its shape, so the device
+sees only pre-compiled shapes, and carries the attention metadata the builders
+in ``attention/`` make for it (they are called, never call back). Prompt row
+``i``'s token ``t`` sits at flat index ``i * query_len + t``; a merged pass
+packs its chunks one after another; decode row ``i`` sits at index ``i``.
+Padding tokens are id 0 at position 0 and write their KV into the dummy block
+(see ``attention/metadata.py``).
+"""
+
+import numpy as np
+import torch
+
+from vllm_hpu.attention.merged import build_merged_prompt_metadata
+from vllm_hpu.attention.metadata import (
+    CacheGeometry,
+    build_decode_metadata,
+    build_prompt_metadata,
+)
+from vllm_hpu.bucketing import HpuBucketManager
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+from vllm_hpu.worker.passes.seqs import ScheduledSeq, cdiv
+from vllm_hpu.worker.passes.shapes import pass_shape
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(array).to(device)
+
+
+def build_prompt_forward(
+    seqs: list[ScheduledSeq],
+    buckets: HpuBucketManager,
+    token_ids: np.ndarray,
+    cache: CacheGeometry,
+) -> ForwardPass:
+    """The prompt pass over ``seqs``, packed or one row per chunk as the
+    bucketing config says; ``token_ids`` is InputBatch.token_ids_cpu."""
+    if buckets.config.merged_prefill:
+        return build_merged_pass(seqs, buckets, token_ids, cache)
+    return build_prompt_pass(seqs, buckets, token_ids, cache)
+
+
+def build_prompt_pass(
+    seqs: list[ScheduledSeq],
+    buckets: HpuBucketManager,
+    token_ids: np.ndarray,
+    cache: CacheGeometry,
+) -> ForwardPass:
+    """A prompt pass over ``seqs``, one row each; ``token_ids`` is
+    InputBatch.token_ids_cpu."""
+    shape = pass_shape(seqs, False, cache.block_size)
+    bucket = buckets.find_prompt_bucket(*shape)
+    input_ids = np.zeros((bucket.batch_size, bucket.query_len), dtype=np.int64)
+    positions = np.zeros_like(input_ids)
+    for i, seq in enumerate(seqs):
+        count = seq.layout.num_scheduled_tokens
+        input_ids[i, :count] = token_ids[seq.row, seq.start : seq.end]
+        positions[i, :count] = np.arange(seq.start, seq.end)
+    metadata = build_prompt_metadata(
+        [s.layout for s in seqs],
+        bucket.batch_size,
+        bucket.query_len,
+        bucket.num_blocks,
+        cache,
+    )
+    return ForwardPass(
+        is_prompt=True,
+        bucket=bucket,
+        seqs=seqs,
+        input_ids=_to_device(input_ids.reshape(-1), cache.device),
+        positions=_to_device(positions.reshape(-1), cache.device),
+        attn_metadata=metadata,
+        first_token_indices=[i * bucket.query_len for i in range(len(seqs))],
+    )
+
+
+def build_merged_pass(
+    seqs: list[ScheduledSeq],
+    buckets: HpuBucketManager,
+    token_ids: np.ndarray,
+    cache: CacheGeometry,
+) -> ForwardPass:
+    """One packed prompt pass; ``token_ids`` is InputBatch.token_ids_cpu."""
+    bucket = buckets.find_prompt_bucket(*pass_shape(seqs, True, cache.block_size))
+    input_ids = np.zeros(bucket.query_len, dtype=np.int64)
+    positions = np.zeros_like(input_ids)
+    first_token_indices, offset = [], 0
+    for seq in seqs:
+        end = offset + seq.layout.num_scheduled_tokens
+        input_ids[offset:end] = token_ids[seq.row, seq.start : seq.end]
+        positions[offset:end] = np.arange(seq.start, seq.end)
+        first_token_indices.append(offset)
+        offset = end
+    metadata = build_merged_prompt_metadata(
+        [s.layout for s in seqs], bucket.query_len, bucket.num_blocks, cache
+    )
+    return ForwardPass(
+        is_prompt=True,
+        bucket=bucket,
+        seqs=seqs,
+        input_ids=_to_device(input_ids, cache.device),
+        positions=_to_device(positions, cache.device),
+        attn_metadata=metadata,
+        first_token_indices=first_token_indices,
+    )
+
+
+def build_decode_pass(
+    seqs: list[ScheduledSeq],
+    buckets: HpuBucketManager,
+    token_ids: np.ndarray,
+    cache: CacheGeometry,
+) -> ForwardPass:
+    """A decode pass: one new token per seq, attending over its paged blocks."""
+    num_blocks = sum(cdiv(s.end, cache.block_size) for s in seqs)
+    bucket = buckets.find_decode_bucket(len(seqs), num_blocks)
+    input_ids = np.zeros(bucket.batch_size, dtype=np.int64)
+    positions = np.zeros_like(input_ids)
+    rows = np.array([s.row for s in seqs])
+    starts = np.array([s.start for s in seqs])
+    input_ids[: len(seqs)] = token_ids[rows, starts]
+    positions[: len(seqs)] = starts
+    metadata = build_decode_metadata(
+        [s.layout for s in seqs], bucket.batch_size, bucket.num_blocks, cache
+    )
+    return ForwardPass(
+        is_prompt=False,
+        bucket=bucket,
+        seqs=seqs,
+        input_ids=_to_device(input_ids, cache.device),
+        positions=_to_device(positions, cache.device),
+        attn_metadata=metadata,
+        first_token_indices=list(range(len(seqs))),
+    )

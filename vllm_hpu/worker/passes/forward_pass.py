@@ -1,0 +1,50 @@
+"""What planning produces: one padded forward pass, its bucket, its rows and
+their attention metadata, plus where each row's tokens sit in it."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vllm_hpu.attention.metadata import HpuAttentionMetadata
+from vllm_hpu.bucketing import Bucket
+from vllm_hpu.worker.passes.seqs import ScheduledSeq
+
+
+@dataclass
+class ForwardPass:
+    is_prompt: bool
+    bucket: Bucket
+    seqs: list[ScheduledSeq]
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    attn_metadata: HpuAttentionMetadata
+    first_token_indices: list[int]  # flat index of each seq's first scheduled token
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def last_token_indices(self) -> list[int]:
+        return [
+            first + seq.layout.num_scheduled_tokens - 1
+            for first, seq in zip(self.first_token_indices, self.seqs, strict=True)
+        ]
+
+
+def sampled_token_indices(
+    forward_pass: ForwardPass, num_sampled: np.ndarray, cu_num_sampled: np.ndarray
+) -> tuple[list[int], list[int]]:
+    """(rows of the step's logits, flat indices in the pass) of the positions
+    to sample: each request's last ``num_sampled[row]`` scheduled tokens."""
+    dst: list[int] = []
+    src: list[int] = []
+    for seq, last in zip(
+        forward_pass.seqs, forward_pass.last_token_indices, strict=True
+    ):
+        count = int(num_sampled[seq.row])
+        end = int(cu_num_sampled[seq.row])
+        dst.extend(range(end - count, end))
+        src.extend(range(last - count + 1, last + 1))
+    return dst, src

@@ -1,0 +1,113 @@
+"""Planning a step's forward passes, one way: the scheduler's output ->
+scheduled seqs (``seqs.py``) -> prompt groups (``split.py``) -> padded passes
+with their buckets and attention metadata (``build.py``).
+
+The planner also counts each pass's padding into the bucket manager's stats
+and, under ``VLLM_HPU_BUCKET_TRACE``, records the step's shape for the bucket
+planner (``python -m vllm_hpu.bucketing``).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from vllm.config import VllmConfig
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+
+from vllm_hpu.attention.metadata import CacheGeometry
+from vllm_hpu.bucketing import HpuBucketManager
+from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
+from vllm_hpu.worker.passes.build import build_decode_pass, build_prompt_forward
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+from vllm_hpu.worker.passes.seqs import (
+    ScheduledSeq,
+    cdiv,
+    scheduled_seqs,
+    split_by_phase,
+)
+from vllm_hpu.worker.passes.split import split_prompt_passes
+
+
+@dataclass
+class StepPlan:
+    prompts: list[ForwardPass]  # prompt chunks in bucketed batches
+    decode: ForwardPass | None  # one decode batch, if any row decodes
+
+    @property
+    def passes(self) -> list[ForwardPass]:
+        """In the order they run: prompts first, then the decode."""
+        return self.prompts + ([self.decode] if self.decode is not None else [])
+
+
+def step_trace_header(vllm_config: VllmConfig, num_kv_blocks: int) -> dict[str, int]:
+    """The limits a recorded trace was served under."""
+    scheduler = vllm_config.scheduler_config
+    return {
+        "block_size": vllm_config.cache_config.block_size,
+        "max_num_seqs": scheduler.max_num_seqs,
+        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+        "max_model_len": vllm_config.model_config.max_model_len,
+        "num_kv_blocks": num_kv_blocks,
+    }
+
+
+class PassPlanner:
+    def __init__(
+        self,
+        input_batch: InputBatch,
+        requests: Mapping[str, CachedRequestState],
+        buckets: HpuBucketManager,
+        vllm_config: VllmConfig,
+        step_trace: TraceRecorder | None,
+    ) -> None:
+        self.input_batch = input_batch
+        self.requests = requests
+        self.buckets = buckets
+        self.block_size = vllm_config.cache_config.block_size
+        self.max_num_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        # Pooling models never decode: a one-token prompt (or last chunk) runs
+        # as a prompt pass, so only prompt buckets are ever used.
+        is_pooling = vllm_config.model_config.runner_type == "pooling"
+        self.min_prompt_tokens = 1 if is_pooling else 2
+        self.step_trace = step_trace
+
+    def plan(self, scheduler_output: SchedulerOutput, cache: CacheGeometry) -> StepPlan:
+        """Prompt chunks in bucketed batches, then one decode batch."""
+        seqs = scheduled_seqs(scheduler_output, self.input_batch, self.requests)
+        prompts, decodes = split_by_phase(seqs, self.min_prompt_tokens)
+        if self.step_trace is not None:
+            self.step_trace.record(self._step_shape(prompts, decodes))
+        token_ids = self.input_batch.token_ids_cpu
+        batches = split_prompt_passes(
+            prompts, self.max_num_tokens, self.buckets, self.block_size
+        )
+        return StepPlan(
+            prompts=[self._prompt_pass(b, token_ids, cache) for b in batches],
+            decode=self._decode_pass(decodes, token_ids, cache) if decodes else None,
+        )
+
+    def _prompt_pass(
+        self, batch: list[ScheduledSeq], token_ids: np.ndarray, cache: CacheGeometry
+    ) -> ForwardPass:
+        forward_pass = build_prompt_forward(batch, self.buckets, token_ids, cache)
+        self.buckets.stats.record_prompt(
+            forward_pass.bucket, [s.layout.num_scheduled_tokens for s in batch]
+        )
+        return forward_pass
+
+    def _decode_pass(
+        self, decodes: list[ScheduledSeq], token_ids: np.ndarray, cache: CacheGeometry
+    ) -> ForwardPass:
+        forward_pass = build_decode_pass(decodes, self.buckets, token_ids, cache)
+        num_blocks = sum(cdiv(s.end, self.block_size) for s in decodes)
+        self.buckets.stats.record_decode(forward_pass.bucket, len(decodes), num_blocks)
+        return forward_pass
+
+    def _step_shape(
+        self, prompts: list[ScheduledSeq], decodes: list[ScheduledSeq]
+    ) -> StepShape:
+        return StepShape(
+            tuple(PromptChunk(s.layout.num_scheduled_tokens, s.start) for s in prompts),
+            tuple(cdiv(s.end, self.block_size) for s in decodes),
+        )

@@ -1,0 +1,46 @@
+"""Scheduled seqs made up to fill a bucket exactly: the memory profile's run and
+warmup's packed requests (real steps never come through here)."""
+
+from vllm_hpu.attention.metadata import SeqLayout
+from vllm_hpu.bucketing import Bucket
+from vllm_hpu.worker.passes.seqs import ScheduledSeq, cdiv
+
+
+def merged_fake_chunks(
+    bucket: Bucket, context_blocks: int, block_size: int, max_len: int
+) -> list[tuple[int, int]]:
+    """(total tokens, cached tokens) of requests whose chunks pack into
+    ``bucket.query_len`` tokens over ``context_blocks`` whole context blocks, each
+    request within ``max_len`` tokens and computing at least 2 (warmup's seqs)."""
+    chunks: list[tuple[int, int]] = []
+    tokens, blocks = bucket.query_len, context_blocks
+    while tokens > 0:
+        own_blocks = min(blocks, max(0, (max_len - 2) // block_size))
+        cached = own_blocks * block_size
+        query = min(tokens, max_len - cached)
+        if tokens - query == 1:  # the last chunk would be a one-token decode
+            query -= 1
+        if query < 2:
+            return []
+        chunks.append((cached + query, cached))
+        tokens, blocks = tokens - query, blocks - own_blocks
+    return chunks if blocks == 0 else []
+
+
+def profile_seqs(
+    bucket: Bucket, merged: bool, block_size: int, max_len: int
+) -> list[ScheduledSeq]:
+    """Chunks filling a context-free prompt bucket for the memory profile: its
+    rows, or packed requests of at most ``max_len`` tokens; every slot in block 0
+    (the profile's scratch cache has one block)."""
+    if merged:
+        lengths = [n for n, _ in merged_fake_chunks(bucket, 0, block_size, max_len)]
+    else:
+        lengths = [bucket.query_len] * bucket.batch_size
+    return [
+        ScheduledSeq(
+            row=0,
+            layout=SeqLayout([0] * cdiv(length, block_size), 0, length),
+        )
+        for length in lengths
+    ]

@@ -1,0 +1,82 @@
+"""What the HPU runner can speculate with, refused at start-up otherwise
+(called by the platform's config check, before any weights load)."""
+
+from typing import Any
+
+from vllm.config import VllmConfig
+
+# Proposers the HPU runner drafts with; the others are refused at start-up.
+SUPPORTED_METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+# What a refused method needs on the HPU runner, where it is known.
+MISSING = {
+    "mtp": (
+        " (the target's own multi-token-prediction layers drafting as an "
+        "EAGLE-style head, which the HPU proposers do not load)"
+    ),
+}
+
+
+def check_speculative_config(vllm_config: VllmConfig) -> None:
+    """Refuse at start-up what the HPU runner cannot speculate with."""
+    spec = vllm_config.speculative_config
+    if spec is None:
+        return
+    if spec.method not in SUPPORTED_METHODS:
+        raise ValueError(
+            f"The HPU plugin does not support the '{spec.method}' speculative "
+            f"decoding method yet{MISSING.get(str(spec.method), '')}; use one of "
+            f"{list(SUPPORTED_METHODS)} in --speculative-config, or start vLLM "
+            "without it."
+        )
+    if spec.method in ("draft_model", "eagle", "eagle3"):
+        _check_draft_options(spec)
+        _check_draft_target(vllm_config)
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        raise ValueError(
+            "The HPU plugin does not support speculative decoding with pipeline "
+            "parallelism; drop --speculative-config or --pipeline-parallel-size."
+        )
+
+
+def _check_draft_options(spec: Any) -> None:
+    """Draft-model and EAGLE options the HPU proposers do not implement."""
+    unsupported = {
+        "draft_sample_method 'probabilistic' (drafts are greedy here)": (
+            spec.draft_sample_method != "greedy"
+        ),
+        "use_heterogeneous_vocab (the draft must share the target's vocabulary)": (
+            spec.use_heterogeneous_vocab
+        ),
+        "parallel_drafting": spec.parallel_drafting,
+    }
+    for option, setting in unsupported.items():
+        if setting:
+            raise ValueError(
+                f"The HPU plugin's {spec.method} proposer does not support {option}; "
+                "drop it from --speculative-config."
+            )
+
+
+def _check_draft_target(vllm_config: VllmConfig) -> None:
+    """Targets the draft-model and EAGLE proposers do not run beside yet."""
+    spec = vllm_config.speculative_config
+    assert spec is not None
+    model_config = vllm_config.model_config
+    draft_tp = getattr(spec.draft_parallel_config, "tensor_parallel_size", 1)
+    unsupported = {
+        # The draft would read the target's LoRA logits state.
+        "LoRA adapters (--enable-lora)": vllm_config.lora_config is not None,
+        # The draft would read image placeholders without their embeddings.
+        "a multimodal target": model_config is not None
+        and model_config.is_multimodal_model,
+        # Each rank would hold a whole draft beside its shard (vLLM's rule).
+        "a draft_tensor_parallel_size other than --tensor-parallel-size": (
+            draft_tp != vllm_config.parallel_config.tensor_parallel_size
+        ),
+    }
+    for feature, setting in unsupported.items():
+        if setting:
+            raise ValueError(
+                f"The HPU plugin's {spec.method} proposer does not run with "
+                f"{feature} yet; drop one of them."
+            )
