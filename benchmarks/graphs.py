@@ -36,6 +36,8 @@ class Configuration:
     num_kv_blocks: int
     max_num_batched_tokens: int = 2048
     block_size: int = 128
+    # benchmarks/step_trace.py's workload options (default: the benchmark's).
+    workload: tuple[tuple[str, int], ...] = ()
 
 
 CONFIGURATIONS = (
@@ -45,12 +47,32 @@ CONFIGURATIONS = (
     Configuration("long context (32 seqs, 32k)", "long-context.jsonl", 32, 32768, 4000),
     # Small-batch chat: 8 sequences of up to 8k tokens fill 512 blocks.
     Configuration("chat (8 seqs, 8k)", "chat.jsonl", 8, 8192, 512),
+    # Not the workload the compact constants were tuned on: long prompts (median
+    # 3000 tokens, up to 12k) and short outputs (4 to 32 tokens), as in
+    # summarisation or retrieval; long context, so the reference's edge buckets.
+    Configuration(
+        "long prompts, short outputs (32 seqs, 16k)",
+        "long-prompts.jsonl",
+        32,
+        16384,
+        2000,
+        workload=(
+            ("num-requests", 48),
+            ("prompt-median", 3000),
+            ("prompt-max", 12000),
+            ("output-min", 4),
+            ("output-max", 32),
+        ),
+    ),
 )
-# Bucket sets compared: name, and the variables that select them.
-# The reference and linear sets run one row per prompt, as those stacks do.
+# Bucket sets compared: name, and the variables that select them. The
+# reference's default runs one prompt per pass, its merged mode packs them; the
+# linear sets run one row per prompt, as that stack does.
 UNPACKED = {"VLLM_HPU_MERGED_PREFILL": "false"}
+REFERENCE, REFERENCE_MERGED = "reference", "reference, merged prefill"
 STRATEGIES = (
-    ("reference", {"VLLM_HPU_BUCKETING_STRATEGY": "reference", **UNPACKED}),
+    (REFERENCE, {"VLLM_HPU_BUCKETING_STRATEGY": "reference"}),
+    (REFERENCE_MERGED, {"VLLM_HPU_BUCKETING_STRATEGY": "reference-merged"}),
     ("today (linear)", {"VLLM_HPU_BUCKETING_STRATEGY": "linear", **UNPACKED}),
     ("compact, one row per prompt", UNPACKED),
     ("ours (compact, merged prefill, default)", {}),
@@ -101,54 +123,49 @@ def row(config: Configuration, measured: Measured) -> str:
 
 
 def checks(config: Configuration, by_name: dict[str, Measured]) -> list[str]:
-    """The issue's targets for one configuration: ours against the others."""
-    ours, ref = by_name[OURS], by_name["reference"]
+    """The issue's targets for one configuration: ours against the others. Both
+    reference modes warm up the same decode buckets, so decode is checked once."""
+    ours, ref = by_name[OURS], by_name[REFERENCE]
+    merged_ref = by_name[REFERENCE_MERGED]
     today = by_name["today (linear)"]
     graph_limit = (
         EXAMPLE_GRAPH_TARGET if config.trace == "example.jsonl" else ref.num_graphs // 2
     )
-    ours_s, ref_s = ours.result.stats, ref.result.stats
+    ours_s = ours.result.stats
     items = [
         (
             f"graphs <= {graph_limit}",
             ours.num_graphs,
             graph_limit,
-            ours.num_graphs <= graph_limit,
         ),
+        ("graphs <= reference, merged", ours.num_graphs, merged_ref.num_graphs),
         (
             "padded prompt tokens <= reference",
             ours_s.prompt.padded,
-            ref_s.prompt.padded,
-            ours_s.prompt.padded <= ref_s.prompt.padded,
+            ref.result.stats.prompt.padded,
+        ),
+        (
+            "padded prompt tokens <= reference, merged",
+            ours_s.prompt.padded,
+            merged_ref.result.stats.prompt.padded,
         ),
         (
             "padded decode sequences <= reference",
             ours_s.decode_batch.padded,
-            ref_s.decode_batch.padded,
-            ours_s.decode_batch.padded <= ref_s.decode_batch.padded,
+            ref.result.stats.decode_batch.padded,
         ),
         (
             "padded decode blocks <= reference",
             ours_s.decode_blocks.padded,
-            ref_s.decode_blocks.padded,
-            ours_s.decode_blocks.padded <= ref_s.decode_blocks.padded,
+            ref.result.stats.decode_blocks.padded,
         ),
-        (
-            "forward passes <= today",
-            ours.result.passes,
-            today.result.passes,
-            ours.result.passes <= today.result.passes,
-        ),
-        (
-            "no pass without a warmed-up bucket",
-            ours.result.misses,
-            0,
-            ours.result.misses == 0,
-        ),
+        ("forward passes <= today", ours.result.passes, today.result.passes),
+        ("no pass without a warmed-up bucket", ours.result.misses, 0),
     ]
     return [
-        f"| {config.name} | {what} | {got} | {limit} | {'met' if ok else 'missed'} |"
-        for what, got, limit, ok in items
+        f"| {config.name} | {what} | {got} | {limit} | "
+        f"{'met' if got <= limit else 'missed'} |"
+        for what, got, limit in items
     ]
 
 
@@ -183,6 +200,7 @@ def report_rows(traces: Path = TRACES) -> list[str]:
 def record(traces: Path) -> None:
     """Record every configuration's trace (a minute or so each on two cores)."""
     for config in CONFIGURATIONS:
+        workload = [f"--{name}={value}" for name, value in config.workload]
         command = [
             sys.executable, "-m", "benchmarks.step_trace",
             "--out", str(traces / config.trace),
@@ -191,6 +209,7 @@ def record(traces: Path) -> None:
             "--max-model-len", str(config.max_model_len),
             "--block-size", str(config.block_size),
             "--num-kv-blocks", str(config.num_kv_blocks),
+            *workload,
         ]  # fmt: skip
         subprocess.run(command, check=True)
 

@@ -5,7 +5,8 @@ routed and run by ops/moe.py vs a per-token loop over its chosen experts.
 Quantized linear: each checkpoint format's dequantize-and-multiply (AWQ, GPTQ,
 online fp8, and the kernels vLLM selects for fp8, block fp8, int8 W8A8, WNA16 and
 MXFP4 checkpoints) vs the unquantized linear.
-Run: python benchmarks/ops.py [--dtype bf16] [--op attention|moe|quant]
+Quantized MoE: each format's experts dequantized and run, vs bf16 experts.
+Run: python benchmarks/ops.py [--dtype bf16] [--op attention|moe|quant|quant-moe]
 """
 
 import argparse
@@ -36,6 +37,7 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
 )
 from vllm.scalar_type import scalar_types
 
+from benchmarks.moe_quant import quantized_moe_calls
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_metadata
 from vllm_hpu.ops import dequant
 from vllm_hpu.ops.fp8 import (
@@ -150,6 +152,22 @@ def time_moe(name: str, dtype: torch.dtype, iters: int) -> None:
     print(f"dense, every expert     : {dense * 1e3:8.2f} ms")
     print(f"naive per-token loop    : {naive * 1e3:8.2f} ms")
     print(f"naive / chosen          : {naive / chosen:8.2f}x")
+
+
+def time_quantized_moe(name: str, dtype: torch.dtype, iters: int) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(NUM_TOKENS, MOE_HIDDEN).to(dtype)
+    logits = torch.randn(NUM_TOKENS, NUM_EXPERTS)
+    calls = quantized_moe_calls(x, logits, TOP_K, MOE_INTERMEDIATE)
+    seconds = measure_interleaved(list(calls.values()), iters)
+    times = dict(zip(calls, seconds, strict=True))
+    print(
+        f"quantized MoE, {name} activations, {NUM_TOKENS} tokens, {NUM_EXPERTS} "
+        f"experts, top {TOP_K}, hidden {MOE_HIDDEN}, intermediate {MOE_INTERMEDIATE}"
+    )
+    for label, took in times.items():
+        ratio = took / times["unquantized"]
+        print(f"{label:38s}: {took * 1e3:8.2f} ms ({ratio:.1f}x)")
 
 
 def time_quantized_linear(name: str, dtype: torch.dtype, iters: int) -> None:
@@ -304,13 +322,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--iters", type=int, default=10)
-    ops = ["attention", "moe", "quant", "all"]
+    ops = ["attention", "moe", "quant", "quant-moe", "all"]
     parser.add_argument("--op", choices=ops, default="all")
     args = parser.parse_args()
     if args.op in ("moe", "all"):
         time_moe(args.dtype, DTYPES[args.dtype], args.iters)
     if args.op in ("quant", "all"):
         time_quantized_linear(args.dtype, DTYPES[args.dtype], args.iters)
+    if args.op in ("quant-moe", "all"):
+        time_quantized_moe(args.dtype, DTYPES[args.dtype], args.iters)
     if args.op in ("attention", "all"):
         time_attention(args.dtype, DTYPES[args.dtype], args.iters)
 

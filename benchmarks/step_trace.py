@@ -25,7 +25,15 @@ def record(args: argparse.Namespace) -> None:
     from vllm import LLM
 
     token_ids = list(range(3, 1024))  # tiny-llama's vocabulary minus specials
-    requests = make_workload(WorkloadSpec(args.num_requests, args.seed), token_ids)
+    spec = WorkloadSpec(
+        args.num_requests,
+        args.seed,
+        output_max=args.output_max,
+        output_min=args.output_min,
+        prompt_median=args.prompt_median,
+        prompt_max=args.prompt_max,
+    )
+    requests = make_workload(spec, token_ids)
     # vLLM sizes the cache by bytes; the dummy block needs no room of its own.
     kv_bytes = args.num_kv_blocks * args.block_size * TINY_LLAMA_KV_BYTES_PER_TOKEN
     llm = LLM(
@@ -55,6 +63,11 @@ def main() -> None:
     parser.add_argument("--num-kv-blocks", type=int, required=True)
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    defaults = WorkloadSpec()
+    for name in ("output_min", "output_max", "prompt_median", "prompt_max"):
+        parser.add_argument(
+            "--" + name.replace("_", "-"), type=int, default=getattr(defaults, name)
+        )
     parser.add_argument("--model", default=TRACE_MODEL)
     args = parser.parse_args()
     environ = {

@@ -2,8 +2,9 @@
 
 Prompt lengths are log-normal (median PROMPT_MEDIAN tokens, sigma PROMPT_SIGMA),
 clipped to PROMPT_MIN..PROMPT_MAX; output lengths are uniform in OUTPUT_MIN..OUTPUT_MAX
-and exact (every system ignores EOS). Prompt tokens are drawn from the tokenizer's
-ordinary vocabulary, never its special tokens.
+(a spec may change the median and the bounds) and exact (every system ignores
+EOS). Prompt tokens are drawn from the tokenizer's ordinary vocabulary, never its
+special tokens.
 """
 
 import argparse
@@ -24,6 +25,10 @@ class WorkloadSpec:
     num_requests: int = 64
     seed: int = 0
     output_max: int = OUTPUT_MAX
+    # Other shapes (benchmarks/graphs.py's long-prompt trace) change these.
+    output_min: int = OUTPUT_MIN
+    prompt_median: int = PROMPT_MEDIAN
+    prompt_max: int = PROMPT_MAX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +37,12 @@ class BenchRequest:
     output_len: int
 
 
-def prompt_length(rng: random.Random) -> int:
-    """One log-normal prompt length, clipped to PROMPT_MIN..PROMPT_MAX."""
-    length = round(rng.lognormvariate(math.log(PROMPT_MEDIAN), PROMPT_SIGMA))
-    return min(max(length, PROMPT_MIN), PROMPT_MAX)
+def prompt_length(
+    rng: random.Random, median: int = PROMPT_MEDIAN, longest: int = PROMPT_MAX
+) -> int:
+    """One log-normal prompt length, clipped to PROMPT_MIN..longest."""
+    length = round(rng.lognormvariate(math.log(median), PROMPT_SIGMA))
+    return min(max(length, PROMPT_MIN), longest)
 
 
 def text_token_ids(special_ids: set[int], vocab_size: int) -> list[int]:
@@ -47,8 +54,8 @@ def make_workload(spec: WorkloadSpec, token_ids: list[int]) -> list[BenchRequest
     rng = random.Random(spec.seed)
     requests = []
     for _ in range(spec.num_requests):
-        prompt_len = prompt_length(rng)
-        output_len = rng.randint(OUTPUT_MIN, spec.output_max)
+        prompt_len = prompt_length(rng, spec.prompt_median, spec.prompt_max)
+        output_len = rng.randint(spec.output_min, spec.output_max)
         prompt = rng.choices(token_ids, k=prompt_len)
         requests.append(BenchRequest(prompt, output_len))
     return requests

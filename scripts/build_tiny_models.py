@@ -216,6 +216,12 @@ MLA_SPECS = {
         },
     ),
 }
+# DeepSeek-V2/V3's real head widths: a 192-wide query and key head (128 without
+# rotary, 64 rotary), values 128 wide.
+MLA_SPECS["tiny-deepseek-v2-q192"] = (
+    "deepseek_v2",
+    {**MLA_SHAPE, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+)
 MODEL_SPECS.update(MLA_SPECS)
 
 # Attention variants (sliding windows, soft-capping, ALiBi, small heads), each

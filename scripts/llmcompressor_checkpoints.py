@@ -19,6 +19,7 @@ from compressed_tensors.quantization.lifecycle.forward import fake_quantize
 from datasets import Dataset
 from llmcompressor import oneshot
 from llmcompressor.modifiers.quantization import QuantizationModifier
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 BUILD_VERSION = "1"
@@ -37,13 +38,13 @@ def int_weights(bits: int, group_size: int | None, symmetric: bool) -> dict:
 SCHEMES: dict[str, tuple[str | dict, tuple[str, ...]]] = {
     "fp8-dynamic": ("FP8_DYNAMIC", ("tiny-llama",)),
     "fp8-static": ("FP8", ("tiny-qwen2",)),
-    "fp8-block": ("FP8_BLOCK", ("tiny-llama",)),
+    "fp8-block": ("FP8_BLOCK", ("tiny-llama", "tiny-qwen3-moe")),
     "w8a8-int8": ("W8A8", ("tiny-llama",)),
-    "w4a16-g32": (int_weights(4, 32, True), ("tiny-llama",)),
+    "w4a16-g32": (int_weights(4, 32, True), ("tiny-llama", "tiny-deepseek-v2-moe")),
     "w4a16-g128": ("W4A16", (WIDE_MODEL,)),
-    "w4a16-asym-g64": (int_weights(4, 64, False), ("tiny-qwen2",)),
+    "w4a16-asym-g64": (int_weights(4, 64, False), ("tiny-qwen2", "tiny-qwen3-moe")),
     "w8a16-channel": (int_weights(8, None, True), ("tiny-llama",)),
-    "mxfp4a16": ("MXFP4A16", ("tiny-llama", WIDE_MODEL)),
+    "mxfp4a16": ("MXFP4A16", ("tiny-llama", "tiny-deepseek-v2-moe", WIDE_MODEL)),
 }
 
 
@@ -62,11 +63,16 @@ def build_wide_llama(path: Path) -> None:
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
 
 
+# The LM head and MoE routers stay unquantized, as llm-compressor's MoE recipes
+# leave the routers.
+IGNORE = ["lm_head", "re:.*mlp\\.gate$"]
+
+
 def modifier(scheme: str | dict) -> QuantizationModifier:
     if isinstance(scheme, str):
-        return QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
+        return QuantizationModifier(targets="Linear", scheme=scheme, ignore=IGNORE)
     group = {"targets": ["Linear"], **scheme}
-    return QuantizationModifier(config_groups={"group_0": group}, ignore=["lm_head"])
+    return QuantizationModifier(config_groups={"group_0": group}, ignore=IGNORE)
 
 
 def calibration_data(vocab_size: int) -> Dataset:
@@ -94,6 +100,22 @@ def dequantized_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return weights
 
 
+def write_dequantized(source: Path, out: Path, deq: dict[str, torch.Tensor]) -> Path:
+    """The source checkpoint with each quantized weight replaced, by its name on
+    disk: llm-compressor names MoE experts one by one (``experts.E.gate_proj``)
+    where transformers 5 holds them fused, so loading them into a transformers
+    model would leave its experts unquantized."""
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns("*.safetensors"))
+    (out / STAMP_FILE).unlink(missing_ok=True)
+    state = load_file(source / "model.safetensors")
+    unknown = set(deq) - set(state)
+    if unknown:
+        raise ValueError(f"{source}: no weights named {sorted(unknown)[:3]} ...")
+    state |= {name: w.to(state[name].dtype) for name, w in deq.items()}
+    save_file(state, out / "model.safetensors")
+    return out
+
+
 def write(source: Path, out: Path, scheme: str | dict, reference: bool) -> None:
     """The compressed checkpoint at ``out``, and its dequantized twin if asked."""
     model = AutoModelForCausalLM.from_pretrained(source, dtype="auto")
@@ -110,10 +132,7 @@ def write(source: Path, out: Path, scheme: str | dict, reference: bool) -> None:
     model.save_pretrained(out, save_compressed=True)
     targets = [out]
     if reference:
-        twin = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-        twin.load_state_dict(deq, strict=False)
-        twin.save_pretrained(f"{out}-dequantized")
-        targets.append(Path(f"{out}-dequantized"))
+        targets.append(write_dequantized(source, Path(f"{out}-dequantized"), deq))
     for tokenizer_file in source.glob("tokenizer*"):
         for target in targets:
             shutil.copy(tokenizer_file, target)

@@ -32,6 +32,7 @@ TINY_MODELS = (
     "tiny-glm4-moe",
     "tiny-deepseek-v2",
     "tiny-deepseek-v2-moe",
+    "tiny-deepseek-v2-q192",
     *VARIANT_MODELS,
 )
 # Built by the set-up too, but with a classification head: they do not generate.

@@ -18,6 +18,7 @@ def register() -> str | None:
 
     patches.accept_device_option()
     patches.allow_torchvision_import()
+    patches.import_nixl_from_wheel()
     if device.hpu_available() or device.is_emulation():
         return PLATFORM_CLS
     return None
@@ -37,11 +38,12 @@ def register_ops() -> None:
     import vllm_hpu.ops.custom_ops  # registers the op overrides
     import vllm_hpu.ops.fused_moe  # noqa: F401  registers the MoE method
     from vllm_hpu.ops import awq, fp8, gptq, int8, mxfp4, wna16
-    from vllm_hpu.quantization import inc_config
+    from vllm_hpu.quantization import inc_config, moe_configs
 
     awq.register()
     gptq.register()
     for kernels in (fp8, int8, wna16, mxfp4):
         kernels.register()
     patches.keep_fp8_shard_scales()
+    moe_configs.register()
     inc_config.register()

@@ -117,8 +117,31 @@ def synchronize() -> None:
 def device_stream(queued: bool) -> DeviceStream:
     """Where the runner's device work runs. Gaudi's bridge queues it itself, so
     it is submitted inline; in emulation it runs on one worker thread when
-    ``queued`` (async scheduling), so the host overlaps it as on Gaudi."""
-    return DeviceStream(threaded=queued and not hpu_available())
+    ``queued`` (async scheduling), so the host overlaps it as on Gaudi, else on
+    the calling thread. Either thread computes with ``compute_threads()``."""
+    if hpu_available():
+        return DeviceStream(threaded=False)
+    num_threads = compute_threads()
+    torch.set_num_threads(num_threads)  # the calling thread's own count
+    return DeviceStream(threaded=queued, num_threads=num_threads)
+
+
+def compute_threads() -> int:
+    """Torch threads of device work in emulation, where the CPU is the device:
+    OMP_NUM_THREADS as the user set it, else every core of this worker's share
+    (vLLM's OMP_NUM_THREADS for its workers, or all usable cores) but one, the
+    host thread's (vLLM's scheduler and the runner's preparation run beside the
+    device work). More threads than free cores make OpenMP's busy-waiting
+    threads wait for each other: a decode step ran 3 to 10 times slower on a
+    busy 2-core machine with two threads (docs/benchmarks.md, async overlap)."""
+    from vllm.utils.torch_utils import available_cpu_count
+
+    envs = get_envs()
+    given = envs.omp_num_threads.split(",")[0].strip()
+    count = int(given) if given.isdigit() and int(given) > 0 else 0
+    if count and not envs.omp_num_threads_set_by_vllm:
+        return count
+    return max(1, (count or available_cpu_count()) - 1)
 
 
 def set_device(device: torch.device) -> None:
@@ -200,6 +223,9 @@ def _pool_host_memory() -> None:
     libc = ctypes.CDLL(None)
     libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
     libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)
+    # What an engine before this one pooled goes back first: this device starts
+    # empty, and what its weights take shows as growth (not as pool reuse).
+    libc.malloc_trim(0)
 
 
 def init_device_memory() -> None:
@@ -342,6 +368,18 @@ def fused_moe() -> Callable[..., Any] | None:
     return _KERNELS[key]
 
 
+def fused_moe_fp8() -> Callable[..., Any] | None:
+    """Gaudi's fused MoE kernel on fp8 tokens and experts with their scales
+    (``torch.ops.hpu.mixture_of_experts.fp8_fused_weights``), or None without
+    Gaudi, where ``ops/fp8_moe.py`` rounds the input through fp8 and runs the
+    dequantized experts."""
+    key = "torch.ops.hpu.mixture_of_experts.fp8_fused_weights"
+    if key not in _KERNELS:
+        moe = fused_moe()
+        _KERNELS[key] = getattr(moe, "fp8_fused_weights", None)
+    return _KERNELS[key]
+
+
 def fp8_gemm() -> Callable[..., Any] | None:
     """Gaudi's fp8 matmul with per-tensor or per-row/column dequantization scales
     (``torch.ops.hpu.fp8_gemm_v2``), or None without Gaudi, where ``ops/fp8.py``
@@ -360,6 +398,7 @@ def load_kernels() -> None:
     fused_rotary_embedding()
     fused_sdpa()
     fused_moe()
+    fused_moe_fp8()
     fp8_gemm()
     fused_rotary_mode(True)
 

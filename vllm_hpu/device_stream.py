@@ -29,15 +29,23 @@ T = TypeVar("T")
 _Work = Callable[[], None]
 
 
-def _run_in_order(work: "queue.SimpleQueue[_Work | None]") -> None:
-    """The worker thread: run each submitted function, until told to stop."""
+def _run_in_order(
+    work: "queue.SimpleQueue[_Work | None]", num_threads: int | None
+) -> None:
+    """The worker thread: run each submitted function, until told to stop.
+
+    Its torch thread count is set here, in the thread: an OpenMP thread count
+    belongs to the thread that set it (torch copies its own into a thread only
+    before anything ran there)."""
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
     while (task := work.get()) is not None:
         task()
         del task  # hold nothing between tasks, so an idle stream can be freed
 
 
 class DeviceStream:
-    def __init__(self, threaded: bool):
+    def __init__(self, threaded: bool, num_threads: int | None = None):
         # Seconds spent running device work, from the stream's side: the time
         # the device was busy, in emulation (benchmarks/async_overlap.py).
         self.busy_s = 0.0
@@ -46,7 +54,7 @@ class DeviceStream:
             self._work = queue.SimpleQueue()
             thread = threading.Thread(
                 target=_run_in_order,
-                args=(self._work,),
+                args=(self._work, num_threads),
                 name="hpu-device-stream",
                 daemon=True,
             )

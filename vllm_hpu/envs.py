@@ -100,6 +100,21 @@ class HpuEnvs:
         "",
         "Intel Neural Compressor FP8 config file (MEASURE or QUANTIZE JSON)",
     )
+    # Read, not set: the emulated device's torch threads (device.compute_threads).
+    omp_num_threads: str = _var(
+        "OMP_NUM_THREADS",
+        _text,
+        "",
+        "OpenMP's own; in emulation the torch threads of device work (unset: every "
+        "usable core but the host thread's)",
+    )
+    # vllm.utils.torch_utils.OMP_NUM_THREADS_SET_BY_VLLM (vLLM not imported here).
+    omp_num_threads_set_by_vllm: bool = _var(
+        "VLLM_OMP_NUM_THREADS_SET_BY_VLLM",
+        _bool,
+        False,
+        "vLLM's own: OMP_NUM_THREADS is its share of the cores per worker process",
+    )
     # Read, not set: emulation pools host memory unless these tune glibc's malloc.
     glibc_tunables: str = _var(
         "GLIBC_TUNABLES",
@@ -158,10 +173,11 @@ class HpuEnvs:
     # Bucket sets beyond the range variables (docs/bucketing.md, "Strategies").
     bucketing_strategy: str = _var(
         "VLLM_HPU_BUCKETING_STRATEGY",
-        _choice("compact", "linear", "exponential", "reference"),
+        _choice("compact", "linear", "exponential", "reference", "reference-merged"),
         "compact",
-        "how buckets are generated: compact (default), linear, exponential, or "
-        "reference (the reference Gaudi stack's exponential buckets)",
+        "how buckets are generated: compact (default), linear, exponential, "
+        "reference (the reference Gaudi plugin's default buckets, one prompt per "
+        "pass) or reference-merged (its merged-prefill mode)",
     )
     bucketing_from_file: str = _var(
         "VLLM_BUCKETING_FROM_FILE",
@@ -170,12 +186,13 @@ class HpuEnvs:
         "a bucket file (reference format) to warm up instead of generated buckets",
     )
     # Prompt passes pack their chunks into one sequence (docs/bucketing.md).
-    merged_prefill: bool = _var(
+    merged_prefill: bool | None = _var(
         "VLLM_HPU_MERGED_PREFILL",
         _bool,
-        True,
+        None,
         "pack a step's prompt chunks into one sequence with a block-diagonal mask "
-        "(prompt buckets by total tokens); false: one padded row per prompt",
+        "(prompt buckets by total tokens); false: one padded row per prompt; unset: "
+        "on, except with VLLM_PROMPT_BS_BUCKET_* set or strategy reference",
     )
     # Written by the runner after warmup; read by python -m vllm_hpu.bucketing.
     bucket_trace: str = _var(

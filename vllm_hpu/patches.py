@@ -130,8 +130,8 @@ def _patch_engine_args(arg_utils: ModuleType) -> None:
     engine_args.add_cli_args = staticmethod(  # type: ignore[method-assign]
         _with_device_option(engine_args.add_cli_args)
     )
-    engine_args.create_engine_config = _with_delayed_sampling(  # type: ignore[method-assign]
-        engine_args.create_engine_config
+    engine_args.create_engine_config = _with_kv_transfer_check(  # type: ignore[method-assign]
+        _with_delayed_sampling(engine_args.create_engine_config)
     )
 
 
@@ -160,6 +160,39 @@ def _with_delayed_sampling(create: Callable[..., Any]) -> Callable[..., Any]:
         else:  # per engine: a process may create several
             async_scheduling_source = "vLLM's default"
         return create(self, *args, **kwargs)
+
+    return wrapped
+
+
+# Why: vLLM fills the KV transfer config from --kv-offloading-size (and
+# --kv-offloading-backend) in VllmConfig.__post_init__, after it has called the
+# platform's check_and_update_config: the platform never sees that connector, and
+# the engine would load the model before failing in it.
+# How: once EngineArgs.create_engine_config has built the config, still in the
+# caller's process, the plugin checks it (kv_transfer/config.py): refuses the
+# connectors it does not run, routes offloading to its own connector and spec,
+# and turns async scheduling off for them. An offloading backend other than the
+# native one is refused before, since building the config imports its connector.
+# Upstream change that removes it: a platform hook after the transfer config is
+# derived (VllmConfig._post_init_kv_transfer_config).
+
+
+def _with_kv_transfer_check(create: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(create)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from vllm_hpu import device
+
+        # The condition register() returns the platform on (that module imports this).
+        if not (device.hpu_available() or device.is_emulation()):
+            return create(self, *args, **kwargs)
+        from vllm_hpu.kv_transfer import config as kv_transfer
+
+        kv_transfer.check_offloading_backend(
+            self.kv_offloading_size, self.kv_offloading_backend
+        )
+        config = create(self, *args, **kwargs)
+        kv_transfer.resolve_finished_config(config)
+        return config
 
     return wrapped
 
@@ -298,3 +331,45 @@ def keep_fp8_shard_scales() -> None:
     from vllm.model_executor.layers.quantization.utils import w8a8_utils
 
     w8a8_utils.requantize_with_max_scale = _shard_scales_per_row
+
+
+# -- 6. NIXL from the nixl-cu12 wheel ----------------------------------------------
+# Why: vLLM imports NIXL as ``nixl._api``. The ``nixl-cu12`` wheel (no CUDA needed;
+# it bundles UCX) installs the package ``nixl_cu12``; the ``nixl`` meta package that
+# maps one to the other requires both the cu12 and the cu13 wheels.
+# How: an import finder answers ``nixl`` and ``nixl.*`` with the modules of
+# ``nixl_cu12`` when no real ``nixl`` is installed, as the meta package does. It
+# imports nothing until vLLM asks for NIXL.
+# Upstream change that removes it: a ``nixl`` meta package whose CUDA variants are
+# extras (or vLLM importing the variant packages itself, as it does for ROCm).
+_NIXL = "nixl"
+_NIXL_WHEEL = "nixl_cu12"
+
+
+class _NixlFromWheel(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self) -> None:
+        self.wheel_specs: dict[str, Any] = {}
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname.partition(".")[0] != _NIXL:
+            return None
+        finder = importlib.machinery.PathFinder
+        if finder.find_spec(_NIXL) is not None or finder.find_spec(_NIXL_WHEEL) is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = importlib.import_module(_NIXL_WHEEL + spec.name[len(_NIXL) :])
+        self.wheel_specs[module.__name__] = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # Executed already, as nixl_cu12's; the import system has just set the
+        # alias's spec on it: the module keeps its own.
+        module.__spec__ = self.wheel_specs.pop(module.__name__)
+
+
+@functools.cache
+def import_nixl_from_wheel() -> None:
+    """Idempotent; lets ``import nixl._api`` find the nixl-cu12 wheel."""
+    sys.meta_path.insert(0, _NixlFromWheel())

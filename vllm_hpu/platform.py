@@ -11,6 +11,13 @@ from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from vllm_hpu import device, envs, model_support, patches
+from vllm_hpu.kv_transfer import blocks
+from vllm_hpu.kv_transfer.config import (
+    HOST_BUFFER_DEVICE,
+    SYNCHRONOUS_STEPS,
+    has_kv_connector,
+    resolve_kv_transfer_config,
+)
 from vllm_hpu.quantization.checkpoints import check_quant_config
 from vllm_hpu.quantization.inc import apply_fp8_options
 
@@ -139,6 +146,42 @@ class HpuPlatform(Platform):
         return torch.no_grad()
 
     @classmethod
+    def get_nixl_supported_devices(cls) -> dict[str, tuple[str, ...]]:
+        """NIXL reads HPU KV from a host buffer (emulation: "cpu" is vLLM's)."""
+        return {"hpu": (HOST_BUFFER_DEVICE,)}
+
+    @classmethod
+    def get_nixl_memory_type(cls) -> str:
+        return "DRAM"
+
+    @classmethod
+    def discover_numa_topology(cls) -> list[list[int]]:
+        """No cores reserved for NIXL in emulation (vLLM's NIXL worker pins
+        itself to what this returns when the device type is "cpu"): the
+        emulated device's passes need every core."""
+        return []
+
+    @classmethod
+    def insert_blocks_to_device(
+        cls,
+        src_cache: torch.Tensor,
+        dst_cache: torch.Tensor,
+        src_block_indices: torch.Tensor,
+        dst_block_indices: torch.Tensor,
+    ) -> None:
+        blocks.copy_blocks(src_cache, dst_cache, src_block_indices, dst_block_indices)
+
+    @classmethod
+    def swap_out_blocks_to_host(
+        cls,
+        src_cache: torch.Tensor,
+        dst_cache: torch.Tensor,
+        src_block_indices: torch.Tensor,
+        dst_block_indices: torch.Tensor,
+    ) -> None:
+        blocks.copy_blocks(src_cache, dst_cache, src_block_indices, dst_block_indices)
+
+    @classmethod
     def validate_environ(cls, hard_fail: bool) -> None:
         """vLLM's unknown-variable check, leaving out the variables we own."""
         from vllm import envs as vllm_envs
@@ -153,6 +196,14 @@ class HpuPlatform(Platform):
             logger.warning("Unknown vLLM environment variable detected: %s", name)
 
     @classmethod
+    def apply_config_platform_defaults(cls, vllm_config: "VllmConfig") -> None:
+        """Before vLLM's defaults: the user's compilation settings, honoured where
+        the runner can, else refused or logged with the reason."""
+        from vllm_hpu.compilation_settings import apply_user_compilation
+
+        apply_user_compilation(vllm_config)
+
+    @classmethod
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
         _check_envs()  # 0. a malformed variable stops start-up here
         _use_our_worker(vllm_config)  # 1.
@@ -161,6 +212,7 @@ class HpuPlatform(Platform):
         check_quant_config(vllm_config.quant_config)  # 4. before weights load
         _disable_unsupported_scheduling(vllm_config)  # 5.
         _reject_unsupported_features(vllm_config)  # 6.
+        resolve_kv_transfer_config(vllm_config)  # 6b. KV connectors we run
         _spawn_processes()  # 7.
         _use_hpu_ray_executor(vllm_config)  # 8.
         _reject_split_pooled_prompts(vllm_config)  # 9.
@@ -207,7 +259,8 @@ def _set_block_size(vllm_config: "VllmConfig") -> None:
 
 
 def _disable_vllm_compilation(vllm_config: "VllmConfig") -> None:
-    """Our runner compiles per bucket itself; vLLM's graph modes do not apply."""
+    """Our runner compiles per bucket itself; vLLM's graph modes do not apply
+    (what the user asked for was weighed in ``apply_config_platform_defaults``)."""
     from vllm.config import CompilationMode, CUDAGraphMode
 
     compilation_config = vllm_config.compilation_config
@@ -233,6 +286,8 @@ def _disable_unsupported_scheduling(vllm_config: "VllmConfig") -> None:
 def _why_not_async(vllm_config: "VllmConfig") -> str | None:
     if vllm_config.speculative_config is not None:
         return "the HPU runner does not combine it with speculative decoding yet"
+    if has_kv_connector(vllm_config):
+        return SYNCHRONOUS_STEPS
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         return "vLLM's V1 runner design does not support it with pipeline parallelism"
     model_config = vllm_config.model_config
@@ -246,7 +301,6 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
     model_config = vllm_config.model_config
     runner_type = model_config.runner_type if model_config is not None else "generate"
     unsupported = {
-        "KV transfer (--kv-transfer-config)": vllm_config.kv_transfer_config,
         # "draft": a speculative draft model's config
         # (worker/spec_decode/draft_model.py).
         f"the '{runner_type}' runner (--runner)": runner_type

@@ -7,6 +7,7 @@ the tests of each spec one after another across modules; the pools start each
 spec's engine or server once, and stop it after the last test using it.
 """
 
+import pathlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,16 @@ from e2e.harness import ENGINE_POOL, EngineSpec, plugin_env
 from e2e.server import SERVER_POOL, ServerSpec
 
 POOLS = {"shared_engine": ENGINE_POOL, "shared_server": SERVER_POOL}
+HERE = pathlib.Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every end-to-end test is ``slow`` (it starts an engine, a server or a
+    process), whether or not its module says so: make test-fast leaves it out
+    unless it is also marked ``smoke``."""
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -94,20 +94,28 @@ def stop(process: subprocess.Popen) -> list[psutil.Process]:
     return alive + group_members(process.pid)
 
 
+def launch(
+    command: list[str], env: dict[str, str], log: pathlib.Path
+) -> subprocess.Popen:
+    """Start ``command`` in its own process group (stopped as one), output in
+    ``log``."""
+    with log.open("wb") as log_file:
+        return subprocess.Popen(
+            command,
+            env={**os.environ, **env},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 @contextlib.contextmanager
 def vllm_server(
     model_dir: str, extra_args: list[str], env: dict[str, str], log: pathlib.Path
 ) -> Iterator[str]:
     """Yields the base URL of a ready server; raises if teardown leaves orphans."""
     port = free_port()
-    with log.open("wb") as log_file:
-        process = subprocess.Popen(
-            serve_command(model_dir, port, extra_args),
-            env={**os.environ, **env},
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, stopped as one
-        )
+    process = launch(serve_command(model_dir, port, extra_args), env, log)
     try:
         base_url = f"http://127.0.0.1:{port}"
         wait_until_ready(process, base_url, log)

@@ -9,6 +9,8 @@ from e2e.harness import random_prompts, vllm_engine, vllm_greedy
 pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 8
+# Greedy tokens of the fp8 cache that equal bf16's (100 % measured on tiny-llama).
+MIN_AGREEMENT = 0.9
 
 
 def _generate(kv_cache_dtype: str) -> tuple[list[list[int]], int, float]:
@@ -38,7 +40,7 @@ def test_fp8_inc_cache_holds_twice_the_blocks_and_generates():
     fp8_flat = [t for s in fp8_tokens for t in s]
     agreement = sum(a == b for a, b in zip(bf16_flat, fp8_flat, strict=True))
     agreement /= len(bf16_flat)
-    print(f"fp8_inc vs bf16 KV cache: {agreement:.0%} of greedy tokens agree")
+    assert agreement >= MIN_AGREEMENT, f"{agreement:.0%} of greedy tokens agree"
     assert fp8_blocks == 2 * bf16_blocks
     assert fp8_hits > 0
     # The first token of a prefix hit is computed from fp8 context only.

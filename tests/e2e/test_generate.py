@@ -34,9 +34,10 @@ LENGTHS = [1, 5, 16, 33, 64, 100, 128, 129, 250]
 # Mixture-of-experts models: Mixtral, Qwen2-MoE (gated shared expert), Qwen3-MoE,
 # GLM-4-MoE (DeepSeek-V3 routing: sigmoid, bias, groups, scale, shared expert).
 MOE_MODELS = ["tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-glm4-moe"]
-# DeepSeek-V2 layout: multi-head latent attention (MLA) on a latent KV cache, and in
-# the -moe variant routed experts beside a shared one.
-MLA_MODELS = ["tiny-deepseek-v2", "tiny-deepseek-v2-moe"]
+# DeepSeek-V2 layout: multi-head latent attention (MLA) on a latent KV cache, in
+# the -moe variant routed experts beside a shared one, in -q192 DeepSeek's own
+# head widths (192-wide queries and keys, 128-wide values).
+MLA_MODELS = ["tiny-deepseek-v2", "tiny-deepseek-v2-moe", "tiny-deepseek-v2-q192"]
 # The runner's hard cases run on one model of each attention and MLP kind.
 HARD_CASE_MODELS = ["tiny-llama", *MOE_MODELS[:2], MLA_MODELS[1]]
 
@@ -115,7 +116,7 @@ def test_generate_matches_hf_block_sizes(llm):
             "tiny-opt",
             "tiny-gpt2",
             *MOE_MODELS,
-            MLA_MODELS[1],
+            *MLA_MODELS[1:],
         ],
     )
 )

@@ -1,4 +1,4 @@
-"""Bucket strategies: the reference generator, the compact default, bucket files,
+"""Bucket strategies: the compact default, bucket files,
 step traces, the planner, and which strategy a configuration resolves to."""
 
 import math
@@ -15,7 +15,6 @@ from vllm_hpu.bucketing.bucket_file import (
     write_bucket_file,
 )
 from vllm_hpu.bucketing.planner import plan_buckets, traced_shapes
-from vllm_hpu.bucketing.reference import reference_range
 from vllm_hpu.bucketing.replay import replay_trace
 from vllm_hpu.bucketing.trace import PromptChunk, StepShape, StepTrace, TraceRecorder
 from vllm_hpu.envs import read_envs
@@ -35,24 +34,6 @@ def manager_for(environ, limits=EXAMPLE, num_kv_blocks=1000):
 
 
 @pytest.mark.parametrize(
-    ("config", "expected"),
-    [
-        ((128, 128, 2048, 10), [128, 256, 384, 512, 640, 896, 1152, 1536, 2048]),
-        ((1, 2, 64, 7), [1, 2, 4, 8, 12, 22, 36, 64]),
-        ((0, 1, 31, 6), [0, 1, 2, 4, 8, 16, 31]),
-    ],
-)
-def test_reference_range_reproduces_its_documented_examples(config, expected):
-    assert reference_range(*config) == expected
-
-
-def test_reference_strategy_gives_the_issues_graph_counts():
-    manager = manager_for({"VLLM_HPU_BUCKETING_STRATEGY": "reference"})
-    assert (len(manager.prompt_buckets), len(manager.decode_buckets)) == (63, 43)
-    assert {b.batch_size for b in manager.prompt_buckets} == {1}
-
-
-@pytest.mark.parametrize(
     ("environ", "counts"),
     [
         # compact with merged prefill, the default: at most half the reference's 106
@@ -60,8 +41,9 @@ def test_reference_strategy_gives_the_issues_graph_counts():
         ({**UNPACKED}, (25, 28)),
         ({"VLLM_HPU_BUCKETING_STRATEGY": "linear", **UNPACKED}, (296, 195)),
         ({"VLLM_EXPONENTIAL_BUCKETING": "1", **UNPACKED}, (214, 61)),
-        # Merged prefill keeps a strategy's one-row buckets.
+        # The reference's default and its merged-prefill mode.
         ({"VLLM_HPU_BUCKETING_STRATEGY": "reference"}, (63, 43)),
+        ({"VLLM_HPU_BUCKETING_STRATEGY": "reference-merged"}, (28, 43)),
     ],
 )
 def test_strategy_graph_counts_for_the_example_configuration(environ, counts):

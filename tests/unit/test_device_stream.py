@@ -62,3 +62,43 @@ def test_device_stream_work_sees_the_submitters_context():
     finally:
         dynamo_config.recompile_limit = limit
     assert seen == limit + 1
+
+
+@pytest.fixture
+def torch_threads():
+    """Torch's thread count is process-wide state: restored after the test."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({"OMP_NUM_THREADS": "3"}, 3),  # the user's
+        # vLLM's share of the cores for a worker: one left for the host thread.
+        ({"OMP_NUM_THREADS": "3", "VLLM_OMP_NUM_THREADS_SET_BY_VLLM": "1"}, 2),
+        ({"OMP_NUM_THREADS": "1", "VLLM_OMP_NUM_THREADS_SET_BY_VLLM": "1"}, 1),
+    ],
+)
+def test_compute_threads_leave_the_host_a_core(variables, expected, hpu_env):
+    from vllm_hpu import device
+
+    hpu_env(**variables)
+    assert device.compute_threads() == expected
+
+
+def test_emulated_device_work_uses_the_same_threads_on_either_thread(
+    hpu_env, torch_threads
+):
+    """The host thread (async off) and the stream's thread (async on) compute
+    with the same torch thread count: with torch's default, the host thread's
+    OpenMP team alone busy-waited at full spin and ran several times slower
+    (benchmarks/stream_threads.py)."""
+    from vllm_hpu import device
+
+    hpu_env(OMP_NUM_THREADS="3")
+    torch.set_num_threads(2)
+    stream = device.device_stream(queued=True)
+    assert torch.get_num_threads() == 3
+    assert stream.submit(torch.get_num_threads).result() == 3

@@ -80,8 +80,7 @@ def test_paged_attention_reads_fp8_as_its_upcast() -> None:
     got = paged_attention(query, *cache, blocks, scoring)
     torch.testing.assert_close(got, paged_attention(query, *twin, blocks, scoring))
     error = _relative_error(got, paged_attention(query, *full, blocks, scoring))
-    print(f"fp8_inc decode attention relative error: {error:.4f}")
-    assert error < 0.1
+    assert 1e-3 < error < 0.1  # fp8's rounding: not bf16's output, close to it
 
 
 def test_prompt_attention_with_fp8_context() -> None:

@@ -19,8 +19,8 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
 
+from vllm_hpu.ops.activations import ACTIVATIONS
 from vllm_hpu.ops.fused_moe import HpuUnquantizedFusedMoEMethod, check_router
-from vllm_hpu.ops.moe import ACTIVATIONS
 
 
 def moe_config(**changes) -> FusedMoEConfig:

@@ -134,10 +134,33 @@ def test_inc_measures_and_converts_the_gaudi_modules(tmp_path) -> None:
         )
         quantized = _GaudiPieces().bfloat16()
         quantized.load_state_dict(reference.state_dict())
-        got = _run(convert(quantized, config), x, FP8)
-        error = _relative_error(got.detach(), want.detach())
-        print(f"INC {scale_method} relative error against bf16: {error:.4f}")
-        assert error < bound
+        converted = convert(quantized, config)
+        _assert_patched_by_inc(converted)
+        error = _relative_error(_run(converted, x, FP8).detach(), want.detach())
+        # Quantized, so not bf16's output; within the bound of fp8's rounding.
+        assert MIN_FP8_ERROR < error < bound, (scale_method, error)
+
+
+# Below this relative error the output is bf16's: nothing was quantized.
+MIN_FP8_ERROR = 1e-3
+# INC's replacement for each piece of _GaudiPieces.
+PATCHED = {
+    "proj": "PatchedLinear",
+    "matmul_qk": "PatchedMatmul",
+    "softmax": "PatchedSoftmax",
+    "matmul_av": "PatchedMatmul",
+    "k_cache": "PatchedVLLMKVCache",
+    "fused_sdpa": "PatchedModuleFusedSDPA",
+}
+
+
+def _assert_patched_by_inc(model: torch.nn.Module) -> None:
+    """Each piece is INC's patched class; the linear's weight is stored in fp8."""
+    for name, patched in PATCHED.items():
+        module = getattr(model, name)
+        assert type(module).__name__ == patched, (name, type(module))
+        assert type(module).__module__.startswith("neural_compressor."), name
+    assert model.proj.weight.dtype == FP8
 
 
 def _vllm_config(cache_dtype="auto", quantization=None, dtype=torch.bfloat16):

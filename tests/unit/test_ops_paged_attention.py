@@ -113,6 +113,18 @@ def test_paged_attention_variants_match_naive(
         _check_decode(case, variant)
 
 
+# The widest heads the backend accepts (DeepSeek's 192, Gemma's 256). Decode has
+# one kernel, fused or not, since the fused kernel is the prompt's.
+@pytest.mark.parametrize("head_size", [192, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_paged_attention_wide_heads_match_naive(
+    head_size: int, dtype: torch.dtype
+) -> None:
+    for seed, group in enumerate((1, 4)):
+        case = DecodeCase(seed, 16, group, head_size, dtype, batch_size=[3, 9][seed])
+        _check_decode(case, PLAIN)
+
+
 def _check_decode(case: DecodeCase, variant: Variant) -> None:
     rng = random.Random(case.seed)
     num_kv_heads = rng.choice([1, 2])

@@ -138,6 +138,26 @@ def test_prompt_attention_variants_match_naive(
         _check_prompt(case, variant, use_fused=not plain_only)
 
 
+# The widest heads the backend accepts: DeepSeek's 192-wide MLA queries (its
+# prompts expand the latent to ordinary heads), Gemma 2 9B's and Gemma 3's 256.
+@pytest.mark.parametrize("head_size", [192, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_context", [False, True], ids=["noctx", "ctx"])
+def test_prompt_attention_wide_heads_match_naive(
+    head_size: int, dtype: torch.dtype, with_context: bool, fused_sdpa: bool
+) -> None:
+    case = PromptCase(
+        seed=head_size,
+        block_size=16,
+        group=2,
+        head_size=head_size,
+        dtype=dtype,
+        batch_size=3,
+        with_context=with_context,
+    )
+    _check_prompt(case, PLAIN, use_fused=True)
+
+
 def _check_prompt(case: PromptCase, variant: Variant, use_fused: bool) -> None:
     rng = random.Random(case.seed)
     num_kv_heads = rng.choice([1, 2])

@@ -102,7 +102,7 @@ def test_platform_respects_user_block_size():
 
 
 def test_platform_rejects_unsupported_features_at_startup():
-    with pytest.raises(ValueError, match="does not support KV transfer"):
+    with pytest.raises(ValueError, match="does not run the KV connector"):
         _engine_config(
             kv_transfer_config={
                 "kv_connector": "ExampleConnector",

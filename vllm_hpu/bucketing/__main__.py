@@ -27,7 +27,7 @@ DEFAULTS = {
 }
 # What Gaudi users report one bucket's warmup costs (compile and capture), seconds.
 DEFAULT_GRAPH_COST_S = 14.0
-STRATEGIES = ("compact", "linear", "exponential", "reference")
+STRATEGIES = ("compact", "linear", "exponential", "reference", "reference-merged")
 PASS_KINDS = {
     True: "merged prefill (a step's prompts packed into one sequence)",
     False: "one padded row per prompt",
@@ -112,7 +112,9 @@ def serving_limits(args: argparse.Namespace, trace: StepTrace | None) -> Serving
         given = getattr(args, name)
         values[name] = given if given is not None else getattr(trace, name, default)
     return ServingLimits(
-        **values, use_context_buckets=args.prefix_caching or args.chunked_prefill
+        **values,
+        use_context_buckets=args.prefix_caching or args.chunked_prefill,
+        prefix_caching=args.prefix_caching,
     )
 
 

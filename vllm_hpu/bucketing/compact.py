@@ -11,7 +11,7 @@ import math
 
 from vllm_hpu.bucketing.buckets import Bucket, context_tokens, smallest_padded
 from vllm_hpu.bucketing.config import BucketingConfig
-from vllm_hpu.bucketing.reference import log2_limit, reference_range
+from vllm_hpu.bucketing.ranges import geometric_range, points_per_doubling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ def compact_query_lens(config: BucketingConfig, shape: CompactShape) -> list[int
     block_size = config.block_size
     high = min(config.max_num_batched_tokens, config.max_model_len)
     high = max(block_size, high)
-    return reference_range(block_size, block_size, high, shape.num_query_lens)
+    return geometric_range(block_size, block_size, high, shape.num_query_lens)
 
 
 def compact_contexts(config: BucketingConfig, shape: CompactShape) -> list[int]:
@@ -78,9 +78,9 @@ def compact_prompt_buckets(
 
 
 def compact_decode_batch_sizes(config: BucketingConfig) -> list[int]:
-    """The reference's batch ladder: one point per doubling of max_num_seqs."""
+    """One point per doubling of max_num_seqs: the reference's decode batch ladder."""
     seqs = config.max_num_seqs
-    return reference_range(1, 2, seqs, log2_limit(seqs)) if seqs > 1 else [1]
+    return geometric_range(1, 2, seqs, points_per_doubling(seqs)) if seqs > 1 else [1]
 
 
 def compact_decode_buckets(

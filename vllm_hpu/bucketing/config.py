@@ -31,6 +31,10 @@ MIN_DECODE_BLOCK_MAX = 128
 # The context dimension when neither prefix caching nor chunked prefill is on.
 NO_CONTEXT = BucketRange(0, 1, 0)
 PARTS = ("min", "step", "max")
+# Strategies whose sets have no (min, step, max) ranges: a user's ranges win.
+SETS_WITHOUT_RANGES = ("compact", "reference", "reference-merged")
+# Strategies that reproduce a way of running prompt passes: merged or not.
+REFERENCE_MERGED_PREFILL = {"reference": False, "reference-merged": True}
 # The range variables of each phase (decode_seq: older releases' token form).
 DIMS = {"prompt": ("bs", "seq", "block"), "decode": ("bs", "block", "seq")}
 
@@ -46,6 +50,8 @@ class ServingLimits:
     # Prefix caching, chunked prefill or speculative decoding: prompt passes may
     # start after cached blocks.
     use_context_buckets: bool = False
+    # Only the reference strategy looks at it (its decode blocks count differently).
+    prefix_caching: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +65,8 @@ class BucketingConfig:
     use_context_buckets: bool
     exponential: bool
     # How each phase's buckets are made (docs/bucketing.md, "Strategies"):
-    # compact, linear, exponential, reference, or file (VLLM_BUCKETING_FROM_FILE).
+    # compact, linear, exponential, reference, reference-merged, or file
+    # (VLLM_BUCKETING_FROM_FILE).
     prompt_strategy: str
     decode_strategy: str
     bucket_file: str
@@ -72,6 +79,7 @@ class BucketingConfig:
     decode_block: BucketRange
     # Prompt passes pack their chunks: prompt buckets are (1, tokens, context).
     merged_prefill: bool = False
+    prefix_caching: bool = True
 
     @classmethod
     def from_vllm_config(
@@ -91,6 +99,7 @@ class BucketingConfig:
                 or scheduler.enable_chunked_prefill
                 or vllm_config.speculative_config is not None
             ),
+            prefix_caching=bool(cache.enable_prefix_caching),
         )
         config = cls.from_limits(limits, envs)
         if config.merged_prefill and vllm_config.model_config.runner_type == "pooling":
@@ -112,6 +121,7 @@ class BucketingConfig:
         if not limits.use_context_buckets:
             ranges["prompt_block"] = NO_CONTEXT
         strategy = base_strategy(envs)
+        prompt_strategy = phase_strategy(envs, "prompt", strategy)
         return cls(
             max_num_seqs=limits.max_num_seqs,
             max_num_batched_tokens=limits.max_num_batched_tokens,
@@ -119,10 +129,11 @@ class BucketingConfig:
             block_size=limits.block_size,
             use_context_buckets=limits.use_context_buckets,
             exponential=strategy == "exponential",
-            prompt_strategy=phase_strategy(envs, "prompt", strategy),
+            prompt_strategy=prompt_strategy,
             decode_strategy=phase_strategy(envs, "decode", strategy),
             bucket_file=envs.bucketing_from_file,
-            merged_prefill=envs.merged_prefill,
+            merged_prefill=resolve_merged_prefill(envs, prompt_strategy),
+            prefix_caching=limits.prefix_caching,
             **ranges,
         )
 
@@ -136,17 +147,22 @@ def base_strategy(envs: HpuEnvs) -> str:
     return envs.bucketing_strategy
 
 
-def phase_strategy(envs: HpuEnvs, phase: str, strategy: str) -> str:
-    """Range variables set for a phase make its buckets linear: the user's
-    ranges win over the compact and reference sets, which have no ranges."""
-    if strategy not in ("compact", "reference"):
-        return strategy
-    user_set = [
+def user_range_variables(envs: HpuEnvs, phase: str) -> list[str]:
+    """The phase's VLLM_{PHASE}_*_BUCKET_* variables the user set."""
+    return [
         env_name(f"{phase}_{dim}", part)
         for dim in DIMS[phase]
         for part in PARTS
         if getattr(envs, f"{phase}_{dim}_bucket_{part}") is not None
     ]
+
+
+def phase_strategy(envs: HpuEnvs, phase: str, strategy: str) -> str:
+    """Range variables set for a phase make its buckets linear: the user's
+    ranges win over the sets that have no ranges (compact, reference)."""
+    if strategy not in SETS_WITHOUT_RANGES:
+        return strategy
+    user_set = user_range_variables(envs, phase)
     if not user_set:
         return strategy
     logger.info(
@@ -156,6 +172,37 @@ def phase_strategy(envs: HpuEnvs, phase: str, strategy: str) -> str:
         strategy,
     )
     return "linear"
+
+
+def resolve_merged_prefill(envs: HpuEnvs, prompt_strategy: str) -> bool:
+    """VLLM_HPU_MERGED_PREFILL, else what the prompt buckets were made for: a
+    reference strategy its own mode; a prompt batch-size range set by the user
+    one row per prompt (a packed pass has one row, so its batch sizes would go
+    unused); everything else packed."""
+    chosen = envs.merged_prefill
+    fixed = REFERENCE_MERGED_PREFILL.get(prompt_strategy)
+    if fixed is not None:
+        if chosen is not None and chosen != fixed:
+            other = "reference" if fixed else "reference-merged"
+            raise ValueError(
+                f"VLLM_HPU_BUCKETING_STRATEGY={prompt_strategy} reproduces the "
+                f"reference's {'merged-prefill mode' if fixed else 'default'}, "
+                f"which VLLM_HPU_MERGED_PREFILL={str(chosen).lower()} contradicts: "
+                f"unset VLLM_HPU_MERGED_PREFILL, or use {other}."
+            )
+        return fixed
+    if chosen is not None:
+        return chosen
+    batch_sizes = [v for v in user_range_variables(envs, "prompt") if "_BS_" in v]
+    if batch_sizes:
+        logger.info(
+            "%s set: prompt passes run one padded row per prompt with these batch "
+            "sizes, instead of merged prefill (VLLM_HPU_MERGED_PREFILL=true packs "
+            "them into one row, using only the ranges' batch size 1 buckets).",
+            ", ".join(batch_sizes),
+        )
+        return False
+    return True
 
 
 def default_ranges(limits: ServingLimits) -> dict[str, BucketRange]:

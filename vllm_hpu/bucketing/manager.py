@@ -261,6 +261,13 @@ class HpuBucketManager:
                 phase.capitalize(),
                 config,
             )
+            if phase == "prompt" and self.config.merged_prefill:
+                logger.info(
+                    "Merged prefill packs each pass's prompts into one sequence "
+                    "of up to seq tokens: the ranges' batch size 1 buckets are "
+                    "used, the bs range is not (VLLM_HPU_MERGED_PREFILL=false "
+                    "runs one padded row per prompt, with the bs range)."
+                )
         else:
             source = self.config.bucket_file if strategy == "file" else "strategy"
             logger.info("%s buckets: %s (%s)", phase.capitalize(), strategy, source)

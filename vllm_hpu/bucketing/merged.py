@@ -9,15 +9,15 @@ import math
 
 from vllm_hpu.bucketing.buckets import Bucket
 from vllm_hpu.bucketing.config import BucketingConfig
-from vllm_hpu.bucketing.reference import log2_limit, reference_range
+from vllm_hpu.bucketing.ranges import geometric_range, points_per_doubling
 
 
 def merged_token_ladder(config: BucketingConfig) -> list[int]:
-    """The reference's query ladder (one point per doubling, less one), reaching
-    the step's token budget: 128, 256, ..., 1536, 2048 for 2048 at block 128."""
+    """A geometric token ladder, one point per doubling less one, reaching the
+    step's token budget: 128, 256, ..., 1536, 2048 for 2048 at block 128."""
     block_size = config.block_size
     high = max(block_size, config.max_num_batched_tokens)
-    return reference_range(block_size, block_size, high, log2_limit(high) - 2)
+    return geometric_range(block_size, block_size, high, points_per_doubling(high) - 2)
 
 
 def merged_contexts(config: BucketingConfig) -> list[int]:

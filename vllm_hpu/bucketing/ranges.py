@@ -66,6 +66,31 @@ def exponential_range(
     return sorted(values)
 
 
+def geometric_range(low: int, step: int, high: int, num_points: int) -> list[int]:
+    """``num_points`` geometric points from ``low`` (from ``step`` when ``low`` is 0
+    or 1, which stays a value of its own) to ``high``, each rounded up to a
+    multiple of ``step``, the largest capped at ``high``; a point within round-off
+    of a multiple stays on it (``(128, 128, 4096, 10)`` keeps 1024 and 2048).
+    ``(128, 128, 2048, 10)`` -> 128, 256, 384, 512, 640, 896, 1152, 1536, 2048."""
+    if num_points < 1 or step < 1 or low > high:
+        raise ValueError(f"invalid geometric range {(low, step, high, num_points)}")
+    if num_points == 1:
+        return [high]
+    values = {low} if low in (0, 1) else set()
+    start = step if low in (0, 1) else low
+    for i in range(num_points):
+        point = start * (high / start) ** (i / (num_points - 1))
+        values.add(math.ceil(point / step - 1e-9) * step)
+    ordered = sorted(values)
+    ordered[-1] = min(ordered[-1], high)
+    return sorted(set(ordered))
+
+
+def points_per_doubling(high: int) -> int:
+    """One point per doubling of ``high``, plus one."""
+    return math.ceil(math.log2(max(high, 2))) + 1
+
+
 def cover_value(values: list[int], needed: int) -> int:
     """The smallest of the sorted ``values`` that is >= ``needed`` (last if none)."""
     index = bisect.bisect_left(values, needed)

@@ -1,71 +1,169 @@
-"""The reference Gaudi stack's default (exponential) buckets, reproduced for
-comparison and for users who want exactly its warmup (strategy ``reference``).
+"""The reference Gaudi plugin's default buckets, reproduced from its code (its
+exponential strategy, vllm-gaudi 091bbadd, ``vllm_gaudi/extension/bucketing``):
+for comparison, and for users who want its warmup.
 
-Its generator takes ``(min, step, max, limit)``: ``limit`` geometric points from
-``step`` (when ``min`` is 0 or 1, ``min`` itself is kept as a value of its own) or
-from ``min`` up to ``max``, each rounded up to a multiple of ``step``; duplicates go
-and the last value is capped at ``max``. Every dimension's values are combined.
+Strategy ``reference`` is its default, one prompt per prompt pass; strategy
+``reference-merged`` its merged-prefill mode, every prompt chunk of a step packed
+into one ``(1, tokens, context blocks)`` pass. Like the reference, with prefix
+caching off it counts decode blocks as contiguous paged attention does (the
+highest block id, bounded by the KV cache); with it on, as block references
+(up to 3 x the KV cache's blocks, since prefix hits share blocks).
+tests/unit/test_bucketing_reference.py holds its lists for a dozen configurations.
 """
 
+import dataclasses
 import math
 
 from vllm_hpu.bucketing.buckets import Bucket
 from vllm_hpu.bucketing.config import BucketingConfig
 
-# Its decode block ladder reaches this many times the KV cache's blocks.
+# From this max_model_len the prompt context ladder ends at the context the
+# token budget leaves, and each query length gets the most context it can have.
+LONG_CONTEXT_LEN = 8192
+# Without contiguous PA, decode block references may reach this many times the
+# KV cache's blocks (prefix-cache hits count a shared block once per sequence).
 DECODE_BLOCK_FACTOR = 3
+# Merged prefill: its query ladder steps by this many blocks, its context by
+# this many blocks.
+MERGED_QUERY_BLOCKS = 4
+MERGED_CONTEXT_STEP = 4
 
 
-def reference_range(low: int, step: int, high: int, limit: int) -> list[int]:
-    """``(128, 128, 2048, 10)`` -> 128, 256, 384, 512, 640, 896, 1152, 1536, 2048."""
-    if limit < 1 or step < 1 or low > high:
+def reference_range(
+    low: int, step: int, high: int, limit: int, exact_last: bool = False
+) -> list[int]:
+    """Its ``(min, step, max, limit)`` generator: ``limit`` geometric points from
+    ``min`` (from ``step`` when ``min`` is 0 or 1, which stays a value of its own)
+    to ``max``, each rounded up to a multiple of ``step`` (the last one exactly
+    ``max`` with ``exact_last``, as contiguous PA has it), the largest capped at
+    ``max``. Its own float arithmetic, so values agree to the last rounding:
+    ``(128, 128, 2048, 10)`` -> 128, 256, 384, 512, 640, 896, 1152, 1536, 2048."""
+    if limit < 1 or step < 1:
         raise ValueError(f"invalid reference range {(low, step, high, limit)}")
     if limit == 1:
         return [high]
     values = {low} if low in (0, 1) else set()
     start = step if low in (0, 1) else low
     for i in range(limit):
-        point = start * (high / start) ** (i / (limit - 1))
-        values.add(math.ceil(point / step - 1e-9) * step)
+        point = start * (high / start) ** ((1.0 / (limit - 1)) * i)
+        last = exact_last and i == limit - 1
+        values.add(high if last else math.ceil(point / step) * step)
     ordered = sorted(values)
     ordered[-1] = min(ordered[-1], high)
     return sorted(set(ordered))
 
 
 def log2_limit(high: int) -> int:
-    """One point per doubling of ``high``, plus one: the reference's usual limit."""
-    return math.ceil(math.log2(max(high, 2))) + 1
+    """Its usual limit: ``ceil(log2(max)) + 1`` points."""
+    return math.ceil(math.log2(high)) + 1
 
 
-def reference_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
-    """One prompt per pass; query up to the token budget; context on a ladder."""
-    block_size = config.block_size
-    # One point per doubling of the budget, less one (10 for 2048 tokens).
-    query_limit = log2_limit(config.max_num_batched_tokens) - 2
-    query_lens = reference_range(
-        block_size, block_size, config.max_num_batched_tokens, query_limit
-    )
-    contexts = [0]
-    if config.use_context_buckets:
+@dataclasses.dataclass(frozen=True)
+class PromptRanges:
+    """Each prompt dimension's values, and what a bucket must satisfy."""
+
+    queries: list[int]
+    contexts: list[int]
+    # Prompts a pass may hold: 1, or max_num_seqs when merged.
+    prefill_seqs: int
+    merged: bool
+
+
+def prompt_ranges(config: BucketingConfig, merged: bool) -> PromptRanges:
+    block_size, budget = config.block_size, config.max_num_batched_tokens
+    exact_last = not config.prefix_caching  # contiguous PA
+    if config.max_model_len >= LONG_CONTEXT_LEN:
+        max_context = max(1, (config.max_model_len - budget) // block_size)
+    else:
         max_context = max(1, (config.max_model_len - block_size) // block_size)
-        contexts = reference_range(0, 1, max_context, log2_limit(max_context))
-    return [Bucket(1, q, c) for q in query_lens for c in contexts]
+    context_limit = log2_limit(max_context) if max_context > 1 else 2
+    query_limit = math.ceil(math.log2(budget))
+    prefill_seqs = config.max_num_seqs if merged else 1
+    query_step = MERGED_QUERY_BLOCKS * block_size if merged else block_size
+    context = (
+        (MERGED_CONTEXT_STEP, max_context * prefill_seqs)
+        if merged
+        else (1, max_context)
+    )
+    return PromptRanges(
+        reference_range(block_size, query_step, budget, query_limit, exact_last),
+        reference_range(0, *context, context_limit, exact_last),
+        prefill_seqs,
+        merged,
+    )
+
+
+def keeps_prompt(
+    config: BucketingConfig, ranges: PromptRanges, query: int, ctx: int
+) -> bool:
+    """Its prompt filters: merged, context within what the pass's prompts can
+    hold; otherwise query and context within max_model_len and the budget."""
+    max_len, block_size = config.max_model_len, config.block_size
+    if ranges.merged:
+        seqs = ranges.prefill_seqs
+        return ctx <= seqs * ((max_len - query // seqs) // block_size)
+    most_context = math.ceil((max_len - 1) / block_size)
+    fits_len = ctx <= most_context and query <= max_len
+    return fits_len and query <= config.max_num_batched_tokens
+
+
+def reference_prompt_buckets(config: BucketingConfig, merged: bool) -> list[Bucket]:
+    """Every query with every context, batch size 1. With long context the
+    largest context is replaced, per query, by the most that query leaves room
+    for; a query that leaves none keeps the previous query's (as its loop does)."""
+    ranges = prompt_ranges(config, merged)
+    long_context = config.max_model_len >= LONG_CONTEXT_LEN
+    largest = max(ranges.contexts)
+    buckets = set()
+    for context in ranges.contexts:
+        ctx = context
+        for query in ranges.queries:
+            if long_context and context == largest:
+                edge = (config.max_model_len - query) // config.block_size
+                ctx = edge if edge >= 0 else ctx
+            if keeps_prompt(config, ranges, query, ctx):
+                buckets.add(Bucket(1, query, ctx))
+    return _non_empty(sorted(buckets), "prompt")
 
 
 def reference_decode_buckets(
     config: BucketingConfig, num_kv_blocks: int
 ) -> list[Bucket]:
-    """Batch ``(1, 2, max_num_seqs)``; blocks ``(1, max_num_seqs, 3 x KV blocks)``,
-    each clamped to what the batch can hold at ``max_model_len``."""
+    """Batch sizes ``(1, 2, max_num_seqs)`` x block counts ``(1, max_num_seqs,
+    most)``. Block references (prefix caching on): most is 3 x the KV cache's
+    blocks at the highest, counts below the batch go, the rest are clamped to
+    what the batch holds at max_model_len. Contiguous PA: most is the KV cache."""
     seqs = config.max_num_seqs
-    batch_sizes = reference_range(1, 2, seqs, log2_limit(seqs))
-    block_max = DECODE_BLOCK_FACTOR * num_kv_blocks
-    ladder = reference_range(1, seqs, block_max, log2_limit(block_max))
+    contiguous = not config.prefix_caching
     blocks_per_seq = math.ceil(config.max_model_len / config.block_size)
+    most = blocks_per_seq * seqs
+    most = min(
+        most, num_kv_blocks if contiguous else DECODE_BLOCK_FACTOR * num_kv_blocks
+    )
+    batch_sizes = reference_range(1, 2, seqs, log2_limit(seqs), contiguous)
+    ladder = reference_range(1, seqs, most, log2_limit(most), contiguous)
+    if contiguous:
+        if ladder[-1] < num_kv_blocks:
+            ladder.append(num_kv_blocks)
+        return sorted(
+            {Bucket(bs, 1, blocks) for bs in batch_sizes for blocks in ladder}
+        )
     buckets = {
         Bucket(bs, 1, min(blocks, bs * blocks_per_seq))
         for bs in batch_sizes
         for blocks in ladder
         if blocks >= bs
     }
-    return sorted(buckets)
+    return _non_empty(sorted(buckets), "decode")
+
+
+def _non_empty(buckets: list[Bucket], phase: str) -> list[Bucket]:
+    """The reference refuses to start without buckets; so does this strategy."""
+    if not buckets:
+        raise ValueError(
+            f"The reference's {phase} buckets are empty for this configuration (its "
+            "filters drop every one, and the reference refuses to start too): raise "
+            "max_model_len or max_num_batched_tokens, or pick another "
+            "VLLM_HPU_BUCKETING_STRATEGY."
+        )
+    return buckets

@@ -21,11 +21,12 @@ RANGE_STRATEGIES = ("linear", "exponential")
 
 
 def strategy_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
-    if config.merged_prefill:
-        if config.prompt_strategy == "compact":
-            return merged_prompt_buckets(config)
-        return single_row_buckets(_prompt_buckets(config), config.prompt_strategy)
-    return _prompt_buckets(config)
+    strategy = config.prompt_strategy
+    if not config.merged_prefill or strategy == "reference-merged":
+        return _prompt_buckets(config)
+    if strategy == "compact":
+        return merged_prompt_buckets(config)
+    return single_row_buckets(_prompt_buckets(config), strategy)
 
 
 def _prompt_buckets(config: BucketingConfig) -> list[Bucket]:
@@ -34,8 +35,8 @@ def _prompt_buckets(config: BucketingConfig) -> list[Bucket]:
         return generate_prompt_buckets(config)
     if strategy == "compact":
         return compact_prompt_buckets(config)
-    if strategy == "reference":
-        return reference_prompt_buckets(config)
+    if strategy in ("reference", "reference-merged"):
+        return reference_prompt_buckets(config, merged=strategy == "reference-merged")
     return read_bucket_file(config.bucket_file).prompt
 
 
@@ -47,7 +48,7 @@ def strategy_decode_buckets(
         return generate_decode_buckets(config, num_kv_blocks)
     if strategy == "compact":
         return compact_decode_buckets(config, num_kv_blocks)
-    if strategy == "reference":
+    if strategy in ("reference", "reference-merged"):
         return reference_decode_buckets(config, num_kv_blocks)
     return clamp_decode_buckets(
         config, read_bucket_file(config.bucket_file).decode, num_kv_blocks

@@ -4,6 +4,7 @@ packed in device memory and are dequantized in plain torch inside the forward.""
 from typing import Any
 
 import torch
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.layers.linear import (
     LinearBase,
     LinearMethodBase,
@@ -11,6 +12,7 @@ from vllm.model_executor.layers.linear import (
     register_weight_loader_v2_supported_method,
 )
 from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
     is_layer_skipped,
 )
@@ -21,7 +23,9 @@ from vllm.model_executor.parameter import (
 
 from vllm_hpu.ops import int4
 from vllm_hpu.ops.dequant import dequantize_awq
+from vllm_hpu.ops.fused_moe import check_supported
 from vllm_hpu.ops.int4_config import HpuInt4Config
+from vllm_hpu.ops.packed_moe import HpuAWQMoEMethod
 
 
 class HpuAWQConfig(HpuInt4Config):
@@ -66,9 +70,8 @@ class HpuAWQConfig(HpuInt4Config):
 
     def get_quant_method(
         self, layer: torch.nn.Module, prefix: str
-    ) -> LinearMethodBase | None:
-        int4.refuse_experts("AWQ", layer)
-        if not isinstance(layer, LinearBase):
+    ) -> QuantizeMethodBase | None:
+        if not isinstance(layer, (LinearBase, RoutedExperts)):
             return None
         if is_layer_skipped(
             prefix,
@@ -76,7 +79,12 @@ class HpuAWQConfig(HpuInt4Config):
             self.packed_modules_mapping,
             match_mode="substring",
         ):
-            return UnquantizedLinearMethod()
+            return (
+                None if isinstance(layer, RoutedExperts) else UnquantizedLinearMethod()
+            )
+        if isinstance(layer, RoutedExperts):
+            check_supported(layer.moe_config)
+            return HpuAWQMoEMethod(self, layer.moe_config)
         return HpuAWQLinearMethod(self)
 
 

@@ -1,4 +1,5 @@
-"""vLLM's FusedMoE layers on the plugin: the out-of-tree unquantized MoE method.
+"""vLLM's FusedMoE layers on the plugin: the out-of-tree unquantized MoE method, and
+the base of the quantized ones (ops/fp8_moe.py, ops/packed_moe.py).
 
 For an out-of-tree platform vLLM picks no expert kernel (``experts_cls`` is None),
 so its method cannot even say whether it is monolithic. Ours is: it routes from the
@@ -6,7 +7,8 @@ router logits and runs the experts itself (``ops/moe.py``); what it cannot run i
 refused when the model is loaded, naming the option or model to change.
 """
 
-from typing import TYPE_CHECKING, cast
+import abc
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import torch
 from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
@@ -25,8 +27,9 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
 
+from vllm_hpu.ops.activations import ACTIVATIONS
 from vllm_hpu.ops.custom_ops import _register_oot
-from vllm_hpu.ops.moe import ACTIVATIONS, MoeRouting, fused_experts, select_experts
+from vllm_hpu.ops.moe import MoeRouting, fused_experts, select_experts
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.fused_moe.runner.shared_experts import (
@@ -34,6 +37,9 @@ if TYPE_CHECKING:
     )
 
 SCORING_FUNCS = ("softmax", "sigmoid")
+# Dequantized bytes of one group of quantized experts in a forward: bounds the
+# transient copy (DeepSeek-V3's 256 experts would be 22 GiB in bf16 at once).
+EXPERT_GROUP_BYTES = 1 << 30
 # FusedMoEConfig fields that change the expert activation; ops/moe.py has none.
 ACTIVATION_PARAMS = (
     "swiglu_limit",
@@ -44,7 +50,7 @@ ACTIVATION_PARAMS = (
 )
 
 
-def _refuse(what: str, fix: str) -> None:
+def refuse(what: str, fix: str) -> NoReturn:
     raise ValueError(f"The HPU plugin does not support {what} in MoE layers: {fix}.")
 
 
@@ -52,54 +58,55 @@ def check_supported(moe: FusedMoEConfig) -> None:
     """Refuse, at model construction, the MoE configurations ops/moe.py lacks."""
     parallel = moe.moe_parallel_config
     if parallel.use_ep or parallel.enable_eplb:
-        _refuse(
+        refuse(
             "expert parallelism",
             "drop --enable-expert-parallel / --enable-eplb; tensor parallelism "
             "splits every expert instead",
         )
     if moe.has_bias:
-        _refuse("expert biases", "use a model whose experts have no bias")
+        refuse("expert biases", "use a model whose experts have no bias")
     if moe.activation.value not in ACTIVATIONS:
-        _refuse(
+        refuse(
             f"the '{moe.activation.value}' expert activation",
             f"use a model with a gated {'/'.join(ACTIVATIONS)} activation",
         )
     clamped = [name for name in ACTIVATION_PARAMS if getattr(moe, name) is not None]
     if clamped:
-        _refuse(
+        refuse(
             f"expert activation parameters ({', '.join(clamped)})",
             "use a model whose experts use the plain gated activation",
         )
     if moe.has_hash_routing:
-        _refuse("hash routing (experts chosen by token id)", "use another MoE model")
+        refuse("hash routing (experts chosen by token id)", "use another MoE model")
 
 
 def check_layer(layer: RoutedExperts) -> None:
     """Refuse a loaded MoE layer that ops/moe.py cannot run as its model asks."""
-    if not isinstance(layer.quant_method, HpuUnquantizedFusedMoEMethod):
-        _refuse(
+    ours = (HpuUnquantizedFusedMoEMethod, HpuQuantizedMoE)
+    if not isinstance(layer.quant_method, ours):
+        refuse(
             f"quantized experts ({layer.quant_method.method_name})",
             "use an unquantized (bf16/fp32) checkpoint",
         )
     if layer.scoring_func not in SCORING_FUNCS:
-        _refuse(
+        refuse(
             f"'{layer.scoring_func}' router scoring",
             f"use a model scoring with {' or '.join(SCORING_FUNCS)}",
         )
     if layer.apply_router_weight_on_input:
-        _refuse("routing weights applied to the input", "use another MoE model")
+        refuse("routing weights applied to the input", "use another MoE model")
 
 
 def check_router(router: FusedMoERouter) -> None:
     """Refuse routers whose work the monolithic method would skip: it routes from
     the router logits itself, so a router's own extra output would be lost."""
     if isinstance(router, ZeroExpertRouter):
-        _refuse(
+        refuse(
             "zero experts (tokens routed to an identity expert)",
             "use another MoE model",
         )
     if isinstance(router, RoutingSimulatorRouter):
-        _refuse(
+        refuse(
             "simulated routing",
             "unset VLLM_MOE_ROUTING_SIMULATION_STRATEGY",
         )
@@ -164,7 +171,14 @@ class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         shared_experts: "SharedExperts | None",
         shared_experts_input: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Shared experts, if any, are run by vLLM's MoE runner around this call."""
+        """Shared experts, if any, are run by vLLM's MoE runner around this call;
+        with Intel Neural Compressor on, its ``moe_op`` runs the experts."""
+        moe_op = getattr(layer, "moe_op", None)
+        if moe_op is not None:
+            routing_weights = topk_weights.to(x.dtype)
+            return moe_op(
+                x, topk_ids.long(), routing_weights, True, layer.activation.value
+            )
         return fused_experts(
             x,
             cast(torch.Tensor, layer.w13_weight),
@@ -173,6 +187,76 @@ class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
             topk_ids,
             layer.activation.value,
         )
+
+
+class HpuQuantizedMoE(abc.ABC):
+    """The plugin's quantized experts, a mixin ahead of the vLLM MoE method of the
+    format: vLLM's ``create_weights`` stays (the checkpoint's tensors and their
+    loaders), its kernels do not. Weights stay packed in device memory; each
+    forward routes from the router logits and dequantizes the experts group by
+    group (at most ``EXPERT_GROUP_BYTES`` at once) for ops/moe.py."""
+
+    @property
+    def is_monolithic(self) -> bool:
+        return True
+
+    def get_fused_moe_quant_config(self, layer: Any) -> Any:
+        return None  # vLLM's kernels' description: no kernel of vLLM runs
+
+    def process_weights_after_loading(self, layer: Any) -> None:  # noqa: B027
+        """Instead of vLLM's repacking for its kernels: the weights are used as
+        loaded (a format may normalise its scales)."""
+
+    @abc.abstractmethod
+    def dequantize(
+        self, layer: Any, experts: slice, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """w13 [n, 2 * intermediate, hidden] and w2 [n, hidden, intermediate] of
+        the ``experts`` slice, in ``dtype``."""
+
+    def prepare_input(self, layer: Any, x: torch.Tensor) -> torch.Tensor:
+        """The experts' input as the format computes with it (as is by default)."""
+        return x
+
+    def apply_monolithic(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        router_logits: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x: [num_tokens, hidden_size]; router_logits: [num_tokens, num_experts]."""
+        topk_weights, topk_ids = select_experts(x, router_logits, routing_of(layer))
+        return self.run_experts(layer, x, topk_weights, topk_ids)
+
+    def run_experts(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        num_experts = layer.local_num_experts
+        per_group = experts_per_group(layer, x.dtype)
+        inputs = self.prepare_input(layer, x)
+        out = None
+        for first in range(0, num_experts, per_group):
+            experts = slice(first, min(first + per_group, num_experts))
+            w13, w2 = self.dequantize(layer, experts, x.dtype)
+            part = fused_experts(
+                inputs, w13, w2, topk_weights, topk_ids, layer.activation.value,
+                experts_min=first, num_experts=num_experts,
+            )  # fmt: skip
+            out = part if out is None else out + part
+        return cast(torch.Tensor, out)
+
+
+def experts_per_group(layer: Any, dtype: torch.dtype) -> int:
+    """How many experts dequantize at once: all that fit ``EXPERT_GROUP_BYTES``."""
+    hidden, intermediate = layer.hidden_size, layer.intermediate_size_per_partition
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    expert_bytes = 3 * hidden * intermediate * itemsize  # gate, up and down
+    return max(1, min(layer.local_num_experts, EXPERT_GROUP_BYTES // expert_bytes))
 
 
 _register_oot(UnquantizedFusedMoEMethod, HpuUnquantizedFusedMoEMethod)

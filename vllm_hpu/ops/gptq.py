@@ -4,6 +4,7 @@ HPU: weights stay packed in device memory, dequantized in the forward."""
 from typing import Any
 
 import torch
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.layers.linear import (
     LinearBase,
     LinearMethodBase,
@@ -11,6 +12,7 @@ from vllm.model_executor.layers.linear import (
     register_weight_loader_v2_supported_method,
 )
 from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from vllm.model_executor.layers.quantization.utils.gptq_utils import (
     is_layer_gptq_quantized,
 )
@@ -25,7 +27,9 @@ from vllm.model_executor.parameter import (
 
 from vllm_hpu.ops import int4
 from vllm_hpu.ops.dequant import contiguous_groups, dequantize_gptq
+from vllm_hpu.ops.fused_moe import check_supported, refuse
 from vllm_hpu.ops.int4_config import HpuInt4Config
+from vllm_hpu.ops.packed_moe import HpuGPTQMoEMethod
 
 
 class HpuGPTQConfig(HpuInt4Config):
@@ -67,21 +71,35 @@ class HpuGPTQConfig(HpuInt4Config):
         quant.modules_in_block_to_quantize = blocks or []
         return quant
 
-    @staticmethod
-    def get_checkpoint_weight_mapper() -> WeightsMapper:
-        """Keeps g_idx, which vLLM drops by default: desc_act needs it."""
-        return WeightsMapper()
+    def get_checkpoint_weight_mapper(self) -> WeightsMapper:  # type: ignore[override]
+        """Keeps g_idx where desc_act needs it (vLLM drops it by default; the
+        experts have nowhere to load it)."""
+        return (
+            WeightsMapper() if self.desc_act else super().get_checkpoint_weight_mapper()
+        )
 
     def get_quant_method(
         self, layer: torch.nn.Module, prefix: str
-    ) -> LinearMethodBase | None:
-        int4.refuse_experts("GPTQ", layer)
-        if not isinstance(layer, LinearBase):
+    ) -> QuantizeMethodBase | None:
+        if not isinstance(layer, (LinearBase, RoutedExperts)):
             return None
         blocks = self.modules_in_block_to_quantize
         if not is_layer_gptq_quantized(prefix, blocks, self.packed_modules_mapping):
-            return UnquantizedLinearMethod()
+            return (
+                None if isinstance(layer, RoutedExperts) else UnquantizedLinearMethod()
+            )
+        if isinstance(layer, RoutedExperts):
+            return self.moe_method(layer)
         return HpuGPTQLinearMethod(self)
+
+    def moe_method(self, layer: RoutedExperts) -> HpuGPTQMoEMethod:
+        if self.desc_act:
+            refuse(
+                "GPTQ experts with desc_act (act-order)",
+                "use a GPTQ checkpoint quantized with desc_act=false",
+            )
+        check_supported(layer.moe_config)
+        return HpuGPTQMoEMethod(self, layer.moe_config)
 
 
 def _refuse_variants(config: dict[str, Any]) -> None:

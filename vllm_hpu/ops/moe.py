@@ -15,19 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from vllm.model_executor.layers.fused_moe.router.cpu_router import (
     select_experts as vllm_select_experts,
 )
 
 from vllm_hpu import device
+from vllm_hpu.ops.activations import gated
 
-# Activations of gated experts: act(gate) * up, with w13 holding gate then up.
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-}
 # torch's grouped GEMM on the CPU wants every stride a multiple of 16 bytes.
 GROUPED_MM_ALIGNMENT = 16
 
@@ -74,12 +68,6 @@ def select_experts(
     )
 
 
-def _gated(h: torch.Tensor, activation: str) -> torch.Tensor:
-    """[..., 2 * intermediate] -> [..., intermediate]: act(gate) * up."""
-    gate, up = h.chunk(2, dim=-1)
-    return ACTIVATIONS[activation](gate) * up
-
-
 def grouped_mm_fits(
     hidden_size: int, intermediate_size: int, dtype: torch.dtype
 ) -> bool:
@@ -117,7 +105,7 @@ def experts_grouped(
     offsets = rows_per_expert.cumsum(0, dtype=torch.int32)  # end row of each expert
     rows = hidden_states.index_select(0, token_ids)
     h = torch._grouped_mm(rows, w13.transpose(1, 2), offs=offsets)
-    out = torch._grouped_mm(_gated(h, activation), w2.transpose(1, 2), offs=offsets)
+    out = torch._grouped_mm(gated(h, activation), w2.transpose(1, 2), offs=offsets)
     weights = topk_weights.flatten().index_select(0, order).to(out.dtype)
     return torch.zeros_like(hidden_states).index_add_(
         0, token_ids, out * weights.unsqueeze(1)
@@ -144,7 +132,7 @@ def experts_dense(
     ).scatter_add_(1, topk_ids.long(), topk_weights.to(hidden_states.dtype))
     out = torch.zeros_like(hidden_states)
     for expert in range(num_experts):
-        h = _gated(hidden_states @ w13[expert].t(), activation)
+        h = gated(hidden_states @ w13[expert].t(), activation)
         out += (h @ w2[expert].t()) * dense_weights[:, expert : expert + 1]
     return out
 
@@ -156,10 +144,14 @@ def fused_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     activation: str = "silu",
+    experts_min: int = 0,
+    num_experts: int | None = None,
 ) -> torch.Tensor:
     """The routed experts' summed output, [num_tokens, hidden_size]: Gaudi's fused
     MoE kernel where there is one, else the token-to-expert form, else dense.
-    Shapes as :func:`experts_grouped`."""
+    Shapes as :func:`experts_grouped`. A group of the layer's ``num_experts``
+    (None: all are in ``w13``): ``w13[e]`` is expert ``experts_min + e``, and
+    (token, k) pairs routed to other experts add nothing."""
     kernel = device.fused_moe()
     if kernel is not None and activation == "silu":
         return kernel(
@@ -170,11 +162,27 @@ def fused_experts(
             w3=list(w2.unbind(0)),
             permuted_weights=True,
             activation=activation,
-            experts_min=0,
-            experts_max=w13.shape[0] - 1,
+            experts_min=experts_min,
+            experts_max=experts_min + w13.shape[0] - 1,
         )
+    if num_experts is not None and num_experts != w13.shape[0]:
+        topk_weights, topk_ids = _within(topk_weights, topk_ids, experts_min, w13)
     if grouped_mm_fits(w2.shape[1], w2.shape[2], hidden_states.dtype):
         return experts_grouped(
             hidden_states, w13, w2, topk_weights, topk_ids, activation
         )
     return experts_dense(hidden_states, w13, w2, topk_weights, topk_ids, activation)
+
+
+def _within(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    experts_min: int,
+    w13: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing onto the experts of ``w13`` only: ids made local, and pairs routed
+    elsewhere sent to its first expert with weight 0 (shapes stay static)."""
+    local = topk_ids.long() - experts_min
+    inside = (local >= 0) & (local < w13.shape[0])
+    weights = torch.where(inside, topk_weights, torch.zeros_like(topk_weights))
+    return weights, torch.where(inside, local, torch.zeros_like(local))

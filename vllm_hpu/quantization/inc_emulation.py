@@ -4,8 +4,10 @@ INC patches modules by class name from a per-device table, calls Gaudi's fp8 ops
 through a per-device wrapper table, and refuses anything but fake quantization
 (QDQ) on a CPU. Three adjustments from outside INC make it run the path it runs
 on Gaudi (docs/fp8.md): the Gaudi module entries in the CPU table, torch
-stand-ins for the fp8 ops, and a config parser that takes the real path with
-Gaudi 3 scales. Applied once, by ``device.enable_inc`` in emulation only.
+stand-ins for the fp8 ops (the fused MoE op's measuring variant, which INC calls
+directly, as a ``torch.ops.hpu`` op), and a config parser that takes the real
+path with Gaudi 3 scales. Applied once, by ``device.enable_inc`` in emulation
+only.
 
 Why: INC has no CPU backend for its Gaudi path. How: table entries and one
 wrapped parser, set before the first ``prepare``/``convert``. Removed by: an INC
@@ -13,15 +15,36 @@ release whose CPU accelerator takes the Gaudi path (no upstream change yet).
 """
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from vllm_hpu.ops.activations import gated
+
 FP8 = torch.float8_e4m3fn
 FP32 = torch.float32
 SDPA_QUERY_CHUNK = 512  # query rows per step of the emulated fused kernel
-# INC's HPU module entries that call Gaudi-only kernels even in emulation.
-GAUDI_ONLY_MODULES = ("MoE", "Mixture", "GaudiFP8Linear", "BlockSoftmax")
+# INC's HPU module entries with no stand-in here: transformers' and older vLLM's
+# MoE blocks, fp8-weight checkpoints' MoE modules, Gaudi-only kernels.
+GAUDI_ONLY_MODULES = (
+    "FusedMoE",
+    "SharedFusedMoE",
+    "GaudiMixtralSparseMoeBlock",
+    "GaudiDeepseekV3MoE",
+    "GaudiFP8Linear",
+    "MoeFP8Matmul",
+    "VllmMixtureOfExpertsOpFP8",
+    "VllmMixtureOfExpertsOpFP8PerChannel",
+    "BlockSoftmaxConstMax",
+)
+MOE_MEASUREMENT_OP = "mixture_of_experts.fp8_measurement_fused_weights"
+MOE_MEASUREMENT_SCHEMA = (
+    "(Tensor hidden_states, Tensor expert_routing_table, Tensor router_weights, "
+    "Tensor[] w12, Tensor[] w3, bool permuted_weights, str activation, "
+    "int experts_min, int experts_max, bool measurement_mode) -> (Tensor, Tensor)"
+)
+_libraries: list[torch.library.Library] = []  # keeps the stand-in op defined
 SCALES_OF = "GAUDI3"  # the Gaudi generation whose scale steps are emulated
 
 
@@ -129,6 +152,101 @@ def fp8_fused_sdpa(
     return out.to(torch.bfloat16 if q.dtype == FP8 else q.dtype), amax_s
 
 
+def _routed_experts(
+    x: torch.Tensor,
+    routing: tuple[torch.Tensor, torch.Tensor, int],
+    w12: list[torch.Tensor],
+    w3: list[torch.Tensor],
+    activation: str,
+    intermediate: Callable[[int, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Gaudi's fused MoE on float32 operands, expert by expert: x [num_tokens,
+    hidden]; routing = (expert ids, weights [num_tokens, top_k], id of w12[0]);
+    w12[e] [in, 2 * intermediate] and w3[e] [intermediate, out] (unpermuted);
+    ``intermediate(e, h)`` sees each expert's activated rows before w3."""
+    expert_ids, weights, experts_min = routing
+    out = torch.zeros(x.shape, dtype=FP32)
+    for expert, (w_in, w_out) in enumerate(zip(w12, w3, strict=True)):
+        tokens, slots = (expert_ids == experts_min + expert).nonzero(as_tuple=True)
+        h = intermediate(expert, gated(x[tokens] @ w_in, activation))
+        out.index_add_(0, tokens, (h @ w_out) * weights[tokens, slots, None].float())
+    return out
+
+
+def _unpermuted(weights: list[torch.Tensor], permuted: bool) -> list[torch.Tensor]:
+    """Gaudi's ``permuted_weights``: [out, in] (nn.Linear's layout) when True."""
+    return [w.float().t() if permuted else w.float() for w in weights]
+
+
+def moe_measurement(
+    hidden_states: torch.Tensor,
+    expert_routing_table: torch.Tensor,
+    router_weights: torch.Tensor,
+    w12: list[torch.Tensor],
+    w3: list[torch.Tensor],
+    permuted_weights: bool,
+    activation: str,
+    experts_min: int,
+    experts_max: int,
+    measurement_mode: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.ops.hpu.mixture_of_experts.fp8_measurement_fused_weights: the
+    unquantized experts' output and each expert's intermediate max-abs [E]."""
+    amax = torch.zeros(len(w12), dtype=FP32)
+
+    def measure(expert: int, h: torch.Tensor) -> torch.Tensor:
+        if h.numel():
+            amax[expert] = h.abs().amax()
+        return h
+
+    routing = (expert_routing_table, router_weights, experts_min)
+    out = _routed_experts(
+        hidden_states.float(),
+        routing,
+        _unpermuted(w12, permuted_weights),
+        _unpermuted(w3, permuted_weights),
+        activation,
+        measure,
+    )
+    return out.to(hidden_states.dtype), amax
+
+
+def fp8_moe(
+    hidden_states: torch.Tensor,
+    expert_routing_table: torch.Tensor,
+    router_weights: torch.Tensor,
+    w12: list[torch.Tensor],
+    w3: list[torch.Tensor],
+    d_scale_w12: list[Any],
+    d_scale_w3: list[Any],
+    d_scale_hidden_states: Any,
+    d_scale_intermediate_hidden_states: list[Any],
+    permuted_weights: bool = False,
+    activation: str = "silu",
+    experts_min: int = 0,
+    experts_max: int = 0,
+) -> torch.Tensor:
+    """torch.ops.hpu.mixture_of_experts.fp8_fused_weights: fp8 tokens and
+    expert weights dequantized with their scales, each expert's intermediate
+    rounded through fp8 with its own scale; bf16 output."""
+    w_in = [_dequantize(w, s, FP32) for w, s in zip(w12, d_scale_w12, strict=True)]
+    w_out = [_dequantize(w, s, FP32) for w, s in zip(w3, d_scale_w3, strict=True)]
+
+    def requantize(expert: int, h: torch.Tensor) -> torch.Tensor:
+        scale = d_scale_intermediate_hidden_states[expert]
+        return _dequantize(_quantize(h, 1.0 / scale, FP8), scale, FP32)
+
+    out = _routed_experts(
+        _dequantize(hidden_states, d_scale_hidden_states, FP32),
+        (expert_routing_table, router_weights, experts_min),
+        _unpermuted(w_in, permuted_weights),
+        _unpermuted(w_out, permuted_weights),
+        activation,
+        requantize,
+    )
+    return out.to(torch.bfloat16)
+
+
 def _wrapper(function: Any) -> type:
     """An INC op-wrapper class calling ``function`` (INC makes one per op type)."""
     from neural_compressor.torch.algorithms.fp8_quant._core.quantized_func_wrappers.cpu.cpu_quantized_func_wrapper import (  # noqa: E501
@@ -153,7 +271,7 @@ def _add_module_entries() -> None:
     entries = {
         name: info
         for name, info in patching_common._mod_default_dict.items()
-        if not any(part in name for part in GAUDI_ONLY_MODULES)
+        if name not in GAUDI_ONLY_MODULES
     }
     PATCHED_MODULE_TABLE["cpu"].update(entries)
     PATCHED_MODULE_TYPES_TABLE["cpu"].update(patching_common._mod_types)
@@ -176,8 +294,19 @@ def _add_op_wrappers() -> None:
             OP_TYPE.FSDPA: _wrapper(fp8_fused_sdpa),
             OP_TYPE.CAST_TO_FP8: _wrapper(cast_to_fp8),
             OP_TYPE.CAST_FROM_FP8: _wrapper(cast_from_fp8),
+            OP_TYPE.DYNAMIC_MOE_FUSED_WEIGHTS: _wrapper(fp8_moe),
         }
     )
+
+
+def _define_moe_measurement() -> None:
+    """2b. INC's MoE measurement calls the Gaudi op itself, not through its op
+    table: the stand-in is defined as that ``torch.ops.hpu`` op (the namespace
+    is free without Gaudi's bridge; emulation only)."""
+    library = torch.library.Library("hpu", "FRAGMENT")
+    library.define(MOE_MEASUREMENT_OP + MOE_MEASUREMENT_SCHEMA)
+    library.impl(MOE_MEASUREMENT_OP, moe_measurement, "CompositeExplicitAutograd")
+    _libraries.append(library)
 
 
 def _accept_real_path() -> None:
@@ -206,4 +335,5 @@ def install() -> None:
     """Make INC take its Gaudi path on the CPU (once per process)."""
     _add_module_entries()
     _add_op_wrappers()
+    _define_moe_measurement()
     _accept_real_path()

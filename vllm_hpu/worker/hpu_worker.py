@@ -8,6 +8,9 @@ import time
 
 import torch
 from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorHandshakeMetadata,
+)
 from vllm.logger import init_logger
 from vllm.lora.request import LoRARequest
 from vllm.sequence import IntermediateTensors
@@ -22,8 +25,9 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_hpu import device
 from vllm_hpu.envs import get_envs
+from vllm_hpu.kv_transfer.config import check_worker_config
 from vllm_hpu.metrics import HpuMetrics
-from vllm_hpu.worker.capabilities import pipeline
+from vllm_hpu.worker.capabilities import kv_connector, pipeline
 from vllm_hpu.worker.capabilities.lora import HpuLoRA
 from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
 from vllm_hpu.worker.diagnostics.compile_stats import StepCompilations
@@ -64,6 +68,7 @@ class HpuWorker(WorkerBase):
         return self.model_runner
 
     def init_device(self) -> None:
+        check_worker_config(self.vllm_config)  # a KV connector, before any load
         self.device = torch.device(device.device_type())
         device.set_device(self.device)
         device.init_device_memory()
@@ -117,7 +122,14 @@ class HpuWorker(WorkerBase):
         return 0.0 if self.model_config.enforce_eager else get_envs().graph_reserved_mem
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        # The connector exists before the caches it registers (vLLM's order).
+        kv_connector.initialize_kv_transfer(self.vllm_config, kv_cache_config)
         self.runner.initialize_kv_cache(kv_cache_config)
+
+    def get_kv_connector_handshake_metadata(
+        self,
+    ) -> dict[tuple[int, int], KVConnectorHandshakeMetadata] | None:
+        return kv_connector.kv_connector_handshake_metadata()
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
         started = time.perf_counter()
@@ -209,3 +221,4 @@ class HpuWorker(WorkerBase):
             self.model_runner.caps.profiler.write()
         if self.metrics is not None:
             self.metrics.log()
+        kv_connector.shutdown_kv_transfer()

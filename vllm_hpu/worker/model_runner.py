@@ -179,6 +179,8 @@ class HpuModelRunner:
         self.cache = self._geometry(num_blocks)
         self.buckets.set_num_kv_blocks(num_blocks)
         logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
+        if self.caps.kv_connector is not None:
+            self.caps.kv_connector.register_kv_caches(self.kv_caches, block_size)
 
     def _geometry(self, num_blocks: int) -> CacheGeometry:
         return cache_geometry(
@@ -240,7 +242,8 @@ class HpuModelRunner:
             self.states.update(scheduler_output)
             self.caps.after_update(scheduler_output, self.states.requests)
             if not scheduler_output.total_num_scheduled_tokens:
-                return EMPTY_MODEL_RUNNER_OUTPUT
+                # Empty, but for a KV connector's transfers, which go on.
+                return self.caps.no_forward_output(scheduler_output)
             passes = self._plan_passes(scheduler_output)
         inputs = self._stage_inputs(passes, intermediate_tensors)
         if not self.stage.is_last:
@@ -252,11 +255,13 @@ class HpuModelRunner:
             outputs = ((p, self._forward(p, x)) for p, x in pairs)
             return self.caps.pooler.pool(scheduler_output, outputs)
         num_sampled = 1 + self._num_draft_tokens()
+        with self.caps.kv_connector_step(scheduler_output):
+            passes_done = self.stream.submit(
+                self._run_passes, pairs, num_sampled, scheduler_output
+            )
         self._pending = _PendingStep(
             scheduler_output=scheduler_output,
-            device=self.stream.submit(
-                self._run_passes, pairs, num_sampled, scheduler_output
-            ),
+            device=passes_done,
             discard_rows=self.states.rows_inside_prompt(scheduler_output),
             spec_metadata=self.caps.spec.metadata(self.device)
             if self.caps.spec
@@ -432,6 +437,7 @@ class HpuModelRunner:
             sampled_token_ids=sampled_token_ids,
             logprobs=logprobs,
             prompt_logprobs_dict=step.prompt_logprobs,
+            kv_connector_output=self.caps.kv_connector_output(),
         )
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:

@@ -5,33 +5,45 @@ runner); ``attach_model`` what depends on the loaded model. Each part is None
 where it is not asked for, and the runner calls it at its hook points:
 
 - ``load_model``: ``lora.wrap``, ``inc.apply``, ``spec.proposer.load_model``;
+- ``initialize_kv_cache``: ``kv_connector.register_kv_caches``;
 - each step, before planning: ``before_update`` and ``after_update`` hand the
   scheduler output around (request states are updated between the two); after
-  planning ``async_feed.feed``;
+  planning ``async_feed.feed``; the passes inside ``kv_connector_step``, and
+  ``no_forward_output`` for a step without tokens;
 - each pass: ``lora.set_pass``, ``model_inputs`` (M-RoPE positions, multimodal
   embeddings), then ``spec.proposer.after_target_pass``;
-- sampling: ``spec.sample``, ``async_feed.launch``, ``spec.propose``.
+- sampling: ``spec.sample``, ``async_feed.launch``, ``spec.propose``,
+  ``kv_connector_output``.
 
 A new capability (a KV connector, sleep mode, a state-space cache, ...) is a
 field here, built in one of the two functions, and called from the hook its
 work belongs to (docs/architecture.md, "The worker, room by room").
 """
 
+import contextlib
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vllm.model_executor.models.interfaces import supports_multimodal
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import (
+    EMPTY_MODEL_RUNNER_OUTPUT,
+    KVConnectorOutput,
+    ModelRunnerOutput,
+)
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker.gpu_input_batch import CachedRequestState
 
 from vllm_hpu.bucketing.trace import TraceRecorder
 from vllm_hpu.device_stream import DeviceStream
 from vllm_hpu.envs import get_envs
+from vllm_hpu.kv_transfer.config import has_kv_connector
 from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.quantization.inc_flow import IncFlow
+from vllm_hpu.worker.capabilities.kv_connector import KVConnectorSteps
 from vllm_hpu.worker.capabilities.lora import HpuLoRA
 from vllm_hpu.worker.capabilities.mrope import MRopePositions, mrope_positions_for
 from vllm_hpu.worker.capabilities.multimodal import MultimodalInputs
@@ -51,6 +63,7 @@ class Capabilities:
     async_feed: AsyncTokenFeed | None
     profiler: StepProfiler  # VLLM_PROFILER_ENABLED (a no-op otherwise)
     step_trace: TraceRecorder | None  # VLLM_HPU_BUCKET_TRACE
+    kv_connector: KVConnectorSteps | None  # --kv-transfer-config, --kv-offloading-size
     # Set by ``attach_model``:
     pooler: StepPooler | None = None  # a pooling model
     multimodal: MultimodalInputs | None = None  # on the first pipeline stage
@@ -58,6 +71,8 @@ class Capabilities:
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
         """A step's hook before the request states take its changes."""
+        if self.kv_connector is not None:
+            self.kv_connector.before_update(scheduler_output)
         if self.pooler is not None:
             self.pooler.prepare_new_requests(scheduler_output)
         if self.async_feed is not None:
@@ -73,6 +88,25 @@ class Capabilities:
             self.multimodal.update(scheduler_output)
         if self.spec is not None:
             self.spec.update(scheduler_output, requests)
+
+    def kv_connector_step(
+        self, scheduler_output: SchedulerOutput
+    ) -> AbstractContextManager[None]:
+        """Around a step's passes: a KV connector's loads before, saves after
+        (connectors run in synchronous steps: the passes are done on exit)."""
+        if self.kv_connector is None:
+            return contextlib.nullcontext()
+        return self.kv_connector.step(scheduler_output)
+
+    def kv_connector_output(self) -> KVConnectorOutput | None:
+        """The last step's transfers, for its runner output."""
+        return self.kv_connector.take_output() if self.kv_connector else None
+
+    def no_forward_output(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """A step without tokens: empty, but for a KV connector's transfers."""
+        if self.kv_connector is None:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        return self.kv_connector.no_forward_output(scheduler_output)
 
     def model_inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
         """A pass's positions ([num_tokens], or [3, num_tokens] for M-RoPE) and
@@ -112,6 +146,9 @@ def build_capabilities(
         ),
         profiler=StepProfiler(envs.profiler_enabled, envs.profile_dir, rank),
         step_trace=TraceRecorder(Path(envs.bucket_trace)) if records else None,
+        kv_connector=(
+            KVConnectorSteps(vllm_config) if has_kv_connector(vllm_config) else None
+        ),
     )
 
 

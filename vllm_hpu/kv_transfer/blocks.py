@@ -1,0 +1,42 @@
+"""Block copies between a device cache and a host buffer, by block id.
+
+The platform's ``insert_blocks_to_device`` / ``swap_out_blocks_to_host`` (NIXL's
+host buffer on Gaudi) and the offloading worker both copy whole blocks along dim
+0 of block-major tensors (``layout.py``). All source blocks are gathered before
+any destination is written, so overlapping id sets copy as one parallel copy.
+"""
+
+import torch
+
+from vllm_hpu.ops.kv_cache import FP8_DTYPES
+
+WORD = torch.int64
+
+
+def _indexable(cache: torch.Tensor) -> torch.Tensor:
+    """Blocks of one-byte elements (fp8 caches, the offloader's byte runs) as
+    8-byte words where the rows allow: the CPU's index ops move bytes one at a
+    time, several times slower than words. ``index_copy_`` does not take fp8 on
+    the CPU at all."""
+    if cache.element_size() != 1:
+        return cache
+    as_bytes = cache.view(torch.uint8) if cache.dtype in FP8_DTYPES else cache
+    word = WORD.itemsize
+    aligned = cache.shape[-1] % word == 0 and cache.storage_offset() % word == 0
+    strides = cache.stride()
+    if aligned and strides[-1] == 1 and all(s % word == 0 for s in strides[:-1]):
+        return as_bytes.view(WORD)
+    return as_bytes
+
+
+def copy_blocks(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    src_block_ids: torch.Tensor,
+    dst_block_ids: torch.Tensor,
+) -> None:
+    """``dst[dst_block_ids[i]] = src[src_block_ids[i]]``; src and dst may be on
+    different devices (the copy crosses once, after the gather)."""
+    blocks = _indexable(src).index_select(0, src_block_ids.to(src.device))
+    dst_ids = dst_block_ids.to(dst.device)
+    _indexable(dst).index_copy_(0, dst_ids, blocks.to(dst.device))

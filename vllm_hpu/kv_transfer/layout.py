@@ -1,0 +1,60 @@
+"""Block-major views of the flat KV caches: what vLLM's KV connectors address.
+
+A layer's cache is one allocation ``(2, (num_blocks + 1) * block_size,
+num_kv_heads, head_size)`` (``ops/kv_cache.py``): every key, then every value,
+slot-major, the dummy block last. The same memory viewed as ``(num_blocks + 1,
+2, block_size, num_kv_heads, head_size)`` has blocks outermost; within block
+``j`` the keys are one contiguous run and the values another. vLLM's NIXL
+connector registers such a view as two block-major regions (keys, values: its
+"segments"), and the offloading connector copies the two runs of each block.
+No copy is made and the flat paged attention reads the cache unchanged. The
+heads and head size are merged, ``(num_blocks + 1, 2, block_size, num_kv_heads
+* head_size)``: vLLM's NIXL host buffer (Gaudi) takes 4-D attention caches.
+
+Connectors are told of ``num_blocks + 1`` blocks, the dummy block included: it
+keeps the key and value segments the same length, so the values start one
+segment after the keys. The scheduler never hands the dummy block out, so no
+transfer names it.
+
+An MLA layer's latent cache ``((num_blocks + 1) * block_size, latent_size)`` is
+block-major already: ``(num_blocks + 1, block_size, latent_size)``.
+"""
+
+import dataclasses
+from typing import Any
+
+import torch
+from vllm.v1.kv_cache_interface import KVCacheConfig
+
+
+def block_major_view(kv_cache: Any, block_size: int) -> torch.Tensor:
+    """``(num_blocks + 1, 2, block_size, num_kv_heads * head_size)`` over a
+    layer's ``(key_cache, value_cache)``, or ``(num_blocks + 1, block_size,
+    latent_size)`` over an MLA latent cache."""
+    if isinstance(kv_cache, torch.Tensor):
+        return kv_cache.unflatten(0, (-1, block_size))
+    key_cache, value_cache = kv_cache
+    keys = key_cache.flatten(1).unflatten(0, (-1, block_size))
+    kv_stride = value_cache.storage_offset() - key_cache.storage_offset()
+    if value_cache.untyped_storage().data_ptr() != keys.untyped_storage().data_ptr():
+        raise ValueError("key and value caches must be views of one allocation")
+    return keys.as_strided(
+        (keys.shape[0], 2, *keys.shape[1:]),
+        (keys.stride(0), kv_stride, *keys.stride()[1:]),
+        keys.storage_offset(),
+    )
+
+
+def block_pages(view: torch.Tensor) -> list[torch.Tensor]:
+    """The contiguous runs of every block of a :func:`block_major_view`, each as
+    bytes ``[num_blocks + 1, run_bytes]`` (int8, vLLM's offloading convention):
+    keys and values, or the latent."""
+    runs = view.unbind(1) if view.ndim == 4 else (view,)
+    return [run.flatten(1).view(torch.int8) for run in runs]
+
+
+def connector_kv_cache_config(kv_cache_config: KVCacheConfig) -> KVCacheConfig:
+    """The KV cache config connectors are built with: the dummy block counted."""
+    return dataclasses.replace(
+        kv_cache_config, num_blocks=kv_cache_config.num_blocks + 1
+    )

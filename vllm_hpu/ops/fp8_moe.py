@@ -1,0 +1,150 @@
+"""FP8 experts of ``fp8`` checkpoints (per-tensor scales, or DeepSeek's blocks with
+``weight_scale_inv``) and of compressed-tensors W8A8-FP8 (per tensor, channel or
+block), as vLLM's methods load them, run by the plugin.
+
+Block-scaled experts run on their dequantized weights with the activations as
+they are (the Gaudi reference's path for them). Per-tensor and per-channel
+experts take fp8 activations, as their checkpoints ask: the static input scale,
+or one computed per tensor (per token for compressed-tensors' dynamic tokens);
+on Gaudi through its fp8 MoE kernel, in emulation by rounding the input through
+fp8 before the dequantized experts. The intermediate stays in the model dtype.
+"""
+
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_w8a8_fp8 import (  # noqa: E501
+    CompressedTensorsW8A8Fp8MoEMethod,
+)
+from vllm.model_executor.layers.quantization.fp8 import Fp8MoEMethod
+
+from vllm_hpu import device
+from vllm_hpu.ops.dequant import dequantize_fp8
+from vllm_hpu.ops.fp8 import FP8_DTYPE, FP8_MAX
+from vllm_hpu.ops.fused_moe import HpuQuantizedMoE
+
+_MIN_SCALE = 1e-12  # an all-zero input still gets a usable scale
+# How the experts' input is rounded through fp8: with the checkpoint's scale, or
+# with one computed per tensor or per token; None: not at all (block scales).
+STATIC, PER_TENSOR, PER_TOKEN = "static", "tensor", "token"
+
+
+def quantize_input(
+    x: torch.Tensor, mode: str, static_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 x, its scale): one scale, or [num_tokens, 1] per token."""
+    if mode == STATIC and static_scale is not None:
+        scale = static_scale
+    elif mode == PER_TENSOR:
+        scale = x.abs().amax().float() / FP8_MAX
+    else:
+        scale = x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX
+    scale = scale.clamp(min=_MIN_SCALE)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def dequantize_w13_blocks(
+    weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], dtype: Any
+) -> torch.Tensor:
+    """w13's gate and up halves each have their own rows of blocks (the last
+    partial when the intermediate size is not a multiple of the block)."""
+    halves = zip(weight.chunk(2, dim=-2), scale.chunk(2, dim=-2), strict=True)
+    return torch.cat([dequantize_fp8(w, s, block, dtype) for w, s in halves], -2)
+
+
+class HpuFp8Experts(HpuQuantizedMoE):
+    """What both fp8 formats share once loaded: ``w13_weight`` / ``w2_weight``
+    fp8 [E, N, K]; scales per row [E, N, 1] (per-tensor ones are spread over
+    their shard's rows) or per block; the input's rounding mode."""
+
+    block: tuple[int, int] | None
+    input_mode: str | None
+
+    def scales(self, layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        suffix = "weight_scale_inv" if hasattr(layer, "w13_weight_scale_inv") else ""
+        name = suffix or "weight_scale"
+        return getattr(layer, f"w13_{name}"), getattr(layer, f"w2_{name}")
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        w13_scale, w2_scale = self.scales(layer)
+        if self.block is None and w13_scale.ndim == 2:  # one scale per shard
+            rows = layer.intermediate_size_per_partition
+            w13_scale.data = w13_scale.data.repeat_interleave(rows, dim=1)[..., None]
+            w2_scale.data = w2_scale.data.reshape(-1, 1, 1)
+        static = getattr(layer, "w13_input_scale", None)
+        if self.input_mode == STATIC and static is not None:
+            # One scale for the input of all experts, as vLLM's kernels take it.
+            layer.w13_input_scale.data = static.data.max()
+
+    def dequantize(
+        self, layer: Any, experts: slice, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        w13_scale, w2_scale = self.scales(layer)
+        w13, w2 = layer.w13_weight[experts], layer.w2_weight[experts]
+        if self.block is not None:
+            w13 = dequantize_w13_blocks(w13, w13_scale[experts], self.block, dtype)
+            return w13, dequantize_fp8(w2, w2_scale[experts], self.block, dtype)
+        return (
+            dequantize_fp8(w13, w13_scale[experts], dtype=dtype),
+            dequantize_fp8(w2, w2_scale[experts], dtype=dtype),
+        )
+
+    def prepare_input(self, layer: Any, x: torch.Tensor) -> torch.Tensor:
+        if self.input_mode is None:
+            return x
+        xq, scale = quantize_input(x, self.input_mode, layer.w13_input_scale)
+        return (xq.float() * scale).to(x.dtype)
+
+    def run_experts(
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        kernel = device.fused_moe_fp8()
+        if kernel is None or self.input_mode not in (STATIC, PER_TENSOR):
+            return super().run_experts(layer, x, topk_weights, topk_ids)
+        xq, x_scale = quantize_input(x, self.input_mode, layer.w13_input_scale)
+        w13_scale, w2_scale = self.scales(layer)
+        return kernel(
+            hidden_states=xq,
+            expert_routing_table=topk_ids.long(),
+            router_weights=topk_weights.to(x.dtype),
+            w12=list(layer.w13_weight.unbind(0)),
+            w3=list(layer.w2_weight.unbind(0)),
+            d_scale_w12=list(w13_scale.flatten(1).unbind(0)),
+            d_scale_w3=list(w2_scale.flatten(1).unbind(0)),
+            d_scale_hidden_states=x_scale,
+            permuted_weights=True,
+            activation=layer.activation.value,
+            experts_min=0,
+            experts_max=layer.local_num_experts - 1,
+        )
+
+
+class HpuFp8MoEMethod(HpuFp8Experts, Fp8MoEMethod):
+    """``quant_method: fp8`` experts (vLLM's ``Fp8MoEMethod`` loads them; its
+    backend choice finds none for an out-of-tree platform, and is not used)."""
+
+    def __init__(self, quant_config: Any, layer: Any) -> None:
+        super().__init__(quant_config, layer)
+        block = quant_config.weight_block_size
+        self.block = None if block is None else (block[0], block[1])
+        static = quant_config.activation_scheme == "static"
+        self.input_mode = None if self.block else STATIC if static else PER_TENSOR
+
+
+class HpuCompressedTensorsW8A8Fp8MoEMethod(
+    HpuFp8Experts, CompressedTensorsW8A8Fp8MoEMethod
+):
+    """compressed-tensors W8A8-FP8 experts (vLLM's method loads them)."""
+
+    def __init__(self, weight_quant: Any, input_quant: Any, moe: Any) -> None:
+        super().__init__(weight_quant, input_quant, moe)
+        block = self.weight_block_size
+        self.block = None if block is None else (block[0], block[1])
+        self.input_mode = None
+        if self.block is None:
+            dynamic = PER_TOKEN if input_quant.strategy == "token" else PER_TENSOR
+            self.input_mode = STATIC if self.static_input_scales else dynamic

@@ -1,0 +1,100 @@
+"""The routed experts as Intel Neural Compressor measures and quantizes them:
+modules with the Gaudi reference's class names (INC patches by class name), one
+``MoeMatmul`` per expert projection, so each expert gets its own weight scale and
+the measurement files name ``<layer>.moe_op.w13_list.<expert>`` as on Gaudi.
+
+Attached to each MoE layer only when the INC flow runs; the layer's stacked
+weights stay the storage (each ``MoeMatmul`` holds a view) until INC has made
+its fp8 copies, then they are released."""
+
+import re
+from collections import Counter
+from typing import cast
+
+import torch
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+from vllm.model_executor.layers.linear import LinearBase
+
+from vllm_hpu.ops.moe import fused_experts
+
+FP8 = torch.float8_e4m3fn
+LAYER_NUMBER = re.compile(r"\.\d+\.")
+
+
+class MoeMatmul(torch.nn.Module):
+    """One expert's projection; ``weight``: [out, in], a view of the layer's."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t()
+
+
+class VllmMixtureOfExpertsOp(torch.nn.Module):
+    """The routed experts of one layer, called as Gaudi's fused MoE op is.
+    INC replaces it (MEASURE, QUANTIZE) by its patched module, which calls the
+    fused op on the ``MoeMatmul`` weights; unpatched (blocklisted), it runs the
+    experts in bf16 as the plugin's unquantized method does."""
+
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
+        super().__init__()
+        self.num_experts = w13.shape[0]
+        self.experts_min, self.experts_max = 0, self.num_experts - 1
+        self.w13_list = torch.nn.ModuleList(MoeMatmul(w) for w in w13.unbind(0))
+        self.w2_list = torch.nn.ModuleList(MoeMatmul(w) for w in w2.unbind(0))
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        expert_routing_table: torch.Tensor,
+        router_weights: torch.Tensor,
+        permuted_weights: bool = True,
+        activation: str = "silu",
+    ) -> torch.Tensor:
+        """hidden_states: [num_tokens, hidden_size]; expert_routing_table,
+        router_weights: [num_tokens, top_k]; weights in [out, in] layout."""
+        w13, w2 = _stacked(self.w13_list), _stacked(self.w2_list)
+        return fused_experts(
+            hidden_states, w13, w2, router_weights, expert_routing_table, activation
+        )
+
+
+def _stacked(experts: torch.nn.ModuleList) -> torch.Tensor:
+    return torch.stack([cast(torch.Tensor, expert.weight) for expert in experts])
+
+
+def attach_moe_ops(model: torch.nn.Module) -> None:
+    """Give every MoE layer the ``moe_op`` its method runs while INC is on."""
+    for module in model.modules():
+        if isinstance(module, RoutedExperts):
+            w13 = cast(torch.Tensor, module.w13_weight).data
+            w2 = cast(torch.Tensor, module.w2_weight).data
+            module.moe_op = VllmMixtureOfExpertsOp(w13, w2)
+
+
+def release_bf16_experts(model: torch.nn.Module) -> None:
+    """After INC's convert: the stacked bf16 expert weights of every layer whose
+    experts all became fp8 are dropped (what INC's own MoE patch does for the
+    layer class it knows), so only the fp8 copies stay in device memory."""
+    for module in model.modules():
+        moe_op = getattr(module, "moe_op", None)
+        if not isinstance(module, RoutedExperts) or moe_op is None:
+            continue
+        experts = [*moe_op.w13_list, *moe_op.w2_list]
+        if all(expert.weight.dtype == FP8 for expert in experts):
+            for name in ("w13_weight", "w2_weight"):
+                empty = getattr(module, name).new_empty(0)
+                setattr(module, name, torch.nn.Parameter(empty, requires_grad=False))
+
+
+def layers_inc_cannot_take(model: torch.nn.Module, table: dict) -> str:
+    """The linear layers whose class INC's module table lacks (MoE routers:
+    vLLM's ``GateLinear``), grouped over layer numbers: '' when none."""
+    names = [
+        f"{LAYER_NUMBER.sub('.*.', name)} ({type(module).__name__})"
+        for name, module in model.named_modules()
+        if isinstance(module, LinearBase) and type(module).__name__ not in table
+    ]
+    return ", ".join(f"{name} x{n}" for name, n in Counter(names).items())
