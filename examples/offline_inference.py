@@ -26,7 +26,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True, help="local model folder")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--dtype", default="auto", help="float32 is faster on a CPU")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto: bf16 on Gaudi; in emulation the dtype this CPU runs fast "
+        "(bf16 with AVX-512 BF16 or AMX, else float32)",
+    )
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument(
         "--max-num-batched-tokens",

@@ -288,14 +288,81 @@ VARIANT_SPECS = {
     "tiny-llama-h40": ("llama", {**GQA_SHAPE, "head_dim": 40}),
 }
 MODEL_SPECS.update(VARIANT_SPECS)
+
+# ---- Long context (issue 38) -------------------------------------------------
+# 131072 positions with each family's rope scaling, as its long checkpoints ship
+# (Llama 3.1's llama3, Qwen2.5's YaRN, Phi-3's LongRoPE). One layer and one head
+# of 64 (the fused kernel's smallest size), so that attention over a 100k-token
+# prompt stays affordable on a CPU, in transformers as in the plugin.
+LONG_CONTEXT = 131072
+LONG_HEAD_DIM = 64
+LONG_SHAPE = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": LONG_HEAD_DIM,
+    "intermediate_size": 2 * LONG_HEAD_DIM,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": LONG_CONTEXT,
+    "initializer_range": WEIGHT_STD,
+}
+LONG_CONTEXT_SPECS = {
+    "tiny-llama3-128k": (
+        "llama",
+        {
+            **LONG_SHAPE,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": LONG_CONTEXT // 8,
+                "rope_theta": 500000.0,
+            },
+        },
+    ),
+    "tiny-qwen2-yarn-128k": (
+        "qwen2",
+        {
+            **LONG_SHAPE,
+            "tie_word_embeddings": True,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 8.0,
+                "original_max_position_embeddings": LONG_CONTEXT // 8,
+                "rope_theta": 1000000.0,
+            },
+        },
+    ),
+    "tiny-phi3-longrope-128k": (
+        "phi3",
+        {
+            **LONG_SHAPE,
+            "sliding_window": None,
+            "original_max_position_embeddings": 4096,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                # Per rotary pair: short near 1, long growing to 32 (Phi-3's shape).
+                "short_factor": [1.0 + i / 256 for i in range(LONG_HEAD_DIM // 2)],
+                "long_factor": [1.0 + i for i in range(LONG_HEAD_DIM // 2)],
+                "rope_theta": 10000.0,
+            },
+        },
+    ),
+}
+MODEL_SPECS.update(LONG_CONTEXT_SPECS)
+
 # Norm weights other than ~1, per (model, part of the norm's module name; "" for
 # every norm). With tied embeddings the current token's own embedding can drown
 # the layers, and every continuation repeats one token: Gemma scales embeddings
 # by sqrt(hidden_size) (larger norms, which also make its soft-cap bind), Bloom
-# normalises them right away (an embedding norm with weights around 0).
+# normalises them right away (an embedding norm with weights around 0). The long
+# context models' attention inputs are three times wider, so that a query picks
+# few keys out of 100k: near-uniform weights would hide a wrong key or position.
 NORM_MEANS = {
     ("tiny-gemma2", ""): 9.0,
     ("tiny-bloom", "word_embeddings_layernorm"): 0.0,
+    **{(name, "input_layernorm"): 3.0 for name in LONG_CONTEXT_SPECS},
 }
 
 # ---- Pooling models (issue 18) ----------------------------------------------

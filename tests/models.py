@@ -1,4 +1,4 @@
-"""Where tests find the local models that `make setup` builds under .cache/models.
+"""Where tests find the local models `make test-setup` builds under .cache/models.
 
 A missing model fails the test with the command that builds it: no hub fallback.
 Plain functions, not fixtures: an imported fixture trips linters (F811).
@@ -43,6 +43,13 @@ MULTIMODAL_MODELS = ("tiny-llava", "tiny-qwen2-vl")
 DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}
 # Built by the set-up too: EAGLE and EAGLE-3 heads for tiny-llama, as vLLM loads them.
 EAGLE_HEADS = ("tiny-llama-eagle", "tiny-llama-eagle3")
+# Built by the set-up too: 131072 positions with llama3, YaRN and LongRoPE rope
+# scaling, one layer and one head of 64 (tests/e2e/test_long_context.py).
+LONG_CONTEXT_MODELS = (
+    "tiny-llama3-128k",
+    "tiny-qwen2-yarn-128k",
+    "tiny-phi3-longrope-128k",
+)
 SMOLLM2 = "smollm2-135m-instruct"
 
 
@@ -50,5 +57,7 @@ def model_path(name: str) -> str:
     """Path of a built model as a string, as vLLM and transformers take it."""
     path: Path = MODELS_DIR / name
     if not (path / "config.json").is_file():
-        pytest.fail(f"{path} is missing: run `make setup` to build the local models")
+        pytest.fail(
+            f"{path} is missing: run `make test-setup` to build the local models"
+        )
     return str(path)

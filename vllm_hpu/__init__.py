@@ -20,6 +20,7 @@ def register() -> str | None:
     patches.allow_torchvision_import()
     patches.import_nixl_from_wheel()
     if device.hpu_available() or device.is_emulation():
+        patches.drop_harmless_log_records()
         return PLATFORM_CLS
     return None
 

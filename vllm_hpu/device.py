@@ -42,6 +42,24 @@ def device_type() -> str:
     return "hpu" if hpu_available() else "cpu"
 
 
+@functools.cache
+def cpu_has_bf16_instructions() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX tiles): there
+    oneDNN runs packed bf16 linear layers; elsewhere bf16 matmuls run unpacked,
+    several times slower than float32 (``ops/packed_linear.py``)."""
+    return bool(
+        torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    )
+
+
+def fast_dtype() -> torch.dtype:
+    """The dtype this device runs models fastest in: bf16 on Gaudi and on a CPU
+    with bf16 instructions, float32 on other CPUs."""
+    if hpu_available() or cpu_has_bf16_instructions():
+        return torch.bfloat16
+    return torch.float32
+
+
 def dist_backend() -> str:
     return "hccl" if hpu_available() else "gloo"
 
@@ -356,6 +374,49 @@ def fused_sdpa() -> Any | None:
         lambda: get_envs().prompt_use_fusedsdpa,
         emulated=_CpuFusedSDPA,
     )
+
+
+def _cpu_sdpa_stats(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's CPU flash kernel, which also returns the log-sum-exp of the
+    scores; heads-first, as many query heads as K/V heads."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, False, attn_mask=attn_mask, scale=scale
+    )
+    return out, lse
+
+
+def _hpu_sdpa_stats(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaudi's FusedSDPA forward that keeps what its backward needs: the row
+    maxima m and the inverse sums 1/l of the scores, so log-sum-exp = m - log(1/l).
+    Arguments: dropout, scale, causal, keep statistics, softmax mode, valid
+    lengths, padding side."""
+    out, row_max, inverse_sum = torch.ops.hpu.sdpa_recomp_fwd(
+        query, key, value, attn_mask, 0.0, scale, False, True, "None", None, "right"
+    )[:3]
+    lse = row_max.float() - torch.log(inverse_sum.float())
+    return out, lse.reshape(out.shape[:-1])
+
+
+def fused_sdpa_stats() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """The fused prompt kernel returning (output, log-sum-exp [bs, heads, q]), for
+    attention cut into tiles (``ops/sliced_attention.py``): Gaudi's FusedSDPA
+    forward with statistics, or torch's CPU flash kernel in emulation; None when
+    VLLM_PROMPT_USE_FUSEDSDPA turns the fused kernel off."""
+    if not get_envs().prompt_use_fusedsdpa:
+        return None
+    return _hpu_sdpa_stats if hpu_available() else _cpu_sdpa_stats
 
 
 def fused_moe() -> Callable[..., Any] | None:

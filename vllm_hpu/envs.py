@@ -14,6 +14,10 @@ from typing import Any
 Parser = Callable[[str, str], Any]
 
 _TRUE = ("1", "true", "yes", "on")
+# Prompt attention slicing: passes of this many keys are cut, by default into
+# tiles of half of it, rounded up to this multiple (the reference's on Gaudi).
+SLICE_THRESHOLD = 8192
+SLICE_CHUNK_MULTIPLE = 1024
 _FALSE = ("0", "false", "no", "off")
 
 
@@ -228,6 +232,40 @@ class HpuEnvs:
         "fused SDPA kernel for prompt attention, cached context included (Gaudi's "
         "FusedSDPA; torch's scaled_dot_product_attention in emulation)",
     )
+    # Long prompts: attention in tiles of queries x keys merged by log-sum-exp,
+    # so a pass holds one tile's scores and mask, not [q, K] (docs/long-context.md).
+    fsdpa_slice_enabled: bool = _var(
+        "VLLM_HPU_FSDPA_SLICE_ENABLED",
+        _bool,
+        True,
+        "cut long prompt attention into tiles (every path: fused, plain, merged, "
+        "MLA); false: one [q, K] attention per pass",
+    )
+    fsdpa_slice_seq_len_thld: int = _var(
+        "VLLM_HPU_FSDPA_SLICE_SEQ_LEN_THLD",
+        _positive_int,
+        SLICE_THRESHOLD,
+        "a prompt pass attending at least this many keys (context + queries) is cut",
+    )
+    fsdpa_slice_chunk_size: int = _var(
+        "VLLM_HPU_FSDPA_SLICE_CHUNK_SIZE",
+        _positive_int,
+        SLICE_THRESHOLD // 2,
+        "queries and keys per tile, at most the threshold; unset: half the "
+        "threshold rounded up to a multiple of 1024",
+    )
+    # Decode over many blocks: a layer reads this many flat blocks at a time, so
+    # it copies one slice of the batch's KV, not all of it (docs/long-context.md).
+    decode_block_slice: int = _var(
+        "VLLM_HPU_DECODE_BLOCK_SLICE",
+        _positive_int,
+        4096,
+        "decode attention reads at most this many KV blocks of the batch at a time",
+    )
+    fsdpa_slice_with_graph_breaks: bool | None = _no_effect(
+        "VLLM_HPU_FSDPA_SLICE_WITH_GRAPH_BREAKS",
+        "the tiles of a pass run in the pass's own graph",
+    )
     log_step_graph_compilation: bool = _var(
         "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION",
         _bool,
@@ -354,7 +392,26 @@ def read_envs(environ: Mapping[str, str]) -> HpuEnvs:
         if raw != "":
             values[field.name] = field.metadata["parse"](field.metadata["env"], raw)
     _apply_bucketing_strategy(values)
+    _apply_slice_chunk_size(values)
     return HpuEnvs(**values)
+
+
+def _apply_slice_chunk_size(values: dict[str, Any]) -> None:
+    """The tile size defaults to half the threshold, rounded up to 1024 (the
+    reference's granularity on Gaudi); a tile may not exceed the threshold."""
+    threshold = values.get("fsdpa_slice_seq_len_thld", SLICE_THRESHOLD)
+    chunk = values.get("fsdpa_slice_chunk_size")
+    if chunk is None:
+        half = -(-threshold // 2)
+        chunk = -(-half // SLICE_CHUNK_MULTIPLE) * SLICE_CHUNK_MULTIPLE
+        values["fsdpa_slice_chunk_size"] = min(chunk, threshold)
+    elif chunk > threshold:
+        raise ValueError(
+            f"VLLM_HPU_FSDPA_SLICE_CHUNK_SIZE={chunk} exceeds "
+            f"VLLM_HPU_FSDPA_SLICE_SEQ_LEN_THLD={threshold}: a tile must not be "
+            "longer than the passes that are cut; lower the chunk size or raise "
+            "the threshold."
+        )
 
 
 def _apply_bucketing_strategy(values: dict[str, Any]) -> None:

@@ -1,12 +1,16 @@
-"""Which model classes the HPU plugin cannot run, read from vLLM's model registry.
+"""Which models the HPU plugin cannot run: classes, read from vLLM's model registry,
+and features their config switches on.
 
-A refusal names the missing piece and what to use instead, so it can stop start-up.
+A refusal names the missing piece and what to use instead, so it can stop start-up
+in the caller's process, before the engine process starts.
 """
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig
     from vllm.config import ModelConfig
     from vllm.model_executor.models.registry import _ModelInfo
 
@@ -77,7 +81,14 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
 
 def model_config_reason(model_config: "ModelConfig") -> str | None:
     """:func:`unsupported_reason` for the configured model, with the flags that
-    ``ModelConfig`` refines from the checkpoint's own config."""
+    ``ModelConfig`` refines from the checkpoint's own config, then
+    :func:`config_feature_reason`."""
+    return _model_class_reason(model_config) or config_feature_reason(
+        model_config.architecture, model_config.hf_text_config
+    )
+
+
+def _model_class_reason(model_config: "ModelConfig") -> str | None:
     info = dataclasses.replace(
         model_config._model_info,
         # A hybrid class whose checkpoint holds attention layers only runs as
@@ -90,6 +101,83 @@ def model_config_reason(model_config: "ModelConfig") -> str | None:
         ),
     )
     return unsupported_reason(info)
+
+
+# gpt-oss gives every layer learned sinks; other families switch them on with a key
+# of their config (Granite, MiMo-V2, Laguna, as vLLM's models read them).
+_SINK_MODEL_TYPES = ("gpt_oss",)
+_SINK_KEYS = (
+    "attention_sinks",
+    "add_swa_attention_sink_bias",
+    "swa_attention_sink_enabled",
+)
+
+
+def _has_attention_sinks(text_config: "PretrainedConfig") -> bool:
+    return text_config.model_type in _SINK_MODEL_TYPES or any(
+        getattr(text_config, key, False) is True for key in _SINK_KEYS
+    )
+
+
+def _has_chunked_attention(text_config: "PretrainedConfig") -> bool:
+    # As ModelConfig.attention_chunk_size reads it.
+    return getattr(text_config, "attention_chunk_size", None) is not None
+
+
+def _weights_experts_input(text_config: "PretrainedConfig") -> bool:
+    """Llama 4's MoE layers (every interleave_moe_layer_step-th) scale each
+    expert's input by its routing weight."""
+    return (
+        text_config.model_type == "llama4_text"
+        and getattr(text_config, "num_local_experts", 0) > 0
+        and getattr(text_config, "interleave_moe_layer_step", 0) > 0
+    )
+
+
+def _has_zero_experts(text_config: "PretrainedConfig") -> bool:
+    return getattr(text_config, "zero_expert_num", 0) > 0
+
+
+# Features a model's config switches on that the HPU ops lack: (what, whether the
+# text config asks for it, what to do). Checked in order, the first named. What
+# only the built model shows is refused while it is built (attention/backend.py,
+# ops/fused_moe.py), in the engine process.
+_CONFIG_FEATURES: tuple[tuple[str, Callable[["PretrainedConfig"], bool], str], ...] = (
+    (
+        "attention sinks (learned per-head logits added to every softmax)",
+        _has_attention_sinks,
+        "use a model without attention sinks",
+    ),
+    (
+        "chunked local attention (attention_chunk_size)",
+        _has_chunked_attention,
+        "use a model whose layers attend to their whole context",
+    ),
+    (
+        "MoE routing weights applied to the experts' input",
+        _weights_experts_input,
+        "use an MoE model that weights the experts' outputs",
+    ),
+    (
+        "zero experts (tokens routed to an identity expert)",
+        _has_zero_experts,
+        "use an MoE model without them",
+    ),
+)
+
+
+def config_feature_reason(
+    architecture: str, text_config: "PretrainedConfig"
+) -> str | None:
+    """Why the HPU plugin cannot run what a model's (text) config asks for, or
+    None; read from the config alone, before the engine starts."""
+    for what, asked, fix in _CONFIG_FEATURES:
+        if asked(text_config):
+            return (
+                f"{architecture} uses {what}, which the HPU plugin does not "
+                f"support: {fix}."
+            )
+    return None
 
 
 def limit_unvalidated_modalities(model_config: "ModelConfig") -> None:

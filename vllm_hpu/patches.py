@@ -8,7 +8,9 @@ import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import logging
 import pathlib
+import re
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -131,25 +133,31 @@ def _patch_engine_args(arg_utils: ModuleType) -> None:
         _with_device_option(engine_args.add_cli_args)
     )
     engine_args.create_engine_config = _with_kv_transfer_check(  # type: ignore[method-assign]
-        _with_delayed_sampling(engine_args.create_engine_config)
+        _with_requested_options(engine_args.create_engine_config)
     )
 
 
-# Why: VLLM_DELAYED_SAMPLING must apply only when --(no-)async-scheduling was not
-# given, but vLLM resolves its unset value (None) before the platform sees it.
-# How: EngineArgs still holds None then; the variable fills it in, and the source
-# is recorded for the start-up log. True stays None: vLLM's default is on, and it
-# switches async off itself (with its reason) where it cannot run.
-# Upstream change that removes it: a platform hook before async_scheduling resolves.
+# Why: vLLM resolves two options before the platform sees them, keeping no trace of
+# whether the user set them: VLLM_DELAYED_SAMPLING must apply only when
+# --(no-)async-scheduling was not given, and emulation picks the model's dtype only
+# when --dtype was left at "auto" (ModelConfig replaces "auto" by a dtype).
+# How: EngineArgs still holds the user's values when create_engine_config starts.
+# The variable fills in an unset async_scheduling (None), and the source is recorded
+# for the start-up log; True stays None: vLLM's default is on, and it switches async
+# off itself (with its reason) where it cannot run. The asked dtype is recorded for
+# the platform's config hook, which runs inside that call; outside it (a VllmConfig
+# built directly, or rebuilt in the engine process) it is None: nothing to decide.
+# Upstream change that removes it: a platform hook before those options resolve.
 async_scheduling_source = "vLLM's default"
+requested_dtype: Any = None
 
 
-def _with_delayed_sampling(create: Callable[..., Any]) -> Callable[..., Any]:
+def _with_requested_options(create: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(create)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
         from vllm_hpu.envs import get_envs
 
-        global async_scheduling_source
+        global async_scheduling_source, requested_dtype
         delayed_sampling = get_envs().delayed_sampling
         if self.async_scheduling is not None:
             async_scheduling_source = "--async-scheduling / --no-async-scheduling"
@@ -159,7 +167,11 @@ def _with_delayed_sampling(create: Callable[..., Any]) -> Callable[..., Any]:
                 self.async_scheduling = False
         else:  # per engine: a process may create several
             async_scheduling_source = "vLLM's default"
-        return create(self, *args, **kwargs)
+        requested_dtype = self.dtype
+        try:
+            return create(self, *args, **kwargs)
+        finally:
+            requested_dtype = None
 
     return wrapped
 
@@ -373,3 +385,64 @@ class _NixlFromWheel(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def import_nixl_from_wheel() -> None:
     """Idempotent; lets ``import nixl._api`` find the nixl-cu12 wheel."""
     sys.meta_path.insert(0, _NixlFromWheel())
+
+
+# -- 7. Log lines that read as failures and are not ---------------------------------
+# Why: every process of a normal start printed them. torchao (installed with Intel
+# Neural Compressor, imported by transformers whenever present) tries to load its CUDA
+# kernels (``_C_mxfp8``, ``_C_cutlass_90a``), which cannot load beside a torch built
+# without CUDA and which no CPU or Gaudi path calls, and it registers two enums in a
+# way torch now deprecates. vLLM warns that its Model Runner V2 needs Triton, though
+# the HPU worker runs neither of vLLM's runners, and that "user settings" disabled
+# Inductor: the platform turns vLLM's compilation off (our runner compiles per
+# bucket), and the engine process checks the config again after its handshake,
+# taking that for a user's choice.
+# How: a filter on each logger that emits them drops exactly those records; all else
+# those loggers say is kept. vLLM's "Failed to import from vllm._C" is avoided at the
+# source instead (HpuPlatform.import_kernels).
+# Upstream change that removes it: torchao loading CUDA kernels only with a CUDA
+# torch and registering enums as opaque types; vLLM not warning about runners and
+# compilation modes the platform chose.
+_TORCHAO_CUDA_KERNEL = re.compile(r"Failed to load \S*torchao[/\\]_C[^/\\:]*\.so: ")
+_HARMLESS_VLLM_WARNINGS = (
+    "Model Runner V2 requires Triton",
+    "Inductor compilation was disabled by user settings",
+)
+
+
+def _is_torchao_cuda_kernel(record: logging.LogRecord) -> bool:
+    cuda_torch = torch.version.cuda is not None
+    return not cuda_torch and bool(_TORCHAO_CUDA_KERNEL.match(record.getMessage()))
+
+
+def _is_torchao_enum_registration(record: logging.LogRecord) -> bool:
+    args = record.args if isinstance(record.args, tuple) else ()
+    module = getattr(args[0], "__module__", "") if args else ""
+    return "is an Enum subclass" in str(record.msg) and module.startswith("torchao.")
+
+
+def _is_harmless_vllm_warning(record: logging.LogRecord) -> bool:
+    return str(record.msg).startswith(_HARMLESS_VLLM_WARNINGS)
+
+
+_HARMLESS_RECORDS: dict[str, Callable[[logging.LogRecord], bool]] = {
+    "torchao": _is_torchao_cuda_kernel,
+    "torch.utils._pytree": _is_torchao_enum_registration,
+    "vllm.config.vllm": _is_harmless_vllm_warning,
+}
+
+
+class _DropRecords(logging.Filter):
+    def __init__(self, drop: Callable[[logging.LogRecord], bool]) -> None:
+        super().__init__()
+        self.drop = drop
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.drop(record)
+
+
+@functools.cache
+def drop_harmless_log_records() -> None:
+    """Idempotent; call before torchao is imported (the platform entry point)."""
+    for name, harmless in _HARMLESS_RECORDS.items():
+        logging.getLogger(name).addFilter(_DropRecords(harmless))

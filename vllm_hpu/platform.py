@@ -4,6 +4,7 @@ Identity is declared as class attributes, picked once from ``device.py``; the
 config fix-ups in :meth:`HpuPlatform.check_and_update_config` are numbered steps.
 """
 
+import importlib.util
 from typing import TYPE_CHECKING
 
 import torch
@@ -88,6 +89,12 @@ class HpuPlatform(Platform):
         from vllm_hpu.attention.mla import HpuMLAPrefillBackend
 
         return HpuMLAPrefillBackend
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        """None of vLLM's compiled kernels: ``vllm._C`` is CUDA's (or absent, as in
+        a vLLM built for no device) and the plugin runs its own ops (``ops/``).
+        vLLM's default tries it and warns "Failed to import from vllm._C"."""
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
@@ -210,6 +217,7 @@ class HpuPlatform(Platform):
         _set_block_size(vllm_config)  # 2.
         _disable_vllm_compilation(vllm_config)  # 3.
         check_quant_config(vllm_config.quant_config)  # 4. before weights load
+        _use_fast_cpu_dtype(vllm_config)  # 4b. emulation's default dtype
         _disable_unsupported_scheduling(vllm_config)  # 5.
         _reject_unsupported_features(vllm_config)  # 6.
         resolve_kv_transfer_config(vllm_config)  # 6b. KV connectors we run
@@ -270,6 +278,40 @@ def _disable_vllm_compilation(vllm_config: "VllmConfig") -> None:
     compilation_config.custom_ops = ["all"]
 
 
+def _use_fast_cpu_dtype(vllm_config: "VllmConfig") -> None:
+    """Emulation only: a dtype left to vLLM ("auto") becomes the one this CPU runs
+    fast; an explicit --dtype is honoured (tests use float32). Unquantized models
+    only: quantized checkpoints and INC's flow keep vLLM's choice, the 16-bit dtype
+    their kernels were validated in."""
+    model_config = vllm_config.model_config
+    if device.hpu_available() or patches.requested_dtype != "auto":
+        return
+    if model_config is None or model_config.quantization:
+        return
+    if envs.get_envs().quant_config:
+        return
+    fast, chosen = device.fast_dtype(), model_config.dtype
+    logger.info_once(
+        "Emulation runs the model in %s%s by default: this CPU %s bf16 "
+        "instructions (AVX-512 BF16 or AMX) for oneDNN's packed bf16 matmuls; "
+        "--dtype chooses another.",
+        fast,
+        "" if chosen == fast else f" (not {chosen})",
+        "has" if device.cpu_has_bf16_instructions() else "has no",
+    )
+    if chosen == fast:
+        return
+    model_config.dtype = fast
+    # vLLM copied the model's dtype into these before this hook ran.
+    lora_config = vllm_config.lora_config
+    if lora_config is not None and lora_config.lora_dtype == chosen:
+        lora_config.lora_dtype = fast
+    speculative = vllm_config.speculative_config
+    draft = speculative.draft_model_config if speculative else None
+    if draft is not None and draft.dtype == chosen:
+        draft.dtype = fast
+
+
 def _disable_unsupported_scheduling(vllm_config: "VllmConfig") -> None:
     """Async scheduling where the runner supports it; the log says which is in
     force and why (the CLI, VLLM_DELAYED_SAMPLING or vLLM's default)."""
@@ -314,11 +356,50 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
     from vllm_hpu.worker.spec_decode.config import check_speculative_config
 
     check_speculative_config(vllm_config)
+    _require_optional_packages(vllm_config)
+
+
+def _asks_ngram(vllm_config: "VllmConfig") -> bool:
+    speculative = vllm_config.speculative_config
+    return speculative is not None and speculative.method == "ngram"
+
+
+def _asks_inc(vllm_config: "VllmConfig") -> bool:
+    model_config = vllm_config.model_config
+    quantization = model_config.quantization if model_config is not None else None
+    return quantization == "inc" or bool(envs.get_envs().quant_config)
+
+
+# Optional features whose package the main set-up does not install
+# (requirements-test.txt pins the tested versions): (feature, asked, module, pin).
+# (Ray's absence vLLM names itself, in the caller's process.)
+_OPTIONAL_PACKAGES = (
+    ("n-gram speculative decoding", _asks_ngram, "numba", "numba==0.65.0"),
+    (
+        "Intel Neural Compressor's FP8 (--quantization inc, QUANT_CONFIG)",
+        _asks_inc,
+        "neural_compressor",
+        "neural-compressor-pt==3.10",
+    ),
+)
+
+
+def _require_optional_packages(vllm_config: "VllmConfig") -> None:
+    """Name the package an asked-for feature lacks, rather than let the engine
+    process fail on its import."""
+    for feature, asked, module, pin in _OPTIONAL_PACKAGES:
+        if asked(vllm_config) and importlib.util.find_spec(module) is None:
+            raise ValueError(
+                f"{feature} needs the package {pin.split('==')[0]}, which is not "
+                f"installed: pip install {pin} (or run make test-setup)."
+            )
 
 
 def _reject_unsupported_model(vllm_config: "VllmConfig") -> None:
     """Refuse a model class we cannot run (state-space, hybrid, multimodal,
-    speech, encoder-decoder) before its weights load."""
+    speech, encoder-decoder), or a feature its config asks for (attention sinks,
+    chunked attention, MoE routing variants), here in the caller's process: its
+    exception names the reason, as the engine process's could not."""
     model_config = vllm_config.model_config
     reason = model_config and model_support.model_config_reason(model_config)
     if reason:

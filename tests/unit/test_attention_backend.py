@@ -9,7 +9,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
 from vllm_hpu import platform
-from vllm_hpu.attention import backend
+from vllm_hpu.attention import backend, layer_options
 from vllm_hpu.attention.backend import (
     HpuAttentionBackend,
     HpuAttentionImpl,
@@ -99,7 +99,9 @@ def test_attention_impl_window_that_cannot_bind_is_full_attention(
 ) -> None:
     # Mistral's 4096 window with max_model_len 64 never hides a key.
     config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64))
-    monkeypatch.setattr(backend, "get_current_vllm_config_or_none", lambda: config)
+    monkeypatch.setattr(
+        layer_options, "get_current_vllm_config_or_none", lambda: config
+    )
     impl = HpuAttentionImpl(4, 64, 0.125, 2, sliding_window=window)
     assert impl.sliding_window == binding
 

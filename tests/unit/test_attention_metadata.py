@@ -5,10 +5,12 @@ import torch
 
 from vllm_hpu.attention.metadata import (
     CacheGeometry,
+    HpuAttentionMetadata,
     SeqLayout,
     build_decode_metadata,
     build_prompt_metadata,
 )
+from vllm_hpu.ops.prompt_mask import PromptBias
 
 BLOCK_SIZE = 4
 DUMMY = 9  # num_blocks
@@ -31,17 +33,23 @@ def test_metadata_prompt_slot_mapping_follows_token_layout() -> None:
     assert meta.block_list.tolist() == [DUMMY, DUMMY, 7, 1, DUMMY, DUMMY]
 
 
+def _visible(meta: HpuAttentionMetadata, window: int | None = None) -> list:  # type: ignore[type-arg]
+    """The whole pass's mask as 0/1 lists [bs][q][K], from the tiled bias."""
+    assert meta.prompt_mask is not None
+    bias = PromptBias(meta.prompt_mask, torch.float32, window).whole()
+    return (bias[:, 0] == 0).int().tolist()
+
+
 def test_metadata_prompt_mask_past_current_and_padding() -> None:
     seqs = [SeqLayout([0, 1], 2, 3)]
     meta = build_prompt_metadata(seqs, 2, 4, 1, CACHE)
-    assert meta.attn_bias is not None
-    visible = (meta.attn_bias[:, 0] == 0).int().tolist()
+    visible = _visible(meta)
     # keys: 4 past slots (2 cached) then 4 current tokens (3 real).
     assert visible[0] == [
         [1, 1, 0, 0, 1, 0, 0, 0],
         [1, 1, 0, 0, 1, 1, 0, 0],
         [1, 1, 0, 0, 1, 1, 1, 0],
-        [1, 1, 0, 0, 1, 1, 1, 1],  # padded query: real tokens plus itself
+        [0, 0, 0, 0, 0, 0, 0, 1],  # padded query: itself only
     ]
     assert visible[1] == [[0] * 4 + [int(k == t) for k in range(4)] for t in range(4)]
 
@@ -49,7 +57,8 @@ def test_metadata_prompt_mask_past_current_and_padding() -> None:
 def test_metadata_prompt_without_context_has_no_block_list() -> None:
     meta = build_prompt_metadata([SeqLayout([3], 0, 2)], 1, 4, 0, CACHE)
     assert meta.block_list is None and meta.is_prompt
-    assert meta.attn_bias is not None and meta.attn_bias.shape == (1, 1, 4, 4)
+    assert meta.prompt_mask is not None
+    assert (meta.prompt_mask.query_len, meta.prompt_mask.num_keys) == (4, 4)
 
 
 def test_metadata_decode_flat_layout() -> None:
@@ -114,11 +123,10 @@ def test_metadata_prompt_window_mask() -> None:
     # Two cached tokens, three new ones: query t (position 2 + t) sees keys
     # at positions 1 + t and 2 + t only.
     meta = build_prompt_metadata([SeqLayout([3, 5], 2, 3)], 1, 3, 1, cache)
-    visible = (meta.prompt_bias(2)[0, 0] == 0).int().tolist()
-    assert visible == [
+    assert _visible(meta, 2)[0] == [
         [0, 1, 0, 0, 1, 0, 0],
         [0, 0, 0, 0, 1, 1, 0],
         [0, 0, 0, 0, 0, 1, 1],
     ]
-    assert meta.key_positions is not None
-    assert meta.key_positions.tolist() == [[0, 1, 2, 3, 2, 3, 4]]
+    assert meta.prompt_mask is not None
+    assert meta.prompt_mask.key_position.tolist() == [[0, 1, 2, 3, 2, 3, 4]]

@@ -18,8 +18,10 @@ from vllm_hpu.ops.kv_cache import (
     write_to_cache,
 )
 from vllm_hpu.ops.paged_attention import DecodeBlocks, paged_attention
-from vllm_hpu.ops.prompt_attention import gather_context, prompt_attention
+from vllm_hpu.ops.prompt_attention import PassKeys, gather_context, prompt_attention
+from vllm_hpu.ops.prompt_mask import PromptBias, padded_rows_mask
 from vllm_hpu.ops.score_mods import Scoring
+from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 from vllm_hpu.quantization.inc import apply_fp8_options
 
 FP8 = torch.float8_e4m3fn
@@ -83,20 +85,27 @@ def test_paged_attention_reads_fp8_as_its_upcast() -> None:
     assert 1e-3 < error < 0.1  # fp8's rounding: not bf16's output, close to it
 
 
-def test_prompt_attention_with_fp8_context() -> None:
+@pytest.mark.parametrize(
+    "slicing", [NO_SLICING, PromptSlicing(1, 8)], ids=["whole", "tiles"]
+)
+def test_prompt_attention_with_fp8_context(slicing: PromptSlicing) -> None:
     cache, twin = _caches(2, FP8)
     block_list = torch.tensor([0, 1])
-    query_len, num_keys = 4, 2 * BLOCK + 4
+    query_len = 4
     query = torch.randn(1, query_len, HEADS, HEAD_SIZE, dtype=torch.bfloat16)
     key, value = torch.randn(2, 1, query_len, KV_HEADS, HEAD_SIZE).bfloat16()
-    bias = torch.zeros(1, 1, query_len, num_keys, dtype=torch.bfloat16)
-    bias[..., -query_len:] = torch.full((query_len, query_len), -torch.inf).triu(1)
+    lens = torch.tensor([2 * BLOCK]), torch.tensor([query_len])
+    mask = padded_rows_mask(*lens, query_len, 2 * BLOCK)
+    bias = PromptBias(mask, torch.bfloat16)
     scoring = Scoring(HEAD_SIZE**-0.5, None, use_fused=False)
+    fp8_past = gather_context(*cache, block_list, 1, BLOCK)
     got = prompt_attention(
-        query, key, value, bias, scoring, gather_context(*cache, block_list, 1, BLOCK)
+        query, PassKeys(key, value, fp8_past), bias, scoring, slicing=slicing
     )
     past = gather_context(*twin, block_list, 1, BLOCK)
-    want = prompt_attention(query, key, value, bias, scoring, past)
+    want = prompt_attention(
+        query, PassKeys(key, value, past), bias, scoring, slicing=slicing
+    )
     torch.testing.assert_close(got, want)
 
 

@@ -11,6 +11,7 @@ import torch
 from models import (
     DRAFT_MODELS,
     EAGLE_HEADS,
+    LONG_CONTEXT_MODELS,
     MULTIMODAL_MODELS,
     POOLING_MODELS,
     SMOLLM2,
@@ -47,6 +48,7 @@ def test_tiny_models_build_deterministically(tmp_path: Path) -> None:
         *MULTIMODAL_MODELS,
         *DRAFT_MODELS,
         *EAGLE_HEADS,
+        *LONG_CONTEXT_MODELS,
     }
     assert first.keys() == second.keys()
     differing = [name for name in first if first[name] != second[name]]

@@ -30,13 +30,10 @@ from vllm_hpu.bucketing.buckets import Bucket
 from vllm_hpu.bucketing.merged import merged_prompt_buckets
 from vllm_hpu.envs import read_envs
 from vllm_hpu.ops.kv_cache import write_to_cache
-from vllm_hpu.ops.packed_mask import packed_allowed
-from vllm_hpu.ops.prompt_attention import (
-    bias_with_alibi,
-    gather_context,
-    prompt_attention,
-)
+from vllm_hpu.ops.prompt_attention import PassKeys, gather_context, prompt_attention
+from vllm_hpu.ops.prompt_mask import PromptBias, PromptMask
 from vllm_hpu.ops.score_mods import Scoring
+from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 from vllm_hpu.worker.passes.seqs import ScheduledSeq
 from vllm_hpu.worker.passes.shapes import pass_shape
 from vllm_hpu.worker.passes.split import split_merged
@@ -61,7 +58,10 @@ def test_packed_mask_is_block_diagonal_causal() -> None:
     query_position = torch.tensor([0, 1, 1, 0])
     key_owner = torch.cat((torch.tensor([1, -1]), query_owner))
     key_position = torch.cat((torch.tensor([0, 1]), query_position))
-    allowed = packed_allowed(query_owner, query_position, key_owner, key_position)
+    mask = PromptMask(
+        query_owner[None], query_position[None], key_owner[None], key_position[None]
+    )
+    allowed = mask.allowed(slice(0, 4), slice(0, 6))[0]
     expected = torch.tensor(
         [
             [0, 0, 1, 0, 0, 0],
@@ -90,6 +90,11 @@ VARIANTS = [
 ]
 
 
+# Whole, and cut into tiles of 11 queries x 11 keys that straddle the prompts.
+SLICINGS = [NO_SLICING, PromptSlicing(threshold=1, chunk_size=11)]
+
+
+@pytest.mark.parametrize("slicing", SLICINGS, ids=["whole", "tiles"])
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 @pytest.mark.parametrize("shapes", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -98,6 +103,7 @@ def test_packed_attention_matches_each_prompt_alone(
     variant: Variant,
     dtype: torch.dtype,
     fused_sdpa: bool,
+    slicing: PromptSlicing,
 ) -> None:
     rng = random.Random(len(shapes))
     num_kv_heads, group, head_size = 2, 2, 64
@@ -132,15 +138,15 @@ def test_packed_attention_matches_each_prompt_alone(
     past_kv = gather_context(
         layout.key_cache, layout.value_cache, metadata.block_list, 1, BLOCK
     )
-    attn_bias = metadata.prompt_bias(variant.sliding_window)
-    if variant.alibi:
-        slopes = alibi_slopes(num_heads)
-        attn_bias = bias_with_alibi(attn_bias, metadata.query_key_distance(), slopes)
+    assert metadata.prompt_mask is not None
+    slopes = alibi_slopes(num_heads) if variant.alibi else None
+    bias = PromptBias(metadata.prompt_mask, dtype, variant.sliding_window, slopes)
     plain_only = variant.logits_soft_cap is not None or variant.alibi
     scale = head_size**-0.5
     scoring = Scoring(scale, variant.logits_soft_cap, not plain_only)
 
-    out = prompt_attention(query, key, value, attn_bias, scoring, past_kv)
+    keys = PassKeys(key, value, past_kv)
+    out = prompt_attention(query, keys, bias, scoring, slicing=slicing)
 
     assert torch.isfinite(out).all(), "padding rows must stay finite"
     for i, (start, stop) in enumerate(itertools.pairwise(offsets)):

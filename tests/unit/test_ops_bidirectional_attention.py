@@ -6,11 +6,25 @@ false``); rows of mixed lengths padded to one query length, fused and unfused.
 
 import pytest
 import torch
-from test_ops_prompt_attention import fused_sdpa  # noqa: F401  (fixture, used below)
+from test_ops_prompt_attention import (  # noqa: F401  (fixtures, used below)
+    fused_sdpa,
+    slicing,
+)
 from test_ops_reference import tolerance
 
-from vllm_hpu.ops.prompt_attention import bidirectional_bias, prompt_attention
+from vllm_hpu.ops.prompt_attention import PassKeys, prompt_attention
+from vllm_hpu.ops.prompt_mask import PromptBias, padded_rows_mask
 from vllm_hpu.ops.score_mods import Scoring
+from vllm_hpu.ops.sliced_attention import PromptSlicing
+
+
+def bidirectional_bias(
+    query_lens: torch.Tensor, query_len: int, dtype: torch.dtype
+) -> PromptBias:
+    mask = padded_rows_mask(
+        torch.zeros_like(query_lens), query_lens, query_len, 0, causal=False
+    )
+    return PromptBias(mask, dtype)
 
 
 def naive_full_attention(
@@ -30,7 +44,10 @@ def naive_full_attention(
 @pytest.mark.parametrize("group", [1, 4])
 @pytest.mark.parametrize("query_lens", [[1], [5, 32, 17], [32, 32]])
 def test_bidirectional_attention_matches_naive(
-    query_lens: list[int], group: int, dtype: torch.dtype
+    query_lens: list[int],
+    group: int,
+    dtype: torch.dtype,
+    slicing: PromptSlicing,  # noqa: F811
 ) -> None:
     torch.manual_seed(0)
     batch_size, query_len = len(query_lens) + 1, 32  # one padding row
@@ -42,8 +59,9 @@ def test_bidirectional_attention_matches_naive(
     lens = torch.tensor([*query_lens, 0])
     scale = head_size**-0.5
 
+    bias = bidirectional_bias(lens, query_len, dtype)
     out = prompt_attention(
-        query, key, value, bidirectional_bias(lens, query_len, dtype), Scoring(scale)
+        query, PassKeys(key, value), bias, Scoring(scale), slicing=slicing
     )
 
     assert torch.isfinite(out).all(), "padded rows and tokens must stay finite"
@@ -53,9 +71,9 @@ def test_bidirectional_attention_matches_naive(
 
 
 def test_bidirectional_bias_shows_real_tokens_and_the_diagonal() -> None:
-    bias = bidirectional_bias(torch.tensor([2, 0]), 3, torch.float32)
+    bias = bidirectional_bias(torch.tensor([2, 0]), 3, torch.float32).whole()
     visible = (bias == 0).squeeze(1).int().tolist()
     assert visible == [
-        [[1, 1, 0], [1, 1, 0], [1, 1, 1]],
+        [[1, 1, 0], [1, 1, 0], [0, 0, 1]],
         [[1, 0, 0], [0, 1, 0], [0, 0, 1]],
     ]

@@ -15,7 +15,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 from vllm_hpu import device, envs
 from vllm_hpu.ops.custom_ops import HpuMMEncoderAttention
-from vllm_hpu.ops.encoder_attention import block_diagonal_bias
+from vllm_hpu.ops.encoder_attention import block_diagonal_mask
 
 NUM_HEADS = 4
 SEQ_LEN = 64
@@ -97,15 +97,15 @@ def test_encoder_attention_full_without_cu_seqlens(
     _check(layer, qkv, None, dtype)
 
 
-def test_block_diagonal_bias_spans() -> None:
+def test_block_diagonal_mask_spans() -> None:
     """Spans by hand, a token past cu_seqlens[-1] in a span of its own."""
     cu_seqlens = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
-    bias = block_diagonal_bias(cu_seqlens, 6, torch.float32, torch.device("cpu"))
+    mask = block_diagonal_mask(cu_seqlens, 2, 6, torch.device("cpu"))
     image_ids = torch.tensor([0, 0, 2, 2, 2, 3])
     visible = image_ids[:, None] == image_ids[None, :]
-    assert bias.shape == (1, 1, 6, 6)
-    assert torch.equal(bias[0, 0] == 0, visible)
-    assert torch.isneginf(bias[0, 0][~visible]).all()
+    allowed = mask.allowed(slice(0, 6), slice(0, 6))
+    assert allowed.shape == (2, 6, 6)
+    assert torch.equal(allowed[0], visible) and torch.equal(allowed[1], visible)
 
 
 def test_encoder_attention_one_graph_for_any_image_lengths() -> None:

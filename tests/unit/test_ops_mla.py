@@ -1,5 +1,6 @@
 """MLA ops on the flat latent cache vs naive multi-head attention on the
-expanded latent (no absorption): decode in latent space, prompts with context.
+expanded latent (no absorption): decode in latent space, prompts with context,
+whole and cut into tiles (latents expanded per tile of keys).
 
 The reference expands every cached latent through kv_b_proj into per-head keys
 and values, as transformers' DeepseekV2 does, and attends per sequence.
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from test_ops_prompt_attention import fused_sdpa  # noqa: F401  (fixture)
+from test_ops_prompt_attention import fused_sdpa, slicing  # noqa: F401  (fixtures)
 from test_ops_reference import fill_cache, naive_attention, random_layout, tolerance
 
 from vllm_hpu.attention.metadata import (
@@ -21,11 +22,14 @@ from vllm_hpu.attention.metadata import (
 )
 from vllm_hpu.ops.mla import (
     LatentExpansion,
+    LatentKeys,
     gather_latent_context,
     latent_decode_attention,
     latent_prompt_attention,
     write_latent_to_cache,
 )
+from vllm_hpu.ops.prompt_mask import PromptBias
+from vllm_hpu.ops.sliced_attention import PromptSlicing
 
 NUM_HEADS = 4
 CPU = torch.device("cpu")
@@ -106,8 +110,9 @@ def latent_layout(rng: random.Random, seq_lens: list[int], case: MlaCase):
     return layout, layout.key_cache[:, 0], latents
 
 
+@pytest.mark.parametrize("block_slice", [2**62, 2], ids=["whole", "slices"])
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_latent_decode_attention_matches_naive(case: MlaCase) -> None:
+def test_latent_decode_attention_matches_naive(case: MlaCase, block_slice: int) -> None:
     rng = random.Random(case.seed)
     gen = torch.Generator().manual_seed(case.seed)
     rank, rope, nope, _ = case.dims
@@ -141,6 +146,7 @@ def test_latent_decode_attention_matches_naive(case: MlaCase) -> None:
         metadata.decode_blocks(),
         scale,
         rank,
+        block_slice,
     )
     assert out.shape == (batch_size + 1, NUM_HEADS, rank) and out.dtype == case.dtype
     assert torch.isfinite(out).all()
@@ -157,6 +163,7 @@ def test_latent_decode_attention_matches_naive(case: MlaCase) -> None:
 def test_latent_prompt_attention_matches_naive(
     case: MlaCase,
     fused_sdpa: bool,  # noqa: F811
+    slicing: PromptSlicing,  # noqa: F811
 ) -> None:
     rng = random.Random(case.seed)
     gen = torch.Generator().manual_seed(case.seed)
@@ -197,11 +204,11 @@ def test_latent_prompt_attention_matches_naive(
     )
     query = query.to(case.dtype)
     scale = (nope + rope) ** -0.5
-    assert metadata.attn_bias is not None
+    assert metadata.prompt_mask is not None
+    keys = LatentKeys(latent, past, weights.expand, max(nope + rope, v_dim))
+    bias = PromptBias(metadata.prompt_mask, case.dtype)
 
-    out = latent_prompt_attention(
-        query, latent, past, metadata.attn_bias, scale, weights.expand
-    )
+    out = latent_prompt_attention(query, keys, bias, scale, slicing)
 
     assert out.shape == (batch_size + 1, query_len, NUM_HEADS, v_dim)
     assert torch.isfinite(out).all(), f"{case}: non-finite output (padding rows?)"

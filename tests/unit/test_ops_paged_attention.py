@@ -1,5 +1,7 @@
 """Flat paged decode attention (with its metadata builder) vs naive attention,
-plain and with sliding windows, logit soft-capping and ALiBi."""
+plain and with sliding windows, logit soft-capping and ALiBi; all blocks at
+once and 3 blocks at a time (VLLM_HPU_DECODE_BLOCK_SLICE), so slices split
+rows and leave padding rows and the sink row without blocks."""
 
 import random
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from vllm_hpu.attention.metadata import (
 )
 from vllm_hpu.ops.kv_cache import write_to_cache
 from vllm_hpu.ops.paged_attention import (
+    ALL_BLOCKS,
     DecodeBlocks,
     blocks_with_alibi,
     paged_attention,
@@ -30,6 +33,7 @@ from vllm_hpu.ops.paged_attention import (
 from vllm_hpu.ops.score_mods import Scoring
 
 NUM_CASES = 48
+BLOCK_SLICES = [ALL_BLOCKS, 3]
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,10 @@ def _seq_lens(rng: random.Random, count: int, block_size: int) -> list[int]:
     return lens
 
 
+@pytest.mark.parametrize("block_slice", BLOCK_SLICES, ids=["whole", "slices"])
 @pytest.mark.parametrize("case", _cases(), ids=str)
-def test_paged_attention_matches_naive(case: DecodeCase) -> None:
-    _check_decode(case, PLAIN)
+def test_paged_attention_matches_naive(case: DecodeCase, block_slice: int) -> None:
+    _check_decode(case, PLAIN, block_slice)
 
 
 # Windows below, at and above the block size (16) and the sequence lengths
@@ -96,10 +101,11 @@ VARIANTS = [
 ]
 
 
+@pytest.mark.parametrize("block_slice", BLOCK_SLICES, ids=["whole", "slices"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 def test_paged_attention_variants_match_naive(
-    variant: Variant, dtype: torch.dtype
+    variant: Variant, dtype: torch.dtype, block_slice: int
 ) -> None:
     for seed in range(3):
         case = DecodeCase(
@@ -110,7 +116,7 @@ def test_paged_attention_variants_match_naive(
             dtype=dtype,
             batch_size=[1, 5, 12][seed],
         )
-        _check_decode(case, variant)
+        _check_decode(case, variant, block_slice)
 
 
 # The widest heads the backend accepts (DeepSeek's 192, Gemma's 256). Decode has
@@ -122,10 +128,10 @@ def test_paged_attention_wide_heads_match_naive(
 ) -> None:
     for seed, group in enumerate((1, 4)):
         case = DecodeCase(seed, 16, group, head_size, dtype, batch_size=[3, 9][seed])
-        _check_decode(case, PLAIN)
+        _check_decode(case, PLAIN, ALL_BLOCKS)
 
 
-def _check_decode(case: DecodeCase, variant: Variant) -> None:
+def _check_decode(case: DecodeCase, variant: Variant, block_slice: int) -> None:
     rng = random.Random(case.seed)
     num_kv_heads = rng.choice([1, 2])
     num_heads = num_kv_heads * case.group
@@ -175,6 +181,7 @@ def _check_decode(case: DecodeCase, variant: Variant) -> None:
         layout.value_cache,
         blocks,
         Scoring(scale, variant.logits_soft_cap, use_fused=False),
+        block_slice=block_slice,
     )
 
     assert out.shape == query.shape and out.dtype == case.dtype

@@ -3,7 +3,9 @@
 Each case builds the metadata with build_prompt_metadata and writes the current
 tokens through its slot_mapping first, as the attention impl does. Cases run with
 the fused kernel (torch's, in emulation) and with VLLM_PROMPT_USE_FUSEDSDPA=0,
-plain and with sliding windows, logit soft-capping and ALiBi.
+plain and with sliding windows, logit soft-capping and ALiBi, each whole and cut
+into tiles of 7 queries x 7 keys (ops/sliced_attention.py), so tiles straddle
+blocks, rows and windows.
 """
 
 import random
@@ -25,14 +27,14 @@ from test_ops_reference import (
 from vllm_hpu import device, envs
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_prompt_metadata
 from vllm_hpu.ops.kv_cache import write_to_cache
-from vllm_hpu.ops.prompt_attention import (
-    bias_with_alibi,
-    gather_context,
-    prompt_attention,
-)
+from vllm_hpu.ops.prompt_attention import PassKeys, gather_context, prompt_attention
+from vllm_hpu.ops.prompt_mask import PromptBias
 from vllm_hpu.ops.score_mods import Scoring
+from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 
 NUM_CASES = 40
+# Every pass cut into tiles of 7 queries x 7 keys: misaligned with blocks.
+SMALL_TILES = PromptSlicing(threshold=1, chunk_size=7)
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,17 @@ def fused_sdpa(request, monkeypatch) -> Iterator[bool]:
     envs.get_envs.cache_clear()
 
 
+@pytest.fixture(params=[NO_SLICING, SMALL_TILES], ids=["whole", "tiles"])
+def slicing(request) -> PromptSlicing:  # type: ignore[no-untyped-def]
+    return request.param
+
+
 @pytest.mark.parametrize("case", _cases(), ids=str)
-def test_prompt_attention_matches_naive(case: PromptCase, fused_sdpa: bool) -> None:
+def test_prompt_attention_matches_naive(
+    case: PromptCase, fused_sdpa: bool, slicing: PromptSlicing
+) -> None:
     assert (device.fused_sdpa() is not None) == fused_sdpa
-    _check_prompt(case, PLAIN, use_fused=True)
+    _check_prompt(case, PLAIN, use_fused=True, slicing=slicing)
 
 
 # Windows below, at and above the block size (16) and the context + query
@@ -121,7 +130,7 @@ VARIANTS = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 def test_prompt_attention_variants_match_naive(
-    variant: Variant, dtype: torch.dtype, fused_sdpa: bool
+    variant: Variant, dtype: torch.dtype, fused_sdpa: bool, slicing: PromptSlicing
 ) -> None:
     for seed in range(2):
         case = PromptCase(
@@ -135,7 +144,7 @@ def test_prompt_attention_variants_match_naive(
         )
         # The impl's choice: soft-cap and ALiBi always take the plain path.
         plain_only = variant.logits_soft_cap is not None or variant.alibi
-        _check_prompt(case, variant, use_fused=not plain_only)
+        _check_prompt(case, variant, not plain_only, slicing)
 
 
 # The widest heads the backend accepts: DeepSeek's 192-wide MLA queries (its
@@ -144,7 +153,11 @@ def test_prompt_attention_variants_match_naive(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("with_context", [False, True], ids=["noctx", "ctx"])
 def test_prompt_attention_wide_heads_match_naive(
-    head_size: int, dtype: torch.dtype, with_context: bool, fused_sdpa: bool
+    head_size: int,
+    dtype: torch.dtype,
+    with_context: bool,
+    fused_sdpa: bool,
+    slicing: PromptSlicing,
 ) -> None:
     case = PromptCase(
         seed=head_size,
@@ -155,10 +168,12 @@ def test_prompt_attention_wide_heads_match_naive(
         batch_size=3,
         with_context=with_context,
     )
-    _check_prompt(case, PLAIN, use_fused=True)
+    _check_prompt(case, PLAIN, use_fused=True, slicing=slicing)
 
 
-def _check_prompt(case: PromptCase, variant: Variant, use_fused: bool) -> None:
+def _check_prompt(
+    case: PromptCase, variant: Variant, use_fused: bool, slicing: PromptSlicing
+) -> None:
     rng = random.Random(case.seed)
     num_kv_heads = rng.choice([1, 2])
     num_heads = num_kv_heads * case.group
@@ -208,14 +223,14 @@ def _check_prompt(case: PromptCase, variant: Variant, use_fused: bool) -> None:
             batch_size,
             case.block_size,
         )
-    attn_bias = metadata.prompt_bias(variant.sliding_window)
-    if variant.alibi:
-        slopes = alibi_slopes(num_heads)
-        attn_bias = bias_with_alibi(attn_bias, metadata.query_key_distance(), slopes)
+    assert metadata.prompt_mask is not None
+    slopes = alibi_slopes(num_heads) if variant.alibi else None
+    bias = PromptBias(metadata.prompt_mask, case.dtype, variant.sliding_window, slopes)
     scale = case.head_size**-0.5
     scoring = Scoring(scale, variant.logits_soft_cap, use_fused)
 
-    out = prompt_attention(query, key, value, attn_bias, scoring, past_kv)
+    keys = PassKeys(key, value, past_kv)
+    out = prompt_attention(query, keys, bias, scoring, slicing=slicing)
 
     assert out.shape == query.shape and out.dtype == case.dtype
     assert torch.isfinite(out).all(), f"{case}: non-finite output (padding rows?)"

@@ -6,8 +6,6 @@ Registered as AttentionBackendEnum.CUSTOM at import (idempotent: a dict entry).
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from vllm.config import get_current_vllm_config_or_none
-from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionImpl,
@@ -26,6 +24,12 @@ from vllm_hpu.attention.inc_modules import (
     Softmax,
     VLLMKVCache,
 )
+from vllm_hpu.attention.layer_options import (
+    binding_window,
+    decode_block_slice,
+    prompt_slicing,
+    use_fused,
+)
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
 from vllm_hpu.ops.attention_kernels import AttentionKernels
 from vllm_hpu.ops.kv_cache import kv_cache_shape
@@ -34,13 +38,8 @@ from vllm_hpu.ops.paged_attention import (
     blocks_with_alibi,
     paged_attention,
 )
-from vllm_hpu.ops.prompt_attention import (
-    bias_with_alibi,
-    bidirectional_bias,
-    fused_unsupported_reason,
-    gather_context,
-    prompt_attention,
-)
+from vllm_hpu.ops.prompt_attention import PassKeys, gather_context, prompt_attention
+from vllm_hpu.ops.prompt_mask import PromptBias, PromptMask, padded_rows_mask
 from vllm_hpu.ops.score_mods import Scoring
 
 if TYPE_CHECKING:
@@ -54,8 +53,6 @@ PREFERRED_BLOCK_SIZE = 128  # platform.DEFAULT_BLOCK_SIZE: Gaudi's MME tile
 SUPPORTED_HEAD_SIZES = list(range(32, 257, 8))
 # Encoder-only: decoder models run bidirectionally for pooling (is_causal=False).
 SUPPORTED_ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
-
-logger = init_logger("vllm.hpu.attention")
 
 
 class HpuAttentionBackend(AttentionBackend):
@@ -215,14 +212,14 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         self.head_size = head_size
         self.num_kv_heads = num_kv_heads or num_heads
         self.scale = float(scale)
-        self.sliding_window = _binding_window(sliding_window)
+        self.sliding_window = binding_window(sliding_window)
         self.alibi_slopes: torch.Tensor | None = None
         if alibi_slopes is not None:
             self.alibi_slopes = torch.tensor(alibi_slopes, dtype=torch.float32)
         self.scoring = Scoring(
             self.scale,
             logits_soft_cap,
-            use_fused=_use_fused(head_size, logits_soft_cap, alibi_slopes),
+            use_fused=use_fused(head_size, logits_soft_cap, alibi_slopes),
         )
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
@@ -236,6 +233,8 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         self.fused_scaled_dot_product_attention = (
             None if fused is None else ModuleFusedSDPA(fused)
         )
+        self.slicing = prompt_slicing()
+        self.decode_block_slice = decode_block_slice()
 
     def _kernels(self) -> AttentionKernels:
         """The submodules as the ops call them, read at each call: INC replaces
@@ -282,7 +281,13 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         else:
             blocks = self._decode_blocks(attn_metadata)
             result = paged_attention(
-                query, key_cache, value_cache, blocks, self.scoring, kernels
+                query,
+                key_cache,
+                value_cache,
+                blocks,
+                self.scoring,
+                kernels,
+                self.decode_block_slice,
             )
         output.copy_(result.reshape(output.shape))
         return output
@@ -302,13 +307,19 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         assert attn_metadata.block_list is None, "encoder-only prompts have no context"
         batch_size = query_lens.shape[0]
         query_len = query.shape[0] // batch_size
+        mask = padded_rows_mask(
+            torch.zeros_like(query_lens), query_lens, query_len, 0, causal=False
+        )
         return prompt_attention(
             query.view(batch_size, query_len, *query.shape[1:]),
-            key.view(batch_size, query_len, *key.shape[1:]),
-            value.view(batch_size, query_len, *value.shape[1:]),
-            bidirectional_bias(query_lens, query_len, query.dtype),
+            PassKeys(
+                key.view(batch_size, query_len, *key.shape[1:]),
+                value.view(batch_size, query_len, *value.shape[1:]),
+            ),
+            self._bias(mask, query.dtype),
             self.scoring,
-            kernels=self._kernels(),
+            self._kernels(),
+            self.slicing,
         )
 
     def _prompt(
@@ -321,13 +332,14 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         kernels: AttentionKernels,
     ) -> torch.Tensor:
         """Unflatten the padded [bs * q] tokens and attend, with context if any."""
-        attn_bias = attn_metadata.prompt_bias(self.sliding_window)
-        batch_size, _, query_len, num_keys = attn_bias.shape
+        mask = attn_metadata.prompt_mask
+        assert mask is not None
+        batch_size, query_len = mask.batch_size, mask.query_len
         past_kv = None
         if attn_metadata.block_list is not None:
             # Shapes, not values: C = blocks per row, B = past keys per block.
             num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
-            block_size = (num_keys - query_len) // num_context_blocks
+            block_size = mask.past_len // num_context_blocks
             key_cache, value_cache = kv_cache
             past_kv = gather_context(
                 key_cache,
@@ -339,12 +351,15 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
             )
         return prompt_attention(
             query.view(batch_size, query_len, *query.shape[1:]),
-            key.view(batch_size, query_len, *key.shape[1:]),
-            value.view(batch_size, query_len, *value.shape[1:]),
-            self._with_alibi(attn_bias, attn_metadata),
+            PassKeys(
+                key.view(batch_size, query_len, *key.shape[1:]),
+                value.view(batch_size, query_len, *value.shape[1:]),
+                past_kv,
+            ),
+            self._bias(mask, query.dtype),
             self.scoring,
-            past_kv,
             kernels,
+            self.slicing,
         )
 
     def _slopes(self, on: torch.device) -> torch.Tensor:
@@ -353,15 +368,12 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
             self.alibi_slopes = self.alibi_slopes.to(on)
         return self.alibi_slopes
 
-    def _with_alibi(
-        self, attn_bias: torch.Tensor, attn_metadata: HpuAttentionMetadata
-    ) -> torch.Tensor:
-        """[bs, 1, q, K] mask -> [bs, num_heads, q, K] fp32 with ALiBi (if any)."""
-        if self.alibi_slopes is None:
-            return attn_bias
-        slopes = self._slopes(attn_bias.device)
-        distance = attn_metadata.query_key_distance()
-        return bias_with_alibi(attn_bias, distance, slopes)
+    def _bias(self, mask: PromptMask, dtype: torch.dtype) -> PromptBias:
+        """This layer's score bias over the pass: its window, its ALiBi slopes."""
+        slopes = None
+        if self.alibi_slopes is not None:
+            slopes = self._slopes(mask.key_owner.device)
+        return PromptBias(mask, dtype, self.sliding_window, slopes)
 
     def _decode_blocks(self, attn_metadata: HpuAttentionMetadata) -> DecodeBlocks:
         """This layer's flat blocks (its window's), with ALiBi in the bias."""
@@ -370,33 +382,6 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
             return blocks
         slopes = self._slopes(blocks.block_bias.device)
         return blocks_with_alibi(blocks, slopes)
-
-
-def _binding_window(sliding_window: int | None) -> int | None:
-    """The layer's window, or None where it can never bind (no shorter than the
-    model's length): such a layer is full attention."""
-    config = get_current_vllm_config_or_none()
-    if sliding_window is None or config is None or config.model_config is None:
-        return sliding_window
-    max_model_len = config.model_config.max_model_len
-    return sliding_window if sliding_window < max_model_len else None
-
-
-def _use_fused(
-    head_size: int, logits_soft_cap: float | None, alibi_slopes: list[float] | None
-) -> bool:
-    """Whether this layer may run the fused prompt kernel; when it may not while
-    the kernel is on, the start-up log says why."""
-    reason = fused_unsupported_reason(
-        head_size, logits_soft_cap, alibi_slopes is not None
-    )
-    if reason and device.fused_sdpa() is not None:
-        logger.info_once(
-            "Prompt attention of layers with %s runs the plain path: the fused "
-            "kernel does not take it.",
-            reason,
-        )
-    return not reason
 
 
 def register() -> None:

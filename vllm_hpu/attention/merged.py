@@ -1,17 +1,12 @@
 """Metadata of a merged prompt pass: the step's prompt chunks packed into one
 sequence ``[1, T]`` with their cached context blocks ``[1, C]`` (docs/bucketing.md,
-"Merged prefill"). The attention ops see an ordinary one-row prompt pass."""
+"Merged prefill"). The attention ops see an ordinary one-row prompt pass whose
+mask is block-diagonal: each chunk's owner is its index in the pack."""
 
 import torch
 
-from vllm_hpu.attention.metadata import (
-    CacheGeometry,
-    HpuAttentionMetadata,
-    SeqLayout,
-    _as_bias,
-    _window_biases,
-)
-from vllm_hpu.ops.packed_mask import packed_allowed
+from vllm_hpu.attention.metadata import CacheGeometry, HpuAttentionMetadata, SeqLayout
+from vllm_hpu.ops.prompt_mask import NO_OWNER, PromptMask
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -62,7 +57,7 @@ class _Packing:
         self.context_blocks += seq.block_table[:num_blocks]
         # Slots of a partly cached last block past the context are hidden.
         positions = range(num_blocks * block_size)
-        self.context_owner += [owner if p < start else -1 for p in positions]
+        self.context_owner += [owner if p < start else NO_OWNER for p in positions]
         self.context_position += positions
 
 
@@ -77,9 +72,9 @@ def build_merged_prompt_metadata(
     cache: CacheGeometry,
 ) -> HpuAttentionMetadata:
     """Metadata of one packed prompt pass of ``num_tokens`` (T) tokens over
-    ``num_context_blocks`` (C) context blocks: mask [1, 1, T, C * B + T].
+    ``num_context_blocks`` (C) context blocks: mask [1, T] queries x [1, C*B + T] keys.
 
-    Cost: O(T + C * B) Python list work and a [T, C * B + T] mask on the device.
+    Cost: O(T + C * B) Python list work and a few [C * B + T] tensors.
     """
     block_size, dummy = cache.block_size, cache.num_blocks
     _check_fits(seqs, num_tokens, num_context_blocks, block_size)
@@ -87,22 +82,21 @@ def build_merged_prompt_metadata(
     past_len = num_context_blocks * block_size
     dummy_slots = [dummy * block_size + i % block_size for i in range(num_tokens)]
     slots = packing.slots + dummy_slots[len(packing.slots) :]
-    query_owner = _padded_tensor(packing.query_owner, num_tokens, -1)
+    query_owner = _padded_tensor(packing.query_owner, num_tokens, NO_OWNER)
     query_position = _padded_tensor(packing.query_position, num_tokens, 0)
     key_owner = torch.cat(
-        (_padded_tensor(packing.context_owner, past_len, -1), query_owner)
+        (_padded_tensor(packing.context_owner, past_len, NO_OWNER), query_owner)
     )
     key_position = torch.cat(
         (_padded_tensor(packing.context_position, past_len, 0), query_position)
     )
     to_device = cache.device
-    allowed = packed_allowed(
-        query_owner.to(to_device),
-        query_position.to(to_device),
-        key_owner.to(to_device),
-        key_position.to(to_device),
-    )[None]
-    key_positions = key_position[None].to(to_device)
+    mask = PromptMask(
+        query_owner=query_owner[None].to(to_device),
+        query_position=query_position[None].to(to_device),
+        key_owner=key_owner[None].to(to_device),
+        key_position=key_position[None].to(to_device),
+    )
     block_list = None
     if num_context_blocks > 0:
         blocks = _padded_tensor(packing.context_blocks, num_context_blocks, dummy)
@@ -111,8 +105,6 @@ def build_merged_prompt_metadata(
         is_prompt=True,
         slot_mapping=torch.tensor(slots, dtype=torch.long).to(to_device),
         block_list=block_list,
-        attn_bias=_as_bias(allowed, cache.dtype),
-        key_positions=key_positions,
-        window_bias=_window_biases(allowed, key_positions, cache),
+        prompt_mask=mask,
         query_lens=torch.tensor([packed_tokens(seqs)]).to(to_device),
     )

@@ -7,10 +7,12 @@ forward_context.attn_metadata[layer_name]: the runner maps every layer to one ob
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from vllm.v1.attention.backend import AttentionMetadata
 
 from vllm_hpu.ops.paged_attention import DecodeBlocks
+from vllm_hpu.ops.prompt_mask import PromptMask, padded_rows_mask
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,8 @@ class CacheGeometry:
     dtype: torch.dtype  # model dtype (for masks / mappings)
     device: torch.device
     # Distinct windows of the sliding-window layers (each gets its own decode
-    # blocks and prompt mask), and whether some layer attends to every token.
+    # blocks; prompt layers apply theirs to the pass's mask), and whether some
+    # layer attends to every token.
     sliding_windows: tuple[int, ...] = ()
     full_attention: bool = True
 
@@ -40,28 +43,15 @@ class HpuAttentionMetadata(AttentionMetadata):
     slot_mapping: torch.Tensor  # [num_tokens] long; padding -> the dummy block
     # Prompt: [bs * C] context blocks, row-major (None when C == 0).
     block_list: torch.Tensor | None = None
-    attn_bias: torch.Tensor | None = None  # prompt [bs, 1, q, C * block_size + q]
-    key_positions: torch.Tensor | None = None  # prompt [bs, C * block_size + q]
-    window_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # prompt
+    # Prompt: who sees whom, per token (each layer makes its bias from it, tile
+    # by tile: ops/prompt_mask.py).
+    prompt_mask: PromptMask | None = None
     query_lens: torch.Tensor | None = None  # prompt [bs] long; padding rows -> 0
     # Decode: the flat blocks per sliding window (None: full attention).
     decode_by_window: dict[int | None, DecodeBlocks] = field(default_factory=dict)
 
     def decode_blocks(self, sliding_window: int | None = None) -> DecodeBlocks:
         return self.decode_by_window[sliding_window]
-
-    def prompt_bias(self, sliding_window: int | None = None) -> torch.Tensor:
-        """[bs, 1, q, K]: the mask of a layer with this window (None: full)."""
-        if sliding_window is None:
-            assert self.attn_bias is not None
-            return self.attn_bias
-        return self.window_bias[sliding_window]
-
-    def query_key_distance(self) -> torch.Tensor:
-        """[bs, q, K]: key position minus query position (prompt; for ALiBi)."""
-        assert self.key_positions is not None and self.attn_bias is not None
-        query_positions = self.key_positions[:, -self.attn_bias.shape[2] :]
-        return self.key_positions[:, None, :] - query_positions[:, :, None]
 
     # Read by vLLM's MLAAttention.forward_impl to split a pass into prompt
     # tokens (MHA) and decode tokens (MQA): each of our passes is one or the other.
@@ -79,7 +69,7 @@ class HpuAttentionMetadata(AttentionMetadata):
 
     @property
     def num_prefills(self) -> int:
-        return self.attn_bias.shape[0] if self.attn_bias is not None else 0
+        return self.prompt_mask.batch_size if self.prompt_mask is not None else 0
 
     @property
     def decode(self) -> DecodeBlocks | None:
@@ -122,59 +112,6 @@ def _prompt_slot_mapping(
     return slots.flatten()
 
 
-def _prompt_key_positions(
-    rows: list[SeqLayout], query_len: int, num_context_blocks: int, cache: CacheGeometry
-) -> torch.Tensor:
-    """[bs, C*B + q]: position of every key; context blocks start at position 0
-    and the current tokens follow each row's own context."""
-    past = torch.arange(num_context_blocks * cache.block_size)
-    context = torch.tensor([row.num_computed_tokens for row in rows])
-    current = context[:, None] + torch.arange(query_len)[None, :]
-    keys = torch.cat((past.expand(len(rows), -1), current), dim=1)
-    return keys.to(cache.device)
-
-
-def _prompt_allowed(
-    rows: list[SeqLayout],
-    query_len: int,
-    num_context_blocks: int,
-    cache: CacheGeometry,
-) -> torch.Tensor:
-    """[bs, q, C*B + q] bool: key k is visible to query t when it is a cached
-    context token (k < ctx) or a current token c <= t of the request; the
-    diagonal is always visible so padded rows stay finite."""
-    past_len = num_context_blocks * cache.block_size
-    context = torch.tensor([row.num_computed_tokens for row in rows])
-    length = torch.tensor([row.num_scheduled_tokens for row in rows])
-    context, length = context.to(cache.device), length.to(cache.device)
-    keys = torch.arange(past_len + query_len, device=cache.device)
-    queries = torch.arange(query_len, device=cache.device)[:, None]
-    past_ok = (keys < past_len) & (keys[None, :] < context[:, None])  # [bs, K]
-    current = keys - past_len
-    causal = (current >= 0) & (current <= queries)  # [q, K]
-    real = (current[None, :] < length[:, None])[:, None, :] | (current == queries)
-    return past_ok[:, None, :] | (causal[None] & real)
-
-
-def _as_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[bs, q, K] bool -> [bs, 1, q, K] additive mask (0 or -inf)."""
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return bias.masked_fill_(~allowed, float("-inf")).unsqueeze(1)
-
-
-def _window_biases(
-    allowed: torch.Tensor, key_positions: torch.Tensor, cache: CacheGeometry
-) -> dict[int, torch.Tensor]:
-    """Per window W, the mask that also hides keys W or more positions before
-    the query (the diagonal, distance 0, stays visible)."""
-    query_len = allowed.shape[1]
-    distance = key_positions[:, -query_len:, None] - key_positions[:, None, :]
-    return {
-        window: _as_bias(allowed & (distance < window), cache.dtype)
-        for window in cache.sliding_windows
-    }
-
-
 def _context_block_list(
     rows: list[SeqLayout], num_context_blocks: int, cache: CacheGeometry
 ) -> torch.Tensor:
@@ -200,27 +137,26 @@ def build_prompt_metadata(
 ) -> HpuAttentionMetadata:
     """Metadata of a prompt pass over ``batch_size * query_len`` tokens.
 
-    Cost: O(batch_size * max blocks per request) Python list work, a handful of
-    host tensor ops on [bs, q], and a [bs, q, C*B + q] mask made on the device
-    (one more per sliding window).
+    Cost: O(batch_size * max blocks per request) Python list work and a handful
+    of host tensor ops on [bs, q] and [bs, C*B + q]; no [q, K] mask is made here.
     """
     rows = _pad_batch(seqs, batch_size)
     block_list = None
     if num_context_blocks > 0:
         block_list = _context_block_list(rows, num_context_blocks, cache)
     slot_mapping = _prompt_slot_mapping(rows, query_len, cache)
-    allowed = _prompt_allowed(rows, query_len, num_context_blocks, cache)
-    key_positions = _prompt_key_positions(rows, query_len, num_context_blocks, cache)
+    context_lens = torch.tensor([row.num_computed_tokens for row in rows])
+    query_lens = torch.tensor([row.num_scheduled_tokens for row in rows])
+    context_lens = context_lens.to(cache.device)
+    query_lens = query_lens.to(cache.device)
     return HpuAttentionMetadata(
         is_prompt=True,
         slot_mapping=slot_mapping.to(cache.device),
         block_list=block_list,
-        attn_bias=_as_bias(allowed, cache.dtype),
-        key_positions=key_positions,
-        window_bias=_window_biases(allowed, key_positions, cache),
-        query_lens=torch.tensor([row.num_scheduled_tokens for row in rows]).to(
-            cache.device
+        prompt_mask=padded_rows_mask(
+            context_lens, query_lens, query_len, num_context_blocks * cache.block_size
         ),
+        query_lens=query_lens,
     )
 
 
@@ -250,35 +186,41 @@ def _window_capacity(
 
 @dataclass
 class _FlatBlocks:
-    """Per flat block: physical id, row, visible token range, key offset."""
+    """Per flat block: physical id, row, visible token range, key offset; numpy
+    arrays per row, so a batch of many blocks costs no Python loop per block."""
 
-    block_list: list[int] = field(default_factory=list)
-    block_groups: list[int] = field(default_factory=list)
-    block_start: list[int] = field(default_factory=list)  # first visible slot
-    block_usage: list[int] = field(default_factory=list)  # end of visible slots
-    block_offsets: list[int] = field(default_factory=list)
+    block_list: list[np.ndarray] = field(default_factory=list)
+    block_groups: list[np.ndarray] = field(default_factory=list)
+    block_start: list[np.ndarray] = field(default_factory=list)  # first visible
+    block_usage: list[np.ndarray] = field(default_factory=list)  # end of visible
+    block_offsets: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(len(ids) for ids in self.block_list)
 
     def add_row(
         self, row: int, seq: SeqLayout, block_size: int, window: int | None
     ) -> None:
         first, end, start = decode_block_range(seq, block_size, window)
-        query_position = seq.num_computed_tokens
-        for j in range(first, end):
-            block_position = j * block_size
-            self.block_list.append(seq.block_table[j])
-            self.block_groups.append(row)
-            self.block_start.append(max(start - block_position, 0))
-            end_slot = seq.num_computed_tokens + 1 - block_position
-            self.block_usage.append(min(end_slot, block_size))
-            self.block_offsets.append(block_position - query_position)
+        positions = np.arange(first, end, dtype=np.int64) * block_size
+        self.block_list.append(np.asarray(seq.block_table[first:end], dtype=np.int64))
+        self.block_groups.append(np.full(end - first, row, dtype=np.int64))
+        self.block_start.append(np.maximum(start - positions, 0))
+        end_slot = seq.num_computed_tokens + 1 - positions
+        self.block_usage.append(np.minimum(end_slot, block_size))
+        self.block_offsets.append(positions - seq.num_computed_tokens)
 
     def pad(self, count: int, batch_size: int, dummy_block: int) -> None:
         """Padding blocks read the dummy block for the sink row, one token each."""
-        self.block_list += [dummy_block] * count
-        self.block_groups += [batch_size] * count
-        self.block_start += [0] * count
-        self.block_usage += [1] * count
-        self.block_offsets += [0] * count
+        for values, fill in (
+            (self.block_list, dummy_block),
+            (self.block_groups, batch_size),
+            (self.block_start, 0),
+            (self.block_usage, 1),
+            (self.block_offsets, 0),
+        ):
+            values.append(np.full(count, fill, dtype=np.int64))
 
 
 def build_decode_metadata(
@@ -288,8 +230,9 @@ def build_decode_metadata(
     flat blocks (spec section 2), one layout per sliding window (and one for
     full attention): a windowed layer reads only the blocks inside its window.
 
-    Cost per layout: O(P + batch_size) Python list work, a few host-to-device
-    copies and small device ops ([P, block_size] bias, [P, bs] one-hot).
+    Cost per layout: O(batch_size) Python work and O(P) numpy, a few
+    host-to-device copies and small device ops ([P, block_size] bias, [P, bs]
+    one-hot).
     """
     rows = _pad_batch(seqs, batch_size)
     block_size, dummy_block = cache.block_size, cache.num_blocks
@@ -309,12 +252,12 @@ def build_decode_metadata(
         for i, seq in enumerate(seqs):
             flat.add_row(i, seq, block_size, window)
         capacity = _window_capacity(num_blocks, batch_size, window, block_size)
-        if len(flat.block_list) > capacity:
+        if flat.num_blocks > capacity:
             raise ValueError(
-                f"decode batch needs {len(flat.block_list)} blocks but "
+                f"decode batch needs {flat.num_blocks} blocks but "
                 f"num_blocks={num_blocks}; pick a larger bucket."
             )
-        flat.pad(capacity - len(flat.block_list), batch_size, dummy_block)
+        flat.pad(capacity - flat.num_blocks, batch_size, dummy_block)
         decode[window] = _decode_blocks(flat, batch_size, cache)
     return HpuAttentionMetadata(
         is_prompt=False,
@@ -326,19 +269,24 @@ def build_decode_metadata(
 def _decode_blocks(
     flat: _FlatBlocks, batch_size: int, cache: CacheGeometry
 ) -> DecodeBlocks:
-    def to_device(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long).to(cache.device)
+    def to_device(values: list[np.ndarray]) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate(values)).to(cache.device)
 
     groups = to_device(flat.block_groups)
     start, usage = to_device(flat.block_start), to_device(flat.block_usage)
     offsets = torch.arange(cache.block_size, device=cache.device)[None, :]
     hidden = (offsets >= usage[:, None]) | (offsets < start[:, None])
     bias = torch.zeros(hidden.shape, dtype=cache.dtype, device=cache.device)
-    mapping = torch.nn.functional.one_hot(groups, batch_size + 1)[:, :batch_size]
+    # One-hot of the owning row, made in the model's dtype (an int64 one-hot
+    # of P x bs would be 4 to 8 times larger); the sink row's column dropped.
+    mapping = torch.zeros(
+        groups.shape[0], batch_size + 1, dtype=cache.dtype, device=cache.device
+    )
+    mapping.scatter_(1, groups[:, None], 1.0)
     return DecodeBlocks(
         block_list=to_device(flat.block_list),
         block_groups=groups,
-        block_mapping=mapping.to(cache.dtype),
+        block_mapping=mapping[:, :batch_size],
         block_bias=bias.masked_fill_(hidden, float("-inf")),
         block_offsets=to_device(flat.block_offsets),
     )

@@ -16,16 +16,19 @@ from vllm_hpu.attention.backend import (
     cache_problems,
     raise_first_problem,
 )
+from vllm_hpu.attention.layer_options import decode_block_slice, prompt_slicing
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.mla import (
     LatentExpansion,
+    LatentKeys,
     gather_latent_context,
     latent_cache_shape,
     latent_decode_attention,
     latent_prompt_attention,
     write_latent_to_cache,
 )
+from vllm_hpu.ops.prompt_mask import PromptBias
 
 if TYPE_CHECKING:
     from vllm.config.cache import CacheDType
@@ -141,6 +144,8 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
             qk_nope_head_dim=mla_args["qk_nope_head_dim"],
             v_head_dim=mla_args["v_head_dim"],
         )
+        self.slicing = prompt_slicing()
+        self.decode_block_slice = decode_block_slice()
 
     def _kv_b_proj(self, kv_c: torch.Tensor) -> torch.Tensor:
         return self.kv_b_proj(kv_c)[0]  # vLLM's linear layers return (out, bias)
@@ -170,25 +175,30 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         """A prompt pass: q [bs * q, N, P + R]; output [bs * q, N * V]."""
         if output_scale is not None:
             raise NotImplementedError("fused output quantization is not supported")
-        attn_bias = attn_metadata.attn_bias
-        assert attn_bias is not None
-        batch_size, _, query_len, num_keys = attn_bias.shape
+        mask = attn_metadata.prompt_mask
+        assert mask is not None
+        batch_size, query_len = mask.batch_size, mask.query_len
         latent = torch.cat((kv_c_normed, k_pe.flatten(1)), dim=-1)
         past_latent = None
         if attn_metadata.block_list is not None:
             # Shapes, not values: C = blocks per row, B = past keys per block.
             num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
-            block_size = (num_keys - query_len) // num_context_blocks
+            block_size = mask.past_len // num_context_blocks
             past_latent = gather_latent_context(
                 kv_c_and_k_pe_cache, attn_metadata.block_list, batch_size, block_size
             )
-        out = latent_prompt_attention(
-            q.view(batch_size, query_len, *q.shape[1:]),
+        keys = LatentKeys(
             latent.view(batch_size, query_len, -1),
             past_latent,
-            attn_bias,
-            self.scale,
             self.expand,
+            max(q.shape[-1], self.expand.v_head_dim),
+        )
+        out = latent_prompt_attention(
+            q.view(batch_size, query_len, *q.shape[1:]),
+            keys,
+            PromptBias(mask, q.dtype),
+            self.scale,
+            self.slicing,
         )
         output.copy_(out.reshape(output.shape))
 
@@ -208,6 +218,7 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
             attn_metadata.decode_blocks(),
             self.scale,
             self.kv_lora_rank,
+            self.decode_block_slice,
         )
         return out, None
 

@@ -10,6 +10,11 @@ from vllm_hpu.bucketing.buckets import (
 )
 from vllm_hpu.bucketing.compact import compact_decode_buckets, compact_prompt_buckets
 from vllm_hpu.bucketing.config import BucketingConfig
+from vllm_hpu.bucketing.long_context import (
+    is_long_context,
+    long_context_decode_buckets,
+    long_context_prompt_buckets,
+)
 from vllm_hpu.bucketing.merged import merged_prompt_buckets, single_row_buckets
 from vllm_hpu.bucketing.reference import (
     reference_decode_buckets,
@@ -24,6 +29,8 @@ def strategy_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
     strategy = config.prompt_strategy
     if not config.merged_prefill or strategy == "reference-merged":
         return _prompt_buckets(config)
+    if strategy == "compact" and is_long_context(config):
+        return long_context_prompt_buckets(config)
     if strategy == "compact":
         return merged_prompt_buckets(config)
     return single_row_buckets(_prompt_buckets(config), strategy)
@@ -46,6 +53,8 @@ def strategy_decode_buckets(
     strategy = config.decode_strategy
     if strategy in RANGE_STRATEGIES:
         return generate_decode_buckets(config, num_kv_blocks)
+    if strategy == "compact" and is_long_context(config):
+        return long_context_decode_buckets(config, num_kv_blocks)
     if strategy == "compact":
         return compact_decode_buckets(config, num_kv_blocks)
     if strategy in ("reference", "reference-merged"):

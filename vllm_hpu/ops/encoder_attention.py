@@ -8,33 +8,34 @@ the images apart, so the shapes follow only the pass's (images, patches) bucket.
 
 import torch
 
-from vllm_hpu.ops.prompt_attention import FUSED_SDPA_HEAD_SIZES, prompt_attention
+from vllm_hpu.ops.prompt_attention import (
+    FUSED_SDPA_HEAD_SIZES,
+    PassKeys,
+    prompt_attention,
+)
+from vllm_hpu.ops.prompt_mask import PromptBias, PromptMask
 from vllm_hpu.ops.score_mods import Scoring
 
 
-def block_diagonal_bias(
-    cu_seqlens: torch.Tensor | None,
-    seq_len: int,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> torch.Tensor:
-    """Additive mask [1, 1, seq_len, seq_len]: token i sees token j only when both
-    lie in one span ``[cu_seqlens[k], cu_seqlens[k + 1])``; all zeros (full
-    attention) without ``cu_seqlens``.
+def block_diagonal_mask(
+    cu_seqlens: torch.Tensor | None, batch: int, seq_len: int, device: torch.device
+) -> PromptMask:
+    """Bidirectional mask of ``batch`` rows of ``seq_len`` tokens: token i sees
+    token j only when both lie in one span ``[cu_seqlens[k], cu_seqlens[k + 1])``;
+    every token sees every token without ``cu_seqlens``.
 
     cu_seqlens: [num_images + 1] int, non-decreasing. Repeated values are empty
     images; tokens at or past ``cu_seqlens[-1]`` form one more span of their own.
     Built by comparisons only (no read of the values), so its shapes depend on
-    ``seq_len`` and ``num_images``, never on the images' lengths. Every token sees
-    itself, so no row is fully masked."""
-    bias = torch.zeros((1, 1, seq_len, seq_len), dtype=dtype, device=device)
-    if cu_seqlens is None:
-        return bias
+    ``seq_len`` and ``num_images``, never on the images' lengths."""
     positions = torch.arange(seq_len, device=device)
-    ends = cu_seqlens[1:].to(device=device, dtype=positions.dtype)
-    image_ids = (positions[:, None] >= ends[None, :]).sum(dim=-1)  # [seq_len]
-    same_image = image_ids[:, None] == image_ids[None, :]
-    return bias.masked_fill_(~same_image, float("-inf"))
+    image_ids = torch.zeros_like(positions)
+    if cu_seqlens is not None:
+        ends = cu_seqlens[1:].to(device=device, dtype=positions.dtype)
+        image_ids = (positions[:, None] >= ends[None, :]).sum(dim=-1)  # [seq_len]
+    owners = image_ids.expand(batch, -1)
+    positions = positions.expand(batch, -1)
+    return PromptMask(owners, positions, owners, positions, causal=False)
 
 
 def encoder_attention(
@@ -53,7 +54,7 @@ def encoder_attention(
     counterpart in emulation, ``device.fused_sdpa``) for the head sizes it takes,
     plain softmax attention otherwise; both through :func:`prompt_attention`."""
     batch, seq_len, _, head_size = query.shape
-    bias = block_diagonal_bias(cu_seqlens, seq_len, query.dtype, query.device)
-    bias = bias.expand(batch, -1, -1, -1)
+    mask = block_diagonal_mask(cu_seqlens, batch, seq_len, query.device)
     scoring = Scoring(scale, use_fused=head_size in FUSED_SDPA_HEAD_SIZES)
-    return prompt_attention(query, key, value, bias, scoring)
+    bias = PromptBias(mask, query.dtype)
+    return prompt_attention(query, PassKeys(key, value), bias, scoring)

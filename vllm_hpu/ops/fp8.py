@@ -19,7 +19,6 @@ from vllm.model_executor.kernels.linear import (
 from vllm.model_executor.kernels.linear.scaled_mm.BlockScaledMMLinearKernel import (
     Fp8BlockScaledMMLinearKernel,
 )
-from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
 from vllm.model_executor.layers.quantization.online import base as online_base
@@ -114,7 +113,9 @@ class HpuFp8PerTensorOnlineLinearMethod(OnlineLinearBase):
 
 class HpuFp8Config(Fp8Config):
     """vLLM's config of ``fp8`` checkpoints, which also runs float32 activations
-    here (vLLM allows only 16-bit ones: its CUDA kernels' limit, not ours)."""
+    here (vLLM allows only 16-bit ones: its CUDA kernels' limit, not ours). The
+    registered config is its subclass that also gives experts the plugin's
+    method (quantization/moe_configs.py)."""
 
     @classmethod
     def get_supported_act_dtypes(cls) -> list[torch.dtype]:
@@ -191,11 +192,10 @@ class HpuFp8BlockScaledMMLinearKernel(Fp8BlockScaledMMLinearKernel):
 
 @functools.cache
 def register() -> None:
-    """The ``fp8`` config and the checkpoint kernels through vLLM's registries
-    (the block kernel through a patch: the registry has no kind for it); vLLM
-    builds its online config itself and looks its linear methods up in a
-    module-level table, with no registration hook: the per-tensor entry is ours."""
-    register_quantization_config("fp8")(HpuFp8Config)
+    """The checkpoint kernels through vLLM's registry (the block kernel through a
+    patch: the registry has no kind for it); vLLM builds its online config itself
+    and looks its linear methods up in a module-level table, with no registration
+    hook: the per-tensor entry is ours."""
     register_linear_kernel(HpuFp8ScaledMMLinearKernel, PlatformEnum.OOT, "fp8")
     patches.register_block_fp8_kernel(HpuFp8BlockScaledMMLinearKernel)
     methods: dict[Any, type] = online_base._ONLINE_LINEAR_METHODS

@@ -11,10 +11,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from vllm_hpu.ops.attention_kernels import PLAIN
 from vllm_hpu.ops.kv_cache import gather_blocks, gather_blocks_by_head
-from vllm_hpu.ops.paged_attention import DecodeBlocks, flat_block_attention
+from vllm_hpu.ops.paged_attention import (
+    ALL_BLOCKS,
+    DecodeBlocks,
+    sliced_block_attention,
+)
 from vllm_hpu.ops.prompt_attention import prompt_attention
+from vllm_hpu.ops.prompt_mask import PromptBias
 from vllm_hpu.ops.score_mods import Scoring
+from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 
 
 def latent_cache_shape(
@@ -54,16 +61,22 @@ def latent_decode_attention(
     blocks: DecodeBlocks,
     scale: float,
     kv_lora_rank: int,
+    block_slice: int = ALL_BLOCKS,
 ) -> torch.Tensor:
     """Flat decode attention in latent space. query: [bs, num_heads, kv_lora_rank
     + rope] (the no-rope part already absorbed through W_UK); cache: [slots,
     kv_lora_rank + rope]. Returns [bs, num_heads, kv_lora_rank], still to be
-    projected through W_UV. The blocks are gathered once: the value is the
-    key's latent part."""
+    projected through W_UV. The blocks are gathered once (``block_slice`` at a
+    time): the value is the key's latent part."""
     block_size = blocks.block_bias.shape[1]
-    keys = gather_blocks_by_head(cache.unsqueeze(1), blocks.block_list, block_size)
-    latent = keys[..., :kv_lora_rank]
-    return flat_block_attention(query, keys, latent, blocks, Scoring(scale))
+
+    def gather(part: DecodeBlocks) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = gather_blocks_by_head(cache.unsqueeze(1), part.block_list, block_size)
+        return keys, keys[..., :kv_lora_rank]
+
+    return sliced_block_attention(
+        query, gather, blocks, Scoring(scale), PLAIN, block_slice
+    )
 
 
 def gather_latent_context(
@@ -104,33 +117,59 @@ def _pad_head(x: torch.Tensor, size: int) -> torch.Tensor:
     return F.pad(x, (0, size - x.shape[-1])) if x.shape[-1] < size else x
 
 
+@dataclass(frozen=True)
+class LatentKeys:
+    """A prompt pass's keys as cached latents [bs, C * B, L + R] and the current
+    tokens' [bs, q, L + R], expanded per head only as they are read, so a pass
+    over a long context holds the expansion of one tile of keys at a time. Keys
+    and values come out padded with zeros to ``head_size`` (the query's, or the
+    value's if larger): the fused kernel wants one head size."""
+
+    latent: torch.Tensor
+    past_latent: torch.Tensor | None
+    expand: LatentExpansion
+    head_size: int
+
+    @property
+    def past_len(self) -> int:
+        return 0 if self.past_latent is None else self.past_latent.shape[1]
+
+    @property
+    def num_keys(self) -> int:
+        return self.past_len + self.latent.shape[1]
+
+    def read(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        past_len = self.past_len
+        if start >= past_len:
+            return self._expanded(self.latent[:, start - past_len : end - past_len])
+        assert self.past_latent is not None
+        return self._expanded(self.past_latent[:, start:end])
+
+    def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.past_latent is None:
+            return self._expanded(self.latent)
+        return self._expanded(torch.cat((self.past_latent, self.latent), dim=1))
+
+    def _expanded(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key, value = self.expand(latent)
+        return _pad_head(key, self.head_size), _pad_head(value, self.head_size)
+
+
 def latent_prompt_attention(
     query: torch.Tensor,
-    latent: torch.Tensor,
-    past_latent: torch.Tensor | None,
-    attn_bias: torch.Tensor,
+    keys: LatentKeys,
+    bias: PromptBias,
     scale: float,
-    expand: LatentExpansion,
+    slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """Prompt attention over expanded latents. query: [bs, q, N, P + R]; latent:
-    [bs, q, L + R] of the current tokens; past_latent: [bs, K, L + R] from
-    :func:`gather_latent_context` or None; attn_bias: [bs, 1, q, K + q].
-    Returns [bs, q, N, V].
-
-    Query, key and value go to :func:`prompt_attention` at one head size (the
-    fused kernel wants that), the smaller padded with zeros as Gaudi does."""
-    key, value = expand(latent)
-    size = max(query.shape[-1], value.shape[-1])
-    past_kv = None
-    if past_latent is not None:
-        past_key, past_value = expand(past_latent)
-        past_kv = (_pad_head(past_key, size), _pad_head(past_value, size))
+    """Prompt attention over expanded latents. query: [bs, q, N, P + R]; keys
+    from the pass's latents (:class:`LatentKeys`); bias over [bs, q] x [bs, K + q].
+    Returns [bs, q, N, V]."""
     out = prompt_attention(
-        _pad_head(query, size),
-        _pad_head(key, size),
-        _pad_head(value, size),
-        attn_bias,
+        _pad_head(query, keys.head_size),
+        keys,
+        bias,
         Scoring(scale),
-        past_kv,
+        slicing=slicing,
     )
-    return out[..., : expand.v_head_dim]
+    return out[..., : keys.expand.v_head_dim]

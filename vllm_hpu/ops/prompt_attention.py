@@ -1,18 +1,31 @@
 """Prompt (prefill) attention on a padded ``[bs, q]`` batch, optionally with the
 cached context of each row (prefix-cache hits, later chunks of a chunked prompt).
 
-Keys are ``[context blocks from the cache ; current tokens]``; the additive mask
-``attn_bias`` (built once per step by the metadata builder) does the rest.
+Keys are ``[context blocks from the cache ; current tokens]``; the layer's
+``PromptBias`` (``ops/prompt_mask.py``) does the rest. A pass over at least
+``PromptSlicing.threshold`` keys is cut into tiles (``ops/sliced_attention.py``).
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 
 from vllm_hpu import device
 from vllm_hpu.ops.attention_kernels import PLAIN, AttentionKernels
 from vllm_hpu.ops.paged_attention import score_dtype
-from vllm_hpu.ops.score_mods import Scoring, alibi_bias, soft_cap
+from vllm_hpu.ops.prompt_mask import PromptBias
+from vllm_hpu.ops.score_mods import Scoring, soft_cap
+from vllm_hpu.ops.sliced_attention import (
+    NO_SLICING,
+    KeySource,
+    PromptSlicing,
+    TileAttention,
+    TileGrid,
+    sliced_attention,
+)
 
 # Head sizes the fused kernel (Gaudi's FusedSDPA) is validated with; any other
 # size runs the plain path.
@@ -31,14 +44,6 @@ def fused_unsupported_reason(
     if has_alibi:  # a 16-bit mask would round ALiBi's large biases
         return "ALiBi (its bias must stay in fp32)"
     return ""
-
-
-def bias_with_alibi(
-    attn_bias: torch.Tensor, distance: torch.Tensor, slopes: torch.Tensor
-) -> torch.Tensor:
-    """attn_bias [bs, 1, q, K] plus ALiBi -> [bs, num_heads, q, K] fp32.
-    distance: [bs, q, K] key minus query position; slopes: [num_heads] fp32."""
-    return attn_bias + alibi_bias(slopes, distance)
 
 
 def gather_context(
@@ -61,47 +66,115 @@ def gather_context(
     return past[0], past[1]
 
 
-def bidirectional_bias(
-    query_lens: torch.Tensor, query_len: int, dtype: torch.dtype
-) -> torch.Tensor:
-    """[bs, 1, q, q] mask of encoder-only (non-causal) attention without context:
-    every real token sees every real token of its row. query_lens: [bs] real
-    tokens per row. The diagonal stays visible so padded rows come out finite."""
-    keys = torch.arange(query_len, device=query_lens.device)
-    allowed = (keys[None, None, :] < query_lens[:, None, None]) | (
-        keys[:, None] == keys[None, :]
-    )
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=query_lens.device)
-    return bias.masked_fill_(~allowed, float("-inf")).unsqueeze(1)
+@dataclass(frozen=True)
+class PassKeys:
+    """The current tokens' keys and values [bs, q, KVH, D], after the context's
+    from :func:`gather_context` (an fp8 cache's context is upcast as it is read)."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    past: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def past_len(self) -> int:
+        return 0 if self.past is None else self.past[0].shape[1]
+
+    @property
+    def num_keys(self) -> int:
+        return self.past_len + self.key.shape[1]
+
+    def read(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        past_len = self.past_len
+        if start >= past_len:
+            return self.key[:, start - past_len : end - past_len], self.value[
+                :, start - past_len : end - past_len
+            ]
+        assert self.past is not None and end <= past_len
+        return (
+            self.past[0][:, start:end].to(self.key.dtype),
+            self.past[1][:, start:end].to(self.value.dtype),
+        )
+
+    def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.past is None:
+            return self.key, self.value
+        key = torch.cat((self.past[0].to(self.key.dtype), self.key), dim=1)
+        value = torch.cat((self.past[1].to(self.value.dtype), self.value), dim=1)
+        return key, value
 
 
 def prompt_attention(
     query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_bias: torch.Tensor,
+    keys: KeySource,
+    bias: PromptBias,
     scoring: Scoring,
-    past_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     kernels: AttentionKernels = PLAIN,
+    slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """query: [bs, q, num_heads, head_size]; key, value: [bs, q, num_kv_heads,
-    head_size]; attn_bias: [bs, 1 or num_heads, q, K] with K = past tokens + q;
-    past_kv from :func:`gather_context` or None. Returns [bs, q, num_heads,
-    head_size].
+    """query: [bs, q, num_heads, head_size]; keys: the pass's K keys and values
+    (:class:`PassKeys`, or MLA's expanded latents). Returns [bs, q, num_heads,
+    value_size].
 
     Every query row, padding included, may see at least itself (the mask allows
     the diagonal), so padded rows come out finite. With context the query is
     shorter than the keys; the fused kernel takes that too, through the mask.
     """
-    if past_kv is not None:  # an fp8 cache's context is upcast before the cat
-        key = torch.cat((past_kv[0].to(key.dtype), key), dim=1)
-        value = torch.cat((past_kv[1].to(value.dtype), value), dim=1)
+    if slicing.applies(keys.num_keys):
+        grid = TileGrid(query.shape[1], keys.past_len, slicing.chunk_size, bias.causal)
+        attend = _tile_attention(scoring, kernels)
+        return sliced_attention(attend, query, keys, bias, grid)
+    key, value = keys.whole()
+    attn_bias = bias.whole()
     fused = device.fused_sdpa() if scoring.use_fused else None
     if fused is not None:
         return _fused_prompt_attention(
             kernels.fused_sdpa or fused.apply, query, key, value, attn_bias, scoring
         )
     return _naive_prompt_attention(query, key, value, attn_bias, scoring, kernels)
+
+
+def _grouped_scores(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attn_bias: torch.Tensor,
+    scoring: Scoring,
+    kernels: AttentionKernels,
+) -> torch.Tensor:
+    """Scaled, soft-capped, biased scores [bs, KVH, G, q, K] (fp32 for 16-bit
+    models), grouped-query heads folded into the query axis so the K of a kv
+    head serves its group without being repeated."""
+    bs, q_len, num_heads, head_size = query.shape
+    num_keys, num_kv_heads = key.shape[1], key.shape[2]
+    group = num_heads // num_kv_heads
+    # [bs, KVH, G * q, D]: heads of one group are adjacent in vLLM's layout.
+    q = (query * scoring.scale).view(bs, q_len, num_kv_heads, group, head_size)
+    q = q.permute(0, 2, 3, 1, 4).reshape(bs, num_kv_heads, group * q_len, head_size)
+    k = key.to(query.dtype).permute(0, 2, 3, 1)  # [bs, KVH, D, K]
+    scores = kernels.matmul_qk(q, k).to(score_dtype(query.dtype))
+    scores = scores.view(bs, num_kv_heads, group, q_len, num_keys)
+    scores = soft_cap(scores, scoring.logits_soft_cap)
+    if attn_bias.shape[1] == num_heads:  # per-head bias (ALiBi)
+        bias = attn_bias.unflatten(1, (num_kv_heads, group))
+    else:
+        bias = attn_bias.unsqueeze(1)
+    return scores + bias.to(scores.dtype)
+
+
+def _grouped_output(
+    probs: torch.Tensor, value: torch.Tensor, kernels: AttentionKernels
+) -> torch.Tensor:
+    """probs [bs, KVH, G, q, K] @ value [bs, K, KVH, Dv] -> [bs, q, H, Dv]."""
+    bs, num_kv_heads, group, q_len, num_keys = probs.shape
+    v = value.to(probs.dtype).transpose(1, 2)  # [bs, KVH, K, Dv]
+    out = kernels.matmul_av(probs.view(bs, num_kv_heads, group * q_len, num_keys), v)
+    out = out.view(bs, num_kv_heads, group, q_len, -1).permute(0, 3, 1, 2, 4)
+    return out.reshape(bs, q_len, num_kv_heads * group, -1)
+
+
+def _by_query(stat: torch.Tensor) -> torch.Tensor:
+    """A per-query statistic [bs, KVH, G, q, 1] -> [bs, q, H]."""
+    bs, num_kv_heads, group, q_len, _ = stat.shape
+    return stat.permute(0, 3, 1, 2, 4).reshape(bs, q_len, num_kv_heads * group)
 
 
 def _naive_prompt_attention(
@@ -112,29 +185,67 @@ def _naive_prompt_attention(
     scoring: Scoring,
     kernels: AttentionKernels,
 ) -> torch.Tensor:
-    """Softmax attention with grouped-query heads folded into the query axis,
-    so K/V of a kv head are shared by its group without being repeated."""
-    bs, q_len, num_heads, head_size = query.shape
-    num_keys, num_kv_heads = key.shape[1], key.shape[2]
-    group = num_heads // num_kv_heads
-    # [bs, KVH, G * q, D]: heads of one group are adjacent in vLLM's layout.
-    q = (query * scoring.scale).view(bs, q_len, num_kv_heads, group, head_size)
-    q = q.permute(0, 2, 3, 1, 4).reshape(bs, num_kv_heads, group * q_len, head_size)
-    k = key.to(query.dtype).permute(0, 2, 3, 1)  # [bs, KVH, D, K]
-    v = value.to(query.dtype).transpose(1, 2)  # [bs, KVH, K, D]
-
-    scores = kernels.matmul_qk(q, k).to(score_dtype(query.dtype))
-    scores = scores.view(bs, num_kv_heads, group, q_len, num_keys)
-    scores = soft_cap(scores, scoring.logits_soft_cap)
-    if attn_bias.shape[1] == num_heads:  # per-head bias (ALiBi)
-        bias = attn_bias.unflatten(1, (num_kv_heads, group))
-    else:
-        bias = attn_bias.unsqueeze(1)
-    scores = scores + bias.to(scores.dtype)
+    """Softmax attention over the whole pass in plain matmuls."""
+    scores = _grouped_scores(query, key, attn_bias, scoring, kernels)
     probs = kernels.softmax(scores, -1).to(query.dtype)
-    out = kernels.matmul_av(probs.view(bs, num_kv_heads, group * q_len, num_keys), v)
-    out = out.view(bs, num_kv_heads, group, q_len, head_size).permute(0, 3, 1, 2, 4)
-    return out.reshape(bs, q_len, num_heads, head_size)
+    return _grouped_output(probs, value, kernels)
+
+
+def _naive_tile(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_bias: torch.Tensor,
+    scoring: Scoring,
+    kernels: AttentionKernels,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tile in plain matmuls, with its statistics (a :data:`TileAttention`)."""
+    scores = _grouped_scores(query, key, attn_bias, scoring, kernels)
+    top = scores.amax(dim=-1, keepdim=True)
+    probs = torch.exp(scores - top)
+    total = probs.sum(dim=-1, keepdim=True)
+    out = _grouped_output(probs.to(query.dtype), value, kernels)
+    lse = _by_query(top + torch.log(total))
+    return out.float() / _by_query(total).unsqueeze(-1), lse
+
+
+def _fused_tile(
+    kernel: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    scale: float,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_bias: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tile through the device's fused kernel with statistics
+    (``device.fused_sdpa_stats``), grouped-query heads folded into the query
+    axis as for the plain path (the kernel then sees as many heads as K/V)."""
+    bs, q_len, num_heads, head_size = query.shape
+    num_kv_heads = key.shape[2]
+    group = num_heads // num_kv_heads
+    q = query.view(bs, q_len, num_kv_heads, group, head_size).permute(0, 2, 3, 1, 4)
+    q = q.reshape(bs, num_kv_heads, group * q_len, head_size)
+    if attn_bias.shape[1] == num_heads:
+        mask = attn_bias.reshape(bs, num_kv_heads, group * q_len, -1)
+    else:
+        mask = attn_bias.unsqueeze(2).expand(bs, 1, group, q_len, -1)
+        mask = mask.reshape(bs, 1, group * q_len, -1)
+    out, lse = kernel(
+        q, key.transpose(1, 2), value.transpose(1, 2), mask.to(q.dtype), scale
+    )
+    out = out.view(bs, num_kv_heads, group, q_len, -1).permute(0, 3, 1, 2, 4)
+    lse = lse.view(bs, num_kv_heads, group, q_len).permute(0, 3, 1, 2)
+    return out.reshape(bs, q_len, num_heads, -1), lse.reshape(bs, q_len, num_heads)
+
+
+def _tile_attention(scoring: Scoring, kernels: AttentionKernels) -> TileAttention:
+    """The fused kernel with statistics where the layer may run fused, else the
+    plain matmuls. A sliced pass calls the device's kernel directly: a quantizer's
+    replacement of ``kernels.fused_sdpa`` returns no statistics to merge tiles."""
+    fused: Any = device.fused_sdpa_stats() if scoring.use_fused else None
+    if fused is not None:
+        return partial(_fused_tile, fused, scoring.scale)
+    return partial(_naive_tile, scoring=scoring, kernels=kernels)
 
 
 def _fused_prompt_attention(

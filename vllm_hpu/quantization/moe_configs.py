@@ -19,11 +19,11 @@ from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBa
 from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (  # noqa: E501
     CompressedTensorsConfig,
 )
-from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
     is_layer_skipped,
 )
 
+from vllm_hpu.ops.fp8 import HpuFp8Config as DenseFp8Config
 from vllm_hpu.ops.fp8_moe import HpuCompressedTensorsW8A8Fp8MoEMethod, HpuFp8MoEMethod
 from vllm_hpu.ops.fused_moe import check_supported, refuse
 from vllm_hpu.ops.packed_moe import (
@@ -38,13 +38,9 @@ FIX = "use the model's bf16 or another quantized checkpoint"
 ACT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
-class HpuFp8Config(Fp8Config):
-    """``quant_method: fp8`` (per-tensor or block scales)."""
-
-    @classmethod
-    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
-        """float32 too: the plugin dequantizes (emulation checks run in it)."""
-        return ACT_DTYPES
+class HpuFp8Config(DenseFp8Config):
+    """``quant_method: fp8`` (per-tensor or block scales): the dense layers as
+    ops/fp8.py runs them, the experts with the plugin's method."""
 
     def get_quant_method(
         self, layer: torch.nn.Module, prefix: str

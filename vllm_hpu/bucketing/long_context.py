@@ -1,0 +1,98 @@
+"""Compact buckets for long contexts (``max_model_len`` of 32k and more): cached
+context and decode block counts on a square-root ladder, dense where the blocks
+are many and padding them is dear, sparse where they are few.
+
+Why: the compact set pads a prompt's context to 0 or the most one request holds,
+and a long sequence's decode blocks to its batch's cap; on a long-context trace
+that padded 67 to 72 % of the context blocks and up to 72 % of the decode blocks
+(docs/long-context.md). A ladder of n values ``low + (high - low) * (k / n) ** 2``
+leaves gaps of about 2 / n of a value near the top whatever ``high`` is, so the
+graph count does not grow with the context length; geometric spacing would need
+a value per fraction of every doubling.
+"""
+
+import dataclasses
+import math
+
+from vllm_hpu.bucketing.buckets import Bucket, decode_block_cap
+from vllm_hpu.bucketing.compact import (
+    compact_decode_batch_sizes,
+    compact_decode_buckets,
+)
+from vllm_hpu.bucketing.config import BucketingConfig
+from vllm_hpu.bucketing.merged import merged_token_ladder
+
+# From this max_model_len on, the compact strategy uses these ladders.
+LONG_CONTEXT_LEN = 32768
+
+
+@dataclasses.dataclass(frozen=True)
+class LongContextShape:
+    """The knobs, chosen on the long-context traces of benchmarks/long_context.py."""
+
+    # Context values besides 0 (in blocks, up to the most one request holds).
+    num_context_values: int = 8
+    # Context buckets pair with every n-th query value, from the largest down:
+    # long prompts' chunks fill the step, and context costs attention only.
+    context_query_stride: int = 2
+    # Decode block values of all batch sizes together, at least this many each.
+    num_decode_values: int = 64
+    min_decode_values: int = 8
+
+
+LONG_CONTEXT = LongContextShape()
+
+
+def is_long_context(config: BucketingConfig) -> bool:
+    return config.max_model_len >= LONG_CONTEXT_LEN
+
+
+def square_root_ladder(low: int, high: int, count: int) -> list[int]:
+    """``count`` values from above ``low`` up to ``high``, each rounded up:
+    ``low + (high - low) * (k / count) ** 2`` for k = 1 .. count, deduplicated."""
+    values = {
+        math.ceil(low + (high - low) * (k / count) ** 2) for k in range(1, count + 1)
+    }
+    return sorted(values)
+
+
+def long_context_values(config: BucketingConfig, shape: LongContextShape) -> list[int]:
+    """Context block values: 0, then the ladder up to the most one request holds."""
+    if not config.use_context_buckets:
+        return [0]
+    most = max(1, math.ceil((config.max_model_len - 1) / config.block_size))
+    return [0, *square_root_ladder(0, most, shape.num_context_values)]
+
+
+def long_context_prompt_buckets(
+    config: BucketingConfig, shape: LongContextShape = LONG_CONTEXT
+) -> list[Bucket]:
+    """Merged prefill's ``(1, tokens, context)``: every token value without
+    context, every ``context_query_stride``-th (the largest kept) with each
+    context value."""
+    tokens = merged_token_ladder(config)
+    with_context = tokens[::-1][:: shape.context_query_stride][::-1]
+    contexts = long_context_values(config, shape)[1:]
+    return [Bucket(1, t, 0) for t in tokens] + [
+        Bucket(1, t, c) for t in with_context for c in contexts
+    ]
+
+
+def long_context_decode_buckets(
+    config: BucketingConfig,
+    num_kv_blocks: int,
+    shape: LongContextShape = LONG_CONTEXT,
+) -> list[Bucket]:
+    """The compact decode buckets (short sequences), plus per batch size a
+    ladder from the batch size to the most blocks it can hold (KV cache,
+    max_model_len), so no bucket exceeds what the KV cache holds."""
+    batch_sizes = compact_decode_batch_sizes(config)
+    per_batch = max(
+        shape.min_decode_values, shape.num_decode_values // len(batch_sizes)
+    )
+    buckets = set(compact_decode_buckets(config, num_kv_blocks))
+    for batch_size in batch_sizes:
+        cap = decode_block_cap(config, batch_size, num_kv_blocks)
+        for blocks in square_root_ladder(min(batch_size, cap), cap, per_batch):
+            buckets.add(Bucket(batch_size, 1, blocks))
+    return sorted(buckets)

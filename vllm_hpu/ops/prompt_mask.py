@@ -1,0 +1,168 @@
+"""The mask of a prompt pass, kept per token ([bs, q] queries, [bs, K] keys) and
+made per tile of queries x keys, so no pass ever holds a [q, K] mask at once.
+
+One form serves every layout: a padded batch (one prompt per row), a merged pass
+(several prompts packed into one row, block-diagonal) and encoder-only rows
+(bidirectional). A key is visible to a query of the same prompt (owner) that is
+not earlier in that prompt (when causal); padding has owner -1 and sees only
+itself, so padded rows come out finite.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_hpu.ops.score_mods import alibi_bias
+
+NO_OWNER = -1  # padding queries, padding keys, cached slots past a prompt's context
+# Key codes owner * OWNER_STRIDE + position: positions stay far below it.
+OWNER_STRIDE = 1 << 40
+
+
+@dataclass(frozen=True)
+class PromptMask:
+    """Per-token owners and positions of a pass; the q current tokens are the
+    last q keys (key ``past_len + t`` is query ``t``)."""
+
+    query_owner: torch.Tensor  # [bs, q] long
+    query_position: torch.Tensor  # [bs, q] long
+    key_owner: torch.Tensor  # [bs, K] long: cached context keys, then the q queries
+    key_position: torch.Tensor  # [bs, K] long
+    causal: bool = True
+
+    @property
+    def batch_size(self) -> int:
+        return self.query_owner.shape[0]
+
+    @property
+    def query_len(self) -> int:
+        return self.query_owner.shape[1]
+
+    @property
+    def num_keys(self) -> int:
+        return self.key_owner.shape[1]
+
+    @property
+    def past_len(self) -> int:
+        return self.num_keys - self.query_len
+
+    def allowed(
+        self, queries: slice, keys: slice, sliding_window: int | None = None
+    ) -> torch.Tensor:
+        """[bs, len(queries), len(keys)] bool: which keys each query may see.
+        ``queries`` and ``keys`` are slices with explicit start and stop.
+
+        Every key gets one code, ``owner * OWNER_STRIDE + position`` (hidden keys
+        a negative code of their own), so that a query's visible keys are one
+        range of codes: [its owner's first position or its window's, its own
+        position] (its owner's last when not causal). Two comparisons per
+        score, where owners, positions and the diagonal took five: the mask of
+        a long pass is made once per tile and layer."""
+        first, last = self._visible_codes(queries, sliding_window)
+        code = _key_codes(self.key_owner, self.key_position, keys)[:, None, :]
+        return (code >= first[:, :, None]) & (code <= last[:, :, None])
+
+    def _visible_codes(
+        self, queries: slice, sliding_window: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per query [bs, len(queries)]: the first and last key code it sees. A
+        padding query sees its own key only (the diagonal), whose code is
+        negative: no real query's range reaches below 0."""
+        owner = self.query_owner[:, queries]
+        position = self.query_position[:, queries]
+        first = owner * OWNER_STRIDE
+        last = first + (position if self.causal else OWNER_STRIDE - 1)
+        if sliding_window is not None:
+            first = torch.maximum(first, first + position - sliding_window + 1)
+        own_key = (
+            torch.arange(queries.start, queries.stop, device=owner.device)
+            + self.past_len
+        )
+        padding = owner == NO_OWNER
+        diagonal = _hidden_code(own_key)[None, :]
+        return torch.where(padding, diagonal, first), torch.where(
+            padding, diagonal, last
+        )
+
+    def distance(self, queries: slice, keys: slice) -> torch.Tensor:
+        """[bs, len(queries), len(keys)]: key position minus query position."""
+        return self.key_position[:, None, keys] - self.query_position[:, queries, None]
+
+
+@dataclass(frozen=True)
+class PromptBias:
+    """A layer's additive score bias over a pass, made per tile: the mask (with
+    the layer's window), plus ALiBi when the layer has slopes."""
+
+    mask: PromptMask
+    dtype: torch.dtype  # of the bias; ALiBi's is always fp32
+    sliding_window: int | None = None
+    alibi_slopes: torch.Tensor | None = None  # [num_heads] fp32
+
+    @property
+    def causal(self) -> bool:
+        return self.mask.causal
+
+    def __call__(self, queries: slice, keys: slice) -> torch.Tensor:
+        """[bs, 1, len(queries), len(keys)] (or [bs, num_heads, ...] with ALiBi).
+        Hidden keys get the dtype's most negative finite value, not -inf: a tile
+        where a query sees nothing then has finite statistics, weighted out when
+        tiles are merged (``ops/sliced_attention.py``)."""
+        allowed = self.mask.allowed(queries, keys, self.sliding_window).unsqueeze(1)
+        dtype = torch.float32 if self.alibi_slopes is not None else self.dtype
+        bias = torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
+        if self.alibi_slopes is None:
+            return bias
+        distance = self.mask.distance(queries, keys)
+        return bias + alibi_bias(self.alibi_slopes, distance)
+
+    def whole(self) -> torch.Tensor:
+        """The bias of the whole pass, [bs, 1 or num_heads, q, K]."""
+        return self(slice(0, self.mask.query_len), slice(0, self.mask.num_keys))
+
+
+def _hidden_code(key_ids: torch.Tensor) -> torch.Tensor:
+    """A hidden key's code: negative and its own, -(key index + 1)."""
+    return -(key_ids + 1)
+
+
+def _key_codes(
+    key_owner: torch.Tensor, key_position: torch.Tensor, keys: slice
+) -> torch.Tensor:
+    """[bs, len(keys)]: owner * OWNER_STRIDE + position, or the hidden code."""
+    owner = key_owner[:, keys]
+    key_ids = torch.arange(keys.start, keys.stop, device=owner.device)
+    code = owner * OWNER_STRIDE + key_position[:, keys]
+    return torch.where(owner == NO_OWNER, _hidden_code(key_ids)[None, :], code)
+
+
+def padded_rows_mask(
+    context_lens: torch.Tensor,
+    query_lens: torch.Tensor,
+    query_len: int,
+    past_len: int,
+    causal: bool = True,
+) -> PromptMask:
+    """The mask of a padded batch of one prompt per row: row i has
+    ``context_lens[i]`` cached tokens (keys 0 .. past_len - 1, the rest of them
+    padding) and ``query_lens[i]`` of its ``query_len`` queries real.
+    context_lens, query_lens: [bs] long, on the device the mask is wanted on."""
+    device = query_lens.device
+    offsets = torch.arange(query_len, device=device)
+    past = torch.arange(past_len, device=device)
+    query_position = context_lens[:, None] + offsets[None, :]
+    query_owner = _owner(offsets[None, :] < query_lens[:, None])
+    past_owner = _owner(past[None, :] < context_lens[:, None])
+    batch_size = context_lens.shape[0]
+    return PromptMask(
+        query_owner=query_owner,
+        query_position=query_position,
+        key_owner=torch.cat((past_owner, query_owner), dim=1),
+        key_position=torch.cat((past.expand(batch_size, -1), query_position), dim=1),
+        causal=causal,
+    )
+
+
+def _owner(real: torch.Tensor) -> torch.Tensor:
+    """Owner 0 (the row's prompt) where ``real``, else NO_OWNER."""
+    return torch.where(real, 0, NO_OWNER).long()
