@@ -1,13 +1,16 @@
-"""Device memory of quantized MoE checkpoints against their bf16 model, read from
+"""Device memory of quantized checkpoints against their bf16 model, read from
 the device meter (the emulated HPU counts the process's resident memory).
 
 A random bf16 Qwen3-MoE whose experts hold almost all its weights is written with
 its experts in block fp8 (DeepSeek's layout) and in 4-bit AWQ by the tests'
-writers (tests/moe_checkpoints.py); each model loads in a fresh child process
-(in one process the meter also sees the engines before), and the meter's reading
-for the weights is printed against the bf16 model's weight bytes. Targets: fp8 at
-most 55 %, 4 bits at most 30 %.
-Run: PYTHONPATH=$PWD VLLM_HPU_EMULATION=1 python benchmarks/moe_memory.py
+writers (tests/moe_checkpoints.py). With --dense, a random bf16 Llama whose linear
+layers hold almost all its weights is written in block fp8 by the tests' writer
+(tests/quant_checkpoints.py) and in W4A16 (group 128) and MXFP4-A16 by
+llm-compressor (scripts/build_quant_checkpoints.py runs it apart from the venv).
+Each model loads in a fresh child process (in one process the meter also sees the
+engines before), and the meter's reading for the weights is printed against the
+bf16 model's weight bytes. Targets: fp8 at most 55 %, 4 bits at most 30 %.
+Run: PYTHONPATH=$PWD VLLM_HPU_EMULATION=1 python benchmarks/moe_memory.py [--dense]
 """
 
 import argparse
@@ -20,9 +23,12 @@ from pathlib import Path
 
 import torch
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
+REPO = Path(__file__).resolve().parent.parent
+TESTS, SCRIPTS = REPO / "tests", REPO / "scripts"
+QUANT_TOOLS = REPO / ".cache" / "quant-tools"  # the Makefile's TOOLS_DIR
 METER_LINE = re.compile(r"Loading model weights took .* and ([0-9.]+) GiB of device")
-TARGETS = {"fp8-block": 0.55, "awq-g128": 0.30}
+FOUR_BITS = ("awq-g128", "w4a16-g128", "mxfp4a16")
+TARGETS = {"fp8-block": 0.55, **dict.fromkeys(FOUR_BITS, 0.30)}
 
 
 def build_wide_moe(path: Path, num_experts: int, intermediate: int) -> int:
@@ -45,6 +51,40 @@ def build_wide_moe(path: Path, num_experts: int, intermediate: int) -> int:
     model = Qwen3MoeForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(path)
     return sum(p.numel() for p in model.parameters())
+
+
+def build_wide_llama(path: Path, layers: int, intermediate: int) -> int:
+    """The bf16 dense model; returns its parameter count."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=1024,
+        hidden_size=2048,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(path)
+    unquantized = model.get_input_embeddings().weight.numel() * 2  # with lm_head
+    total = sum(p.numel() for p in model.parameters())
+    print(f"embedding and lm_head (unquantized): {unquantized / total:.1%} of them")
+    return total
+
+
+def write_dense_quantized(bf16: Path, out: Path) -> dict[str, Path]:
+    sys.path[:0] = [str(TESTS), str(SCRIPTS)]
+    from build_quant_checkpoints import run_writer
+    from quant_checkpoints import Fp8Scheme, write_checkpoints
+
+    models = {"fp8-block": write_checkpoints(bf16, out / "fp8-block", Fp8Scheme())[0]}
+    for name in ("w4a16-g128", "mxfp4a16"):  # llm-compressor's SCHEMES names
+        run_writer(QUANT_TOOLS, str(bf16), str(out / name), name)
+        models[name] = out / name
+    return models
 
 
 def write_quantized(bf16: Path, out: Path) -> dict[str, Path]:
@@ -82,17 +122,28 @@ def meter_reading(model: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dense", action="store_true", help="a Llama, not a MoE")
     parser.add_argument("--experts", type=int, default=16)
-    # 300 MiB in bf16: the meter's ~10 MiB of its own (loader, Python objects)
+    parser.add_argument("--layers", type=int, default=2, help="of the dense model")
+    # ~300 MiB in bf16: the meter's ~10 MiB of its own (loader, Python objects)
     # stays small against the weights.
-    parser.add_argument("--intermediate", type=int, default=3072)
+    parser.add_argument("--intermediate", type=int, help="default 3072, dense 8192")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         bf16 = Path(folder) / "bf16"
-        weight_bytes = 2 * build_wide_moe(bf16, args.experts, args.intermediate)
-        models = {"bf16": bf16, **write_quantized(bf16, Path(folder))}
-        readings = {name: meter_reading(path) for name, path in models.items()}
-    print(f"bf16 weights: {weight_bytes / 2**20:.1f} MiB ({args.experts} experts)")
+        if args.dense:
+            params = build_wide_llama(bf16, args.layers, args.intermediate or 8192)
+            models = write_dense_quantized(bf16, Path(folder))
+            shape = f"dense, {args.layers} layers"
+        else:
+            params = build_wide_moe(bf16, args.experts, args.intermediate or 3072)
+            models = write_quantized(bf16, Path(folder))
+            shape = f"{args.experts} experts"
+        readings = {
+            name: meter_reading(path) for name, path in {"bf16": bf16, **models}.items()
+        }
+    weight_bytes = 2 * params
+    print(f"bf16 weights: {weight_bytes / 2**20:.1f} MiB ({shape})")
     for name, held in readings.items():
         ratio, target = held / weight_bytes, TARGETS.get(name)
         verdict = ""

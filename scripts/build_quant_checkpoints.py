@@ -36,10 +36,16 @@ def install_tools(tools_dir: Path) -> None:
     stamp.write_text(" ".join(TOOLS))
 
 
-def main(models_dir: Path, tools_dir: Path) -> None:
+def run_writer(tools_dir: Path, *args: str) -> None:
+    """llmcompressor_checkpoints.py with ``args``, in a child process whose path
+    starts with the tools."""
     install_tools(tools_dir)
     env = dict(os.environ, PYTHONPATH=str(tools_dir))
-    subprocess.run([sys.executable, str(WRITER), str(models_dir)], env=env, check=True)
+    subprocess.run([sys.executable, str(WRITER), *args], env=env, check=True)
+
+
+def main(models_dir: Path, tools_dir: Path) -> None:
+    run_writer(tools_dir, str(models_dir))
 
 
 if __name__ == "__main__":

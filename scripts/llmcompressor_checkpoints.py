@@ -7,6 +7,8 @@ For each scheme it writes ``<model>-ct-<scheme>`` (the compressed checkpoint) an
 weight as compressed-tensors' own ``fake_quantize`` rounds it: the reference
 transformers runs; not for wide-llama, which only the memory test loads).
 Usage: llmcompressor_checkpoints.py MODELS_DIR
+   or: llmcompressor_checkpoints.py SOURCE OUT SCHEME (one checkpoint, a SCHEMES
+       name, no dequantized twin; benchmarks/moe_memory.py --dense)
 """
 
 import json
@@ -160,4 +162,8 @@ def main(models_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if len(sys.argv) == 4:
+        source, out, name = sys.argv[1:]
+        write(Path(source), Path(out), SCHEMES[name][0], reference=False)
+    else:
+        main(Path(sys.argv[1]))

@@ -38,6 +38,7 @@ def register_ops() -> None:
     import vllm_hpu.attention.backend
     import vllm_hpu.ops.custom_ops  # registers the op overrides
     import vllm_hpu.ops.fused_moe  # noqa: F401  registers the MoE method
+    from vllm_hpu import weight_transfer
     from vllm_hpu.ops import awq, fp8, gptq, int8, mxfp4, wna16
     from vllm_hpu.quantization import inc_config, moe_configs
 
@@ -48,3 +49,4 @@ def register_ops() -> None:
     patches.keep_fp8_shard_scales()
     moe_configs.register()
     inc_config.register()
+    weight_transfer.register()  # the "hpu" weight transfer backend

@@ -10,6 +10,7 @@ import functools
 import importlib
 import importlib.util
 import platform
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -186,6 +187,9 @@ class _EmulatedMemory:
 
     def __init__(self) -> None:
         self.baseline = self._rss()
+        # Bytes of the tensors the plugin moved to the host (sleep mode): they
+        # live in the same process memory, but on Gaudi they would be host RAM.
+        self.on_host = 0
 
     def restart(self) -> None:
         """Count from now: a worker starting in a process that ran one before
@@ -203,7 +207,16 @@ class _EmulatedMemory:
         return int(get_envs().emulation_memory_gb * GiB)
 
     def used(self) -> int:
-        return max(0, self._rss() - self.baseline)
+        return max(0, self._rss() - self.baseline - self.on_host)
+
+    def hold_on_host(self, tensor: torch.Tensor) -> None:
+        """Count ``tensor`` as host memory until it is freed."""
+        nbytes = tensor.untyped_storage().nbytes()
+        self.on_host += nbytes
+        weakref.finalize(tensor, self._release_host, nbytes)
+
+    def _release_host(self, nbytes: int) -> None:
+        self.on_host -= nbytes
 
     def free(self) -> int:
         import psutil
@@ -248,10 +261,12 @@ def _pool_host_memory() -> None:
 
 def init_device_memory() -> None:
     """At worker start, in emulation: pool host memory, then count emulated device
-    memory from this point."""
+    memory from this point, less what the heap kept of earlier work (an earlier
+    engine in this process), which the pool would hand out again uncounted."""
     if hpu_available():
         return
     _pool_host_memory()
+    release_freed_memory()
     _emulated_memory().restart()
 
 
@@ -262,6 +277,26 @@ def mem_get_info() -> tuple[int, int]:
         return int(free), int(total)
     memory = _emulated_memory()
     return memory.free(), memory.total()
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of device ``tensor`` in host memory (sleep mode's offload). In
+    emulation the copy stays in this process, counted apart from the device."""
+    if hpu_available():
+        return tensor.to("cpu")
+    copy = tensor.detach().clone()
+    _emulated_memory().hold_on_host(copy)
+    return copy
+
+
+def release_freed_memory() -> None:
+    """Hand what freed tensors held back to the device: on Gaudi the bridge's
+    allocator takes freed blocks back itself once queued work completes; in
+    emulation glibc returns the heap's free pages to the system, which the
+    pooling set by :func:`_pool_host_memory` otherwise keeps (malloc_trim)."""
+    synchronize()
+    if not hpu_available() and platform.libc_ver()[0] == "glibc":
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def memory_used() -> int:
@@ -281,13 +316,24 @@ def wrap_in_graph(module: torch.nn.Module) -> Callable[..., Any]:
     return module
 
 
-def prepare_weights(model: torch.nn.Module) -> None:
-    """Before an eager run: Gaudi runs the loaded weights as they are; the CPU
-    packs the linear layers' for oneDNN (see ``ops/packed_linear.py``)."""
-    if not hpu_available():
-        from vllm_hpu.ops.packed_linear import pack_linear_layers
+def reset_graphs(wrapped: Any) -> None:
+    """Forget the HPU graphs ``wrap_in_graph`` recorded, after the tensors they
+    read moved (sleep mode): each bucket records again on its next call. A no-op
+    in emulation, where nothing is recorded."""
+    clear_cache = getattr(wrapped, "clear_cache", None)
+    if hpu_available() and callable(clear_cache):
+        clear_cache()
 
-        pack_linear_layers(model)
+
+def prepare_weights(model: torch.nn.Module) -> bool:
+    """Before an eager run: Gaudi runs the loaded weights as they are; the CPU
+    packs the linear layers' for oneDNN (see ``ops/packed_linear.py``). Whether
+    any layer was packed."""
+    if hpu_available():
+        return False
+    from vllm_hpu.ops.packed_linear import pack_linear_layers
+
+    return pack_linear_layers(model) > 0
 
 
 def enable_inc() -> None:

@@ -123,6 +123,11 @@ class HpuPlatform(Platform):
     ) -> float:
         return float(device.memory_used())
 
+    def is_sleep_mode_available(self) -> bool:
+        """Sleep mode is the worker's (worker/capabilities/sleep.py): it needs
+        no allocator of vLLM's."""
+        return True
+
     @classmethod
     def get_punica_wrapper(cls) -> str:
         return "vllm_hpu.ops.lora.HpuPunicaWrapper"
@@ -348,6 +353,18 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
         f"the '{runner_type}' runner (--runner)": runner_type
         not in ("generate", "pooling", "draft"),
     }
+    weights_change = model_config is not None and (
+        model_config.enable_sleep_mode or vllm_config.weight_transfer_config
+    )
+    unsupported["sleep mode or weight transfer with a draft model"] = bool(
+        weights_change and vllm_config.speculative_config is not None
+    )
+    # A connector registered the caches that sleep would free and reallocate.
+    unsupported["sleep mode with a KV connector"] = bool(
+        model_config is not None
+        and model_config.enable_sleep_mode
+        and has_kv_connector(vllm_config)
+    )
     for feature, setting in unsupported.items():
         if setting:
             raise ValueError(

@@ -18,10 +18,10 @@ Lengths: each family's long prompt has 24,000 tokens, past its original
 context (16,384 positions for the Llama and the Qwen2, 4,096 for the Phi-3),
 so the scaled rope and the tiles (8192 keys and more) are what runs; the
 rope of each family is checked at every position up to 131,071 against
-transformers in tests/unit/test_rope_long_positions.py. The Llama also runs
-with a prompt of 100,000 tokens (782 blocks per sequence in the decode batch)
-under the marker ``long_context``, left out of the default run: it costs
-about 11 minutes on 2 loaded cores, 100k tokens of attention in transformers
+transformers in tests/unit/test_rope_long_positions.py. Each family also
+runs with a prompt of 100,000 tokens (782 blocks per sequence in the decode
+batch) under the marker ``long_context``, left out of the default run: 5 to 11
+minutes per family on 2 loaded cores, 100k tokens of attention in transformers
 and twice in the plugin (``pytest -m long_context tests/e2e/test_long_context.py``).
 
 transformers computes the reference once per family: one prefill of the long
@@ -75,9 +75,13 @@ FAMILIES = (
     Family("tiny-llama3-128k", 24_000),
     Family("tiny-qwen2-yarn-128k", 24_000),
     Family("tiny-phi3-longrope-128k", 24_000),
-    pytest.param(
-        Family("tiny-llama3-128k", 100_000),
-        marks=pytest.mark.long_context,
+    *(
+        pytest.param(Family(model, 100_000), marks=pytest.mark.long_context)
+        for model in (
+            "tiny-llama3-128k",
+            "tiny-qwen2-yarn-128k",
+            "tiny-phi3-longrope-128k",
+        )
     ),
 )
 

@@ -111,6 +111,16 @@ def test_platform_rejects_unsupported_features_at_startup():
         )
 
 
+def test_platform_offers_sleep_mode_and_refuses_it_with_a_draft_model():
+    assert _engine_config(enable_sleep_mode=True).model_config.enable_sleep_mode
+    draft = {"method": "ngram", "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="weight transfer with a draft model"):
+        _engine_config(enable_sleep_mode=True, speculative_config=draft)
+    with pytest.raises(ValueError, match="sleep mode with a KV connector"):
+        nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        _engine_config(enable_sleep_mode=True, kv_transfer_config=nixl)
+
+
 def test_platform_owned_variables_are_not_reported_unknown(monkeypatch, vllm_log):
     from vllm.platforms import current_platform
 

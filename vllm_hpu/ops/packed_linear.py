@@ -64,12 +64,12 @@ def _packable_weight(module: torch.nn.Module) -> torch.Tensor | None:
     return None
 
 
-def pack_linear_layers(model: torch.nn.Module) -> None:
+def pack_linear_layers(model: torch.nn.Module) -> int:
     """Pack every linear weight of ``model`` for oneDNN and route its layer there;
     layers of other dtypes (float16, bf16 without AVX-512) keep ``F.linear``.
 
     A linear layer's own weight is dropped (nothing else reads it); the LM head's
-    is kept, since a tied input embedding shares it.
+    is kept, since a tied input embedding shares it. Returns how many were packed.
     """
     packed = 0
     for module in model.modules():
@@ -83,3 +83,4 @@ def pack_linear_layers(model: torch.nn.Module) -> None:
             module.weight = torch.nn.Parameter(weight.new_empty(0), requires_grad=False)
         packed += 1
     logger.info("Packed the weights of %d linear layers for oneDNN.", packed)
+    return packed

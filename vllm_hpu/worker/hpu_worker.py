@@ -5,6 +5,7 @@ step to :class:`HpuModelRunner`.
 """
 
 import time
+from typing import Any
 
 import torch
 from vllm.config import VllmConfig
@@ -30,11 +31,16 @@ from vllm_hpu.metrics import HpuMetrics
 from vllm_hpu.worker.capabilities import kv_connector, pipeline
 from vllm_hpu.worker.capabilities.lora import HpuLoRA
 from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
+from vllm_hpu.worker.capabilities.sleep import HpuSleepMode
+from vllm_hpu.worker.capabilities.weight_updates import (
+    WeightUpdates,
+    reload_model_weights,
+)
 from vllm_hpu.worker.diagnostics.compile_stats import StepCompilations
 from vllm_hpu.worker.diagnostics.fallback_stats import StepFallbacks
 from vllm_hpu.worker.model_runner import HpuModelRunner
 from vllm_hpu.worker.warmup.memory import MemorySplit, split_memory
-from vllm_hpu.worker.warmup.warmup import warm_up_model
+from vllm_hpu.worker.warmup.warmup import start_step_trace, warm_up_model
 
 logger = init_logger("vllm.hpu.worker")
 
@@ -134,7 +140,7 @@ class HpuWorker(WorkerBase):
     def compile_or_warm_up_model(self) -> CompilationTimes:
         started = time.perf_counter()
         warm_up_model(self.runner, self._graph_mem())
-        self.runner.start_step_trace()
+        start_step_trace(self.runner)
         # The seed is reset so that profiling does not shift seeded sampling.
         set_random_seed(self.model_config.seed)
         elapsed = time.perf_counter() - started
@@ -204,6 +210,76 @@ class HpuWorker(WorkerBase):
         self.runner.stream.synchronize()  # queued passes read the adapters
         return self.runner.caps.lora
 
+    def reset_encoder_cache(self) -> None:
+        """Forget encoder outputs, as vLLM's scheduler forgets which it holds
+        (a pause that clears caches, sleep)."""
+        if self.runner.caps.multimodal is not None:
+            self.runner.caps.multimodal.encoder_cache.clear()
+
+    # ---- RL frameworks: sleep mode (capabilities/sleep.py) and weight
+    # updates (capabilities/weight_updates.py) ----
+
+    def sleep(self, level: int = 1) -> None:
+        sleep = self._sleep_mode()
+        self.runner.stream.synchronize()
+        used_before = device.memory_used()
+        sleep.sleep(level, [self.runner.get_model()], self.runner.release_kv_cache)
+        used_after = device.memory_used()
+        logger.info(
+            "Sleep mode (level %d) freed %s GiB of device memory; %s GiB still in use.",
+            level,
+            format_gib(max(0, used_before - used_after)),
+            format_gib(used_after),
+        )
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self._sleep_mode().wake_up(tags, self.runner.restore_kv_cache)
+
+    def discard(self, tags: tuple[str, ...]) -> None:
+        self.runner.stream.synchronize()
+        self._sleep_mode().discard(tags, self.runner.release_kv_cache)
+
+    def _sleep_mode(self) -> HpuSleepMode:
+        if self.runner.caps.sleep is None:
+            raise RuntimeError("Sleep mode is off: start vLLM with enable_sleep_mode.")
+        return self.runner.caps.sleep
+
+    def reload_weights(self, **kwargs: Any) -> None:
+        if self.runner.caps.sleep is not None:
+            self.runner.caps.sleep.check_awake("reload_weights")
+        runner = self.runner
+        runner.stream.synchronize()  # queued passes read the weights
+        reload_model_weights(
+            self.vllm_config, runner.get_model(), runner.packed_weights, **kwargs
+        )
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._weight_updates().init_engine(init_info)
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        if self.runner.caps.weight_updates is not None:
+            self.runner.caps.weight_updates.shutdown()
+
+    def start_weight_update(self) -> None:
+        self.runner.stream.synchronize()  # queued passes read the weights
+        self._weight_updates().start()
+
+    def update_weights(
+        self, update_info: dict[str, Any] | list[dict[str, Any]]
+    ) -> None:
+        self._weight_updates().update(update_info)
+
+    def finish_weight_update(self) -> None:
+        self._weight_updates().finish()
+
+    def _weight_updates(self) -> WeightUpdates:
+        if self.runner.caps.weight_updates is None:
+            raise RuntimeError(
+                "Weight transfer is not configured: start vLLM with "
+                "weight_transfer_config={'backend': 'hpu'}."
+            )
+        return self.runner.caps.weight_updates
+
     def check_health(self) -> None:
         return
 
@@ -216,6 +292,8 @@ class HpuWorker(WorkerBase):
 
     def shutdown(self) -> None:
         self.shutdown_inc()
+        if self.model_runner is not None and self.model_runner.caps.weight_updates:
+            self.model_runner.caps.weight_updates.engine.shutdown()
         if self.model_runner is not None:
             logger.info(self.model_runner.buckets.stats.summary())
             self.model_runner.caps.profiler.write()

@@ -62,6 +62,15 @@ def bind_kv_caches(
     return kv_caches
 
 
+def unbind_kv_caches(layers: Layers) -> dict[str, Any]:
+    """Drop every layer's cache (after profiling, in sleep mode); returns the
+    runner's now empty map of caches."""
+    for layer in layers.values():
+        # 2-D: an MLA layer squeezes dim 1 of what it is given.
+        layer.bind_kv_cache(torch.empty(0, 1))
+    return {}
+
+
 def bind_scratch_kv_caches(
     layers: Layers, specs: Mapping[str, KVCacheSpec], torch_device: torch.device
 ) -> None:

@@ -40,16 +40,18 @@ from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.fused_moe import check_moe_layers
 from vllm_hpu.worker.capabilities import pipeline
 from vllm_hpu.worker.capabilities.factory import attach_model, build_capabilities
+from vllm_hpu.worker.capabilities.weight_updates import weights_change
 from vllm_hpu.worker.kv_caches import (
     bind_kv_caches,
     bind_scratch_kv_caches,
     cache_geometry,
     kv_cache_specs,
+    unbind_kv_caches,
 )
 from vllm_hpu.worker.passes.build import build_prompt_forward
 from vllm_hpu.worker.passes.forward_pass import ForwardPass, sampled_token_indices
-from vllm_hpu.worker.passes.planner import PassPlanner, step_trace_header
-from vllm_hpu.worker.passes.synthetic import profile_seqs
+from vllm_hpu.worker.passes.planner import PassPlanner
+from vllm_hpu.worker.passes.synthetic import largest_prompt_bucket, profile_seqs
 from vllm_hpu.worker.state.async_output import (
     HpuAsyncOutput,
     SampledStep,
@@ -58,7 +60,7 @@ from vllm_hpu.worker.state.async_output import (
 )
 from vllm_hpu.worker.state.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.state.request_states import RequestStates, make_input_batch
-from vllm_hpu.worker.warmup.execution import ExecutionMode, select_mode
+from vllm_hpu.worker.warmup.execution import pack_linear_weights, select_mode
 from vllm_hpu.worker.warmup.layer_split import split_graph_every
 
 logger = init_logger("vllm.hpu.model_runner")
@@ -118,11 +120,13 @@ class HpuModelRunner:
         self.model: Any = None  # set by load_model
         # Per layer: (key_cache, value_cache), or one latent cache for MLA.
         self.kv_caches: dict[str, Any] = {}  # set by initialize_kv_cache
+        self.kv_cache_config: KVCacheConfig | None = None
         self.cache: CacheGeometry | None = None
         # Set by warmup (warmup/warmup.py): what runs the buckets given graphs.
         self.graph_model: Any = None
         self.graphed_buckets: set[tuple[str, Bucket]] = set()
         self._pending: _PendingStep | None = None
+        self.packed_weights = False  # repacked for the CPU by load_model
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -136,10 +140,11 @@ class HpuModelRunner:
         check_moe_layers(self.model)
         if self.caps.inc is not None:  # INC replaces the linears: nothing to pack
             self.model = self.caps.inc.apply(self.model)
-        elif self.execution_mode is ExecutionMode.EAGER:
-            # Compilers lower the layers as vLLM defines them: inductor cannot
-            # take oneDNN's packed weights as graph inputs.
-            device.prepare_weights(self.model)
+        else:
+            keep_layout = weights_change(self.vllm_config)
+            self.packed_weights = pack_linear_weights(
+                self.model, self.execution_mode, keep_layout
+            )
         split_graph_every(self.model, get_envs().config_hidden_layers)
         if self.caps.spec is not None:  # a draft model loads after the target
             self.caps.spec.proposer.load_model()
@@ -155,10 +160,8 @@ class HpuModelRunner:
         return self.model
 
     def _attention_layers(self) -> dict[str, AttentionLayerBase]:
-        return get_layers_from_vllm_config(
-            self.vllm_config,
-            AttentionLayerBase,  # type: ignore[type-abstract]
-        )
+        layer_type: Any = AttentionLayerBase  # abstract: mypy wants a concrete one
+        return get_layers_from_vllm_config(self.vllm_config, layer_type)
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         return kv_cache_specs(
@@ -168,6 +171,7 @@ class HpuModelRunner:
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the flat KV caches (plus the dummy block) and bind them."""
         num_blocks = kv_cache_config.num_blocks
+        self.kv_cache_config = kv_cache_config
         self.kv_caches = bind_kv_caches(
             self._attention_layers(), kv_cache_config, self.device
         )
@@ -181,6 +185,18 @@ class HpuModelRunner:
         logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
         if self.caps.kv_connector is not None:
             self.caps.kv_connector.register_kv_caches(self.kv_caches, block_size)
+
+    def release_kv_cache(self) -> None:
+        """Free the KV caches (sleep mode); their blocks hold nothing afterwards."""
+        self.stream.synchronize()
+        self.kv_caches = unbind_kv_caches(self._attention_layers())
+
+    def restore_kv_cache(self) -> None:
+        """Allocate the caches ``release_kv_cache`` freed again, empty."""
+        assert self.kv_cache_config is not None, "initialize_kv_cache() first"
+        layers = self._attention_layers()
+        self.kv_caches = bind_kv_caches(layers, self.kv_cache_config, self.device)
+        device.reset_graphs(self.graph_model)
 
     def _geometry(self, num_blocks: int) -> CacheGeometry:
         return cache_geometry(
@@ -198,16 +214,10 @@ class HpuModelRunner:
         The KV caches do not exist yet: a throw-away cache of one block takes
         the writes (every slot lands in block 0 or the dummy block).
         """
-        bucket = max(
-            (b for b in self.buckets.prompt_buckets if b.num_blocks == 0),
-            key=lambda b: (b.batch_size * b.query_len, b.query_len),
-        )
-        seqs = profile_seqs(
-            bucket,
-            self.buckets.config.merged_prefill,
-            self.block_size,
-            self.model_config.max_model_len,
-        )
+        bucket = largest_prompt_bucket(self.buckets)
+        max_len = self.model_config.max_model_len
+        merged = self.buckets.config.merged_prefill
+        seqs = profile_seqs(bucket, merged, self.block_size, max_len)
         bind_scratch_kv_caches(
             self._attention_layers(), self.get_kv_cache_spec(), self.device
         )
@@ -217,15 +227,7 @@ class HpuModelRunner:
         )
         self._forward(forward_pass, *self._stage_inputs([forward_pass], None))
         device.synchronize()
-        for layer in self._attention_layers().values():
-            # 2-D: an MLA layer squeezes dim 1 of what it is given.
-            layer.bind_kv_cache(torch.empty(0, 1))
-
-    def start_step_trace(self) -> None:
-        """Record step shapes from now on (after warmup), if asked to."""
-        if self.caps.step_trace is not None and self.cache is not None:
-            header = step_trace_header(self.vllm_config, self.cache.num_blocks)
-            self.caps.step_trace.start(header)
+        unbind_kv_caches(self._attention_layers())
 
     # ---- one engine step -------------------------------------------------
 

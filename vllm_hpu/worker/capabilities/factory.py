@@ -13,7 +13,9 @@ where it is not asked for, and the runner calls it at its hook points:
 - each pass: ``lora.set_pass``, ``model_inputs`` (M-RoPE positions, multimodal
   embeddings), then ``spec.proposer.after_target_pass``;
 - sampling: ``spec.sample``, ``async_feed.launch``, ``spec.propose``,
-  ``kv_connector_output``.
+  ``kv_connector_output``;
+- the worker's RPCs: ``sleep`` (sleep, wake_up, discard) and ``weight_updates``
+  (init_weight_transfer_engine, start/finish_weight_update, update_weights).
 
 A new capability (a KV connector, sleep mode, a state-space cache, ...) is a
 field here, built in one of the two functions, and called from the hook its
@@ -48,6 +50,8 @@ from vllm_hpu.worker.capabilities.lora import HpuLoRA
 from vllm_hpu.worker.capabilities.mrope import MRopePositions, mrope_positions_for
 from vllm_hpu.worker.capabilities.multimodal import MultimodalInputs
 from vllm_hpu.worker.capabilities.pooling import StepPooler
+from vllm_hpu.worker.capabilities.sleep import HpuSleepMode
+from vllm_hpu.worker.capabilities.weight_updates import WeightUpdates
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.spec_decode.decoder import SpecDecoder
 from vllm_hpu.worker.spec_decode.interface import TargetRunner
@@ -64,10 +68,12 @@ class Capabilities:
     profiler: StepProfiler  # VLLM_PROFILER_ENABLED (a no-op otherwise)
     step_trace: TraceRecorder | None  # VLLM_HPU_BUCKET_TRACE
     kv_connector: KVConnectorSteps | None  # --kv-transfer-config, --kv-offloading-size
+    sleep: HpuSleepMode | None  # enable_sleep_mode
     # Set by ``attach_model``:
     pooler: StepPooler | None = None  # a pooling model
     multimodal: MultimodalInputs | None = None  # on the first pipeline stage
     mrope: MRopePositions | None = None  # a model with M-RoPE positions
+    weight_updates: WeightUpdates | None = None  # weight_transfer_config
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
         """A step's hook before the request states take its changes."""
@@ -149,6 +155,11 @@ def build_capabilities(
         kv_connector=(
             KVConnectorSteps(vllm_config) if has_kv_connector(vllm_config) else None
         ),
+        sleep=(
+            HpuSleepMode(vllm_config.model_config.sleep_preserve_parameter_names)
+            if vllm_config.model_config.enable_sleep_mode
+            else None
+        ),
     )
 
 
@@ -164,6 +175,11 @@ def attach_model(
     )
     if model_config.runner_type == "pooling":
         capabilities.pooler = StepPooler(runner.input_batch, model, model_config)
+    if runner.vllm_config.weight_transfer_config is not None:
+        rank = runner.vllm_config.parallel_config.rank
+        capabilities.weight_updates = WeightUpdates(
+            runner.vllm_config, runner.device, model, capabilities.sleep, rank
+        )
     if supports_multimodal(model) and is_first_stage:
         capabilities.multimodal = MultimodalInputs(
             runner.vllm_config, model, runner.input_batch, requests, runner.device

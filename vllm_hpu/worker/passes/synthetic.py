@@ -2,7 +2,7 @@
 warmup's packed requests (real steps never come through here)."""
 
 from vllm_hpu.attention.metadata import SeqLayout
-from vllm_hpu.bucketing import Bucket
+from vllm_hpu.bucketing import Bucket, HpuBucketManager
 from vllm_hpu.worker.passes.seqs import ScheduledSeq, cdiv
 
 
@@ -25,6 +25,14 @@ def merged_fake_chunks(
         chunks.append((cached + query, cached))
         tokens, blocks = tokens - query, blocks - own_blocks
     return chunks if blocks == 0 else []
+
+
+def largest_prompt_bucket(buckets: HpuBucketManager) -> Bucket:
+    """The context-free prompt bucket of the most tokens (the memory profile's)."""
+    return max(
+        (b for b in buckets.prompt_buckets if b.num_blocks == 0),
+        key=lambda b: (b.batch_size * b.query_len, b.query_len),
+    )
 
 
 def profile_seqs(

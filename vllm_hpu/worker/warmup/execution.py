@@ -60,6 +60,16 @@ class CompileOptions:
     max_entries: int  # compiled entries one forward may hold: buckets + headroom
 
 
+def pack_linear_weights(model: Any, mode: ExecutionMode, keep_layout: bool) -> bool:
+    """In eager mode the linear weights are packed for the CPU once (Gaudi:
+    nothing to do); whether any was. Compilers lower the layers as vLLM defines
+    them (inductor cannot take oneDNN's packed weights as graph inputs), and
+    weights that may change or sleep (``keep_layout``) stay as vLLM loaded them."""
+    if mode is not ExecutionMode.EAGER or keep_layout:
+        return False
+    return device.prepare_weights(model)
+
+
 def compile_model(model: torch.nn.Module, options: CompileOptions) -> None:
     """Compile the whole model in place, one static-shape graph per bucket.
 

@@ -28,6 +28,7 @@ from vllm_hpu.bucketing.padding import PaddingStats
 from vllm_hpu.envs import get_envs
 from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
 from vllm_hpu.worker.model_runner import HpuModelRunner
+from vllm_hpu.worker.passes.planner import step_trace_header
 from vllm_hpu.worker.passes.synthetic import merged_fake_chunks
 from vllm_hpu.worker.warmup.execution import (
     RECOMPILE_HEADROOM,
@@ -308,3 +309,10 @@ def warm_up_model(runner: HpuModelRunner, graph_mem: int) -> None:
     ):
         HpuWarmup(runner, graph_mem).run(capture=mode.captures_graphs)
     buckets.mark_warmed(strict=envs.full_warmup)
+
+
+def start_step_trace(runner: HpuModelRunner) -> None:
+    """Record step shapes from now on (after warmup), if asked to."""
+    if runner.caps.step_trace is not None and runner.cache is not None:
+        header = step_trace_header(runner.vllm_config, runner.cache.num_blocks)
+        runner.caps.step_trace.start(header)
