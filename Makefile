@@ -63,6 +63,12 @@ test-unit: test-setup
 test-e2e: test-setup
 	$(PY) -m pytest -q tests/e2e
 
+# The edit-test loop (under 3 minutes on 2 cores): tests not marked slow, and
+# the slow ones marked smoke (tiny-llama against transformers, sampling).
+.PHONY: test-fast
+test-fast: test-setup
+	$(PY) -m pytest -q -m "not slow or smoke" tests
+
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check vllm_hpu tests scripts benchmarks examples
 	$(VENV)/bin/ruff format --check vllm_hpu tests scripts benchmarks examples

@@ -2,16 +2,41 @@
 
 vLLM runs in this process (no engine subprocess) so tests stay fast; every engine
 is shut down and the distributed state cleaned before the next one starts.
+
+Engine start-ups are most of the suite's time, so tests whose engine needs
+nothing fresh share one. Describe the engine with :func:`engine_spec` and ask for
+it through the ``llm`` fixture (tests/e2e/conftest.py)::
+
+    SAMPLING = engine_spec("tiny-llama", block_size=16, max_model_len=512)
+
+    @uses_engines(SAMPLING)
+    def test_something(llm): ...
+
+Every test with an equal spec (model, ``LLM`` arguments after the defaults of
+:func:`vllm_engine`, and plugin variables), in any module, gets the same engine:
+pytest runs them one after another (a session-scoped parameter) and
+:data:`ENGINE_POOL` keeps one engine alive at a time. Before each test the
+prefix cache is emptied; vLLM's metrics keep counting across tests, so compare
+counters before and after (:func:`counters`). A test needs :func:`vllm_engine`
+(a fresh engine) when it reads start-up logs or warmup compilations, changes
+the runner or the engine (``collective_rpc`` patches, LoRA adapters loaded by
+a server), sets variables with ``hpu_env`` that its engine must see, or shuts
+the engine down. See /work/coord/TESTING.md.
 """
 
 import contextlib
+import dataclasses
 import gc
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
+import pytest
 import torch
+
+from e2e.references import cached_tokens
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -26,7 +51,6 @@ def random_prompts(
     return [[rng.randrange(3, vocab_size) for _ in range(n)] for n in lengths]
 
 
-@torch.no_grad()
 def hf_greedy(
     model_dir: str,
     prompts: list[list[int]],
@@ -38,7 +62,33 @@ def hf_greedy(
     """Greedy continuations by transformers, one sequence at a time (no padding).
     ``attn_implementation="eager"`` where torch's SDPA cannot express the model's
     attention (Gemma 2's soft-capping); ``prepare`` changes the loaded model
-    (e.g. hooks that quantize activations as a quantized checkpoint's do)."""
+    (e.g. hooks that quantize activations as a quantized checkpoint's do).
+    Without ``prepare``, kept on disk between runs, keyed by the model's bytes
+    and everything else that decides them (e2e/references.py); a ``prepare``
+    cannot be keyed by what it does, so its references are computed each time."""
+    if prepare is not None:
+        return _hf_greedy(
+            model_dir, prompts, max_tokens, dtype, attn_implementation, prepare
+        )
+    return cached_tokens(
+        _hf_greedy,
+        model_dir,
+        prompts=prompts,
+        max_tokens=max_tokens,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+    )
+
+
+@torch.no_grad()
+def _hf_greedy(
+    model_dir: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    dtype: torch.dtype,
+    attn_implementation: str | None,
+    prepare: Callable[[torch.nn.Module], None] | None = None,
+) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -61,25 +111,60 @@ def hf_greedy(
     return outputs
 
 
+def _with_defaults(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    defaults = {
+        "dtype": "float32",
+        "kv_cache_memory_bytes": KV_CACHE_BYTES,
+        "max_model_len": 1024,
+        "seed": 0,
+        "disable_log_stats": False,
+    }
+    return defaults | dict(kwargs)
+
+
 @contextlib.contextmanager
 def vllm_engine(model_dir: str, **kwargs: Any) -> Iterator[Any]:
-    """An LLM on the plugin in emulation, torn down on exit."""
+    """A fresh LLM on the plugin in emulation, torn down on exit (a shared
+    engine still alive is shut down first: one engine at a time)."""
+    ENGINE_POOL.release()
+    with _engine(model_dir, _with_defaults(kwargs)) as llm:
+        yield llm
+
+
+@contextlib.contextmanager
+def _engine(model_dir: str, kwargs: dict[str, Any]) -> Iterator[Any]:
     from vllm import LLM
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-    kwargs.setdefault("dtype", "float32")
-    kwargs.setdefault("kv_cache_memory_bytes", KV_CACHE_BYTES)
-    kwargs.setdefault("max_model_len", 1024)
-    kwargs.setdefault("seed", 0)
-    kwargs.setdefault("disable_log_stats", False)
-    llm = LLM(model=model_dir, **kwargs)
+    with _heap_frozen():
+        llm = LLM(model=model_dir, **kwargs)
+        try:
+            yield llm
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            cleanup_dist_env_and_memory()  # collects the engine's garbage
+
+
+@contextlib.contextmanager
+def _heap_frozen() -> Iterator[None]:
+    """This process's objects so far (torch, vLLM, transformers: ~800k) kept out
+    of the garbage collector's walks while an engine lives and is torn down.
+
+    vLLM collects garbage five times while an engine starts and twice while it
+    stops; a full collection over the whole heap takes a second on a busy
+    core. Frozen, the heap is skipped and each collection walks only what came
+    since (the engine's own objects, collected at its shutdown). vLLM's own
+    freeze at start-up and unfreeze at shutdown would undo that, and are left
+    out meanwhile: without its freeze the engine's objects stay collectable."""
+    gc.collect()  # garbage left since the last engine, never to be frozen
+    gc.freeze()
+    freeze, unfreeze = gc.freeze, gc.unfreeze
+    gc.freeze = gc.unfreeze = lambda: None  # type: ignore[assignment]
     try:
-        yield llm
+        yield
     finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
-        cleanup_dist_env_and_memory()
+        gc.freeze, gc.unfreeze = freeze, unfreeze  # type: ignore[assignment]
 
 
 def vllm_greedy(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -88,3 +173,102 @@ def vllm_greedy(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[lis
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     return [list(r.outputs[0].token_ids) for r in results]
+
+
+def counters(llm: Any) -> dict[str, float]:
+    """vLLM's counters so far, by name (a shared engine's count since it started)."""
+    return {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+
+
+def counted(
+    before: Mapping[str, float], after: Mapping[str, float], name: str
+) -> float:
+    """How much counter ``name`` grew between two :func:`counters` readings."""
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    """What a shared engine is keyed by: equal specs share one engine."""
+
+    model: str  # a name under .cache/models, or a path
+    # (name, repr(value)) of the LLM arguments and plugin variables, sorted:
+    # hashable, so pytest groups the tests of one spec across modules.
+    options: tuple[tuple[str, str], ...]
+    env: tuple[tuple[str, str], ...]
+    name: str = dataclasses.field(compare=False)
+    kwargs: Mapping[str, Any] = dataclasses.field(compare=False, repr=False)
+
+
+def engine_spec(
+    model: str, *, name: str = "", env: Mapping[str, str] | None = None, **kwargs: Any
+) -> EngineSpec:
+    """The engine ``vllm_engine(model_path(model), **kwargs)`` would start, with
+    plugin variables ``env`` set while it starts and while a test uses it;
+    ``name`` labels test ids only (default: the model)."""
+    kwargs = _with_defaults(kwargs)
+    options = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
+    env_items = tuple(sorted((env or {}).items()))
+    label = name or os.path.basename(model)
+    return EngineSpec(model, options, env_items, label, kwargs)
+
+
+def uses_engines(*specs: EngineSpec) -> pytest.MarkDecorator:
+    """Runs the test once per spec, its ``llm`` fixture the spec's shared engine."""
+    return pytest.mark.parametrize(
+        "shared_engine", specs, indirect=True, ids=[s.name for s in specs]
+    )
+
+
+@contextlib.contextmanager
+def plugin_env(values: Iterable[tuple[str, str]]) -> Iterator[None]:
+    """Plugin variables set inside the block, the plugin's cached reading
+    dropped on entry and exit."""
+    from vllm_hpu import envs
+
+    patch = pytest.MonkeyPatch()
+    for name, value in values:
+        patch.setenv(name, value)
+    envs.get_envs.cache_clear()
+    try:
+        yield
+    finally:
+        patch.undo()
+        envs.get_envs.cache_clear()
+
+
+class SharedPool:
+    """At most one shared engine (or server) alive: asking for another spec
+    shuts the current one down; so does a fresh :func:`vllm_engine`, and the
+    end of the last test using a spec (tests/e2e/conftest.py)."""
+
+    def __init__(self, start: Callable[[Any], AbstractContextManager[Any]]) -> None:
+        self._start = start
+        self._spec: Any = None
+        self._stack = contextlib.ExitStack()
+        self._value: Any = None
+
+    def get(self, spec: Any) -> Any:
+        if spec != self._spec:
+            self.release()
+            self._value = self._stack.enter_context(self._start(spec))
+            self._spec = spec
+        return self._value
+
+    def release(self) -> None:
+        self._spec, self._value = None, None
+        self._stack.close()
+
+
+@contextlib.contextmanager
+def _start_shared(spec: EngineSpec) -> Iterator[Any]:
+    from models import model_path
+
+    path = spec.model if os.path.isabs(spec.model) else model_path(spec.model)
+    with contextlib.ExitStack() as stack:
+        with plugin_env(spec.env):  # while it starts; the llm fixture sets them again
+            llm = stack.enter_context(_engine(path, dict(spec.kwargs)))
+        yield llm
+
+
+ENGINE_POOL = SharedPool(_start_shared)

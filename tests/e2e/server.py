@@ -6,17 +6,22 @@ process of it is left.
 """
 
 import contextlib
+import dataclasses
 import os
 import pathlib
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 
 import httpx
 import psutil
+import pytest
+
+from e2e.harness import SharedPool
 
 READY_TIMEOUT_S = 300  # engine start plus warmup on a busy 2-core machine
 STOP_TIMEOUT_S = 30
@@ -118,3 +123,53 @@ def vllm_server(
     finally:
         alive = stop(process)
     assert not alive, f"processes left after shutdown: {alive}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSpec:
+    """What a shared server is keyed by: tests of equal specs, in any module,
+    share one server (the ``server_url`` fixture, tests/e2e/conftest.py, is
+    its base URL). Shared servers get a Prometheus multiprocess folder, so an
+    engine process's metrics reach /metrics."""
+
+    model: str  # a name under .cache/models
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    name: str = dataclasses.field(compare=False)
+
+
+def uses_servers(*specs: ServerSpec) -> pytest.MarkDecorator:
+    """Runs the test once per spec, its ``server_url`` fixture the spec's server."""
+    return pytest.mark.parametrize(
+        "shared_server", specs, indirect=True, ids=[s.name for s in specs]
+    )
+
+
+@contextlib.contextmanager
+def _start_shared(spec: ServerSpec) -> Iterator[str]:
+    from models import model_path
+
+    with tempfile.TemporaryDirectory(prefix=f"{spec.name}-") as workdir:
+        prometheus = pathlib.Path(workdir) / "prometheus"
+        prometheus.mkdir()
+        env = dict(spec.env) | {"PROMETHEUS_MULTIPROC_DIR": str(prometheus)}
+        log = pathlib.Path(workdir) / "server.log"
+        with vllm_server(model_path(spec.model), list(spec.args), env, log) as url:
+            yield url
+
+
+SERVER_POOL = SharedPool(_start_shared)
+
+
+# tiny-llama as a Gaudi user serves it (--device hpu), its engine in its own
+# process: test_serve's API checks and test_gaudi_commands' completion.
+TINY_LLAMA_SERVER = ServerSpec(
+    model="tiny-llama",
+    args=(
+        *("--served-model-name", "tiny-llama", "--device", "hpu"),
+        *("--dtype", "float32", "--seed", "0", "--enforce-eager"),
+        *("--block-size", "16", "--max-model-len", "256", "--max-num-seqs", "64"),
+    ),
+    env=(("VLLM_HPU_EMULATION", "1"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "1")),
+    name="tiny-llama-server",
+)

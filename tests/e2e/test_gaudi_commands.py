@@ -8,6 +8,7 @@ every one is shut down before the test ends.
 
 import ast
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import ray
 from models import model_path
 
 from e2e.harness import random_prompts, vllm_engine, vllm_greedy
-from e2e.server import vllm_server
+from e2e.server import TINY_LLAMA_SERVER, uses_servers
 
 pytestmark = pytest.mark.slow
 
@@ -49,17 +50,48 @@ def child_env(**changes: str | None) -> dict[str, str]:
     return env
 
 
-def run_child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """``code`` in a fresh interpreter, under a main guard (engines spawn)."""
+def child_command(code: str) -> list[str]:
+    """``code`` for a fresh interpreter, under a main guard (engines spawn)."""
     script = "def main():\n" + textwrap.indent(textwrap.dedent(code), "    ")
     script += "\n\nif __name__ == '__main__':\n    main()\n"
+    return [sys.executable, "-c", script]
+
+
+def run_child(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", script],
+        child_command(code),
         env=env,
         capture_output=True,
         text=True,
         timeout=CHILD_TIMEOUT_S,
     )
+
+
+def run_together(
+    commands: list[list[str]], env: dict[str, str]
+) -> list[subprocess.CompletedProcess]:
+    """Commands run side by side (each spends seconds importing vLLM)."""
+    children = [
+        subprocess.Popen(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for command in commands
+    ]
+    done = []
+    try:
+        for command, child in zip(commands, children, strict=True):
+            out, err = child.communicate(timeout=CHILD_TIMEOUT_S)
+            result = subprocess.CompletedProcess(command, child.returncode, out, err)
+            done.append(result)
+    finally:
+        for child in children:
+            child.kill()  # only those still running, after a timeout
+            child.wait()
+    return done
 
 
 def generate_code(engine_kwargs: str) -> str:
@@ -88,10 +120,17 @@ def tokens_printed(result: subprocess.CompletedProcess) -> list[list[int]]:
     return ast.literal_eval(lines[-1].removeprefix("TOKENS "))
 
 
-@pytest.fixture(scope="module")
-def reference_tokens() -> list[list[int]]:
+@functools.cache
+def _reference_tokens() -> list[list[int]]:
     with vllm_engine(model_path(MODEL), **ENGINE_KWARGS) as llm:
         return vllm_greedy(llm, PROMPTS, MAX_TOKENS)
+
+
+@pytest.fixture
+def reference_tokens() -> list[list[int]]:
+    """Greedy tokens of an engine in this process (computed once: the module's
+    tests may run apart, around those sharing its server)."""
+    return _reference_tokens()
 
 
 def test_llm_device_hpu_generates_the_same_tokens(reference_tokens):
@@ -108,40 +147,35 @@ def test_llm_wrong_device_is_refused(device):
 
 
 def test_without_gaudi_or_emulation_device_hpu_fails_at_once():
-    env = child_env(VLLM_HPU_EMULATION=None)
     command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
-    served = subprocess.run(
-        [*command, model_path(MODEL), "--device", "hpu"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
+    served, built = run_together(
+        [
+            [*command, model_path(MODEL), "--device", "hpu"],
+            child_command(
+                f"from vllm import LLM\nLLM({model_path(MODEL)!r}, device='hpu')"
+            ),
+        ],
+        child_env(VLLM_HPU_EMULATION=None),
     )
     assert served.returncode != 0
     (line,) = [x for x in served.stderr.splitlines() if NO_GAUDI in x]
     assert HOW_TO_EMULATE in line
-    built = run_child(
-        f"from vllm import LLM\nLLM({model_path(MODEL)!r}, device='hpu')", env
-    )
     assert built.returncode != 0
     assert f"ValueError: {NO_GAUDI}" in built.stderr
     assert HOW_TO_EMULATE in built.stderr
 
 
-def test_serve_device_hpu_answers_a_completion(tmp_path, reference_tokens):
-    args = ["--device", "hpu", "--dtype", "float32", "--seed", "0"]
-    args += ["--block-size", "16", "--max-model-len", "256", "--enforce-eager"]
-    env = {"VLLM_HPU_EMULATION": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    with vllm_server(model_path(MODEL), args, env, tmp_path / "serve.log") as url:
-        body = {
-            "model": model_path(MODEL),
-            "prompt": PROMPTS[0],
-            "max_tokens": MAX_TOKENS,
-            "temperature": 0.0,
-            "ignore_eos": True,
-            "return_token_ids": True,
-        }
-        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+@uses_servers(TINY_LLAMA_SERVER)  # --device hpu, the engine in its own process
+def test_serve_device_hpu_answers_a_completion(server_url, reference_tokens):
+    body = {
+        "model": MODEL,
+        "prompt": PROMPTS[0],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    reply = httpx.post(f"{server_url}/v1/completions", json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["token_ids"] == reference_tokens[0]
 

@@ -15,7 +15,14 @@ import pytest
 import ray
 from models import model_path
 
-from e2e.harness import random_prompts, vllm_engine, vllm_greedy
+from e2e.harness import (
+    ENGINE_POOL,
+    engine_spec,
+    random_prompts,
+    uses_engines,
+    vllm_engine,
+    vllm_greedy,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -58,17 +65,37 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("backend", ["mp", "ray"])
-@pytest.mark.parametrize("layout", LAYOUTS)
+# Tensor parallelism under vLLM's multiprocessing executor, async scheduling on
+# (vLLM's default there): the killed-worker tests break this engine after the
+# comparison with a single worker has used it.
+TP2_MP = engine_spec(
+    MODEL,
+    name="tp2-mp",
+    distributed_executor_backend="mp",
+    async_scheduling=True,
+    **LAYOUTS["tp2"],
+    **ENGINE_KWARGS,
+)
+
+
+@pytest.mark.timeout(300)
+@uses_engines(TP2_MP)
+def test_tensor_parallel_mp_matches_single_worker(llm, single_worker_tokens):
+    assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == single_worker_tokens
+
+
+# Async scheduling where vLLM allows it: not under Ray, not with pipelines.
+@pytest.mark.parametrize(
+    ("layout", "backend"), [("tp2", "ray"), ("pp2", "mp"), ("pp2", "ray")]
+)
 @pytest.mark.timeout(300)
 def test_parallel_matches_single_worker(layout, backend, single_worker_tokens, request):
     if backend == "ray":
         request.getfixturevalue("local_ray")
-    # Async scheduling where vLLM allows it: not under Ray, not with pipelines.
     with vllm_engine(
         model_path(MODEL),
         distributed_executor_backend=backend,
-        async_scheduling=backend == "mp" and layout == "tp2",
+        async_scheduling=False,
         **LAYOUTS[layout],
         **ENGINE_KWARGS,
     ) as llm:
@@ -118,13 +145,9 @@ def _generate_in_background(llm) -> tuple[threading.Thread, dict]:
 # Rank 0 answers the engine; rank 1 only follows it: both deaths must be noticed.
 @pytest.mark.parametrize("rank", [0, 1])
 @pytest.mark.timeout(300)
-def test_parallel_killed_worker_fails_engine_in_bounded_time(rank):
-    with vllm_engine(
-        model_path(MODEL),
-        tensor_parallel_size=2,
-        distributed_executor_backend="mp",
-        **ENGINE_KWARGS,
-    ) as llm:
+@uses_engines(TP2_MP)
+def test_parallel_killed_worker_fails_engine_in_bounded_time(rank, llm):
+    try:
         pids = _worker_pids()
         assert len(pids) == 2
         thread, outcome = _generate_in_background(llm)
@@ -137,3 +160,5 @@ def test_parallel_killed_worker_fails_engine_in_bounded_time(rank):
         assert outcome["at"] - killed_at < FAILURE_BOUND_S
         with pytest.raises(Exception):  # noqa: B017 - any loud failure will do
             vllm_greedy(llm, PROMPTS[:1], MAX_TOKENS)
+    finally:
+        ENGINE_POOL.release()  # broken: the next test gets a fresh engine

@@ -9,21 +9,15 @@ from transformers import AutoModelForCausalLM
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
-from e2e.harness import random_prompts, vllm_engine
-
-pytestmark = pytest.mark.slow
+from e2e.harness import random_prompts, uses_engines
+from e2e.test_generate import chunked
 
 MODEL = "tiny-llama"
 VOCAB_SIZE = 1024
 
-
-@pytest.fixture(scope="module")
-def llm():
-    # Chunked prompts (budget 64) exercise discarded samples of partial prefills.
-    with vllm_engine(
-        model_path(MODEL), block_size=16, max_num_batched_tokens=64, max_model_len=512
-    ) as engine:
-        yield engine
+# Chunked prompts (budget 64) exercise discarded samples of partial prefills;
+# the engine is test_generate's chunked-prompt one.
+pytestmark = [pytest.mark.slow, pytest.mark.smoke, uses_engines(chunked(MODEL))]
 
 
 @torch.no_grad()

@@ -9,17 +9,17 @@ import asyncio
 import pathlib
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from models import model_path
 
-from e2e.server import vllm_server
+from e2e.server import TINY_LLAMA_SERVER, uses_servers
 
-pytestmark = pytest.mark.slow
+# One server for the whole file, shared with test_gaudi_commands; its engine
+# runs in its own process, whose vllm_hpu:* metrics reach the API's /metrics.
+pytestmark = [pytest.mark.slow, uses_servers(TINY_LLAMA_SERVER)]
 
 MODEL = "tiny-llama"
 MAX_MODEL_LEN = 256
@@ -35,27 +35,12 @@ GREEDY: dict[str, Any] = {
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    workdir = tmp_path_factory.mktemp("serve")
-    (workdir / "prometheus").mkdir()
-    args = [
-        *("--served-model-name", MODEL),
-        *("--max-model-len", str(MAX_MODEL_LEN)),
-        *("--max-num-seqs", str(NUM_CONCURRENT)),
-        *("--dtype", "float32", "--seed", "0", "--enforce-eager"),
-    ]
-    env = {
-        "VLLM_HPU_EMULATION": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",  # the engine in its own process
-        # Lets the engine process's vllm_hpu:* metrics reach the API's /metrics.
-        "PROMETHEUS_MULTIPROC_DIR": str(workdir / "prometheus"),
-    }
-    with vllm_server(str(model_path(MODEL)), args, env, workdir / "server.log") as url:
-        yield url
+@pytest.fixture
+def base_url(server_url: str) -> str:
+    return server_url
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client(base_url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{base_url}/v1", api_key="EMPTY", max_retries=0)
 

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a fresh process per case
+
 # Run in a fresh process (malloc settings are process-wide): pool host memory as a
 # worker does, then report from glibc's mallinfo2 what became of 24 MiB malloc'd
 # and freed (mapped for itself, kept on the heap or trimmed off it) and where a

@@ -37,6 +37,7 @@ def read_tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in files}
 
 
+@pytest.mark.slow  # builds every local model twice, in two processes
 def test_tiny_models_build_deterministically(tmp_path: Path) -> None:
     builds = [start_build(tmp_path / seed, seed) for seed in ("1", "2")]
     assert [build.wait() for build in builds] == [0, 0]

@@ -68,6 +68,11 @@ ALLOWED = (
 )
 
 
+# The walk imports all of vLLM's model modules in a fresh process (half a
+# minute): `make test-fast` leaves its tests out.
+WALKS_THE_REGISTRY = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def registry_walk() -> dict[str, dict]:
     result = subprocess.run(
@@ -89,11 +94,13 @@ def _reasons(walked: dict[str, dict]) -> dict[str, str | None]:
     }
 
 
+@WALKS_THE_REGISTRY
 def test_walk_covers_the_whole_registry(registry_walk):
     assert set(registry_walk) == set(ModelRegistry.get_supported_archs())
     assert len(_reasons(registry_walk)) >= MIN_INSPECTED
 
 
+@WALKS_THE_REGISTRY
 @pytest.mark.parametrize("arch", sorted(REFUSED))
 def test_known_unsupported_classes_are_refused_naming_the_piece(registry_walk, arch):
     reason = _reasons(registry_walk)[arch]
@@ -101,11 +108,13 @@ def test_known_unsupported_classes_are_refused_naming_the_piece(registry_walk, a
     assert REFUSED[arch] in reason and ": use " in reason
 
 
+@WALKS_THE_REGISTRY
 @pytest.mark.parametrize("arch", ALLOWED)
 def test_classes_the_plugin_runs_are_allowed(registry_walk, arch):
     assert _reasons(registry_walk)[arch] is None
 
 
+@WALKS_THE_REGISTRY
 def test_llava_and_qwen2_vl_import_and_are_the_multimodal_classes_allowed(
     registry_walk,
 ):
@@ -120,6 +129,7 @@ def test_llava_and_qwen2_vl_import_and_are_the_multimodal_classes_allowed(
     assert allowed == set(FED_MULTIMODAL_ARCHS)
 
 
+@WALKS_THE_REGISTRY
 def test_every_state_cache_or_multimodal_class_is_refused(registry_walk):
     counts: collections.Counter[str] = collections.Counter()
     for arch, entry in registry_walk.items():
@@ -140,6 +150,7 @@ def _engine_config(model: str | Path):
     return EngineArgs(model=str(model), max_model_len=64).create_engine_config()
 
 
+@WALKS_THE_REGISTRY
 def test_start_up_step_passes_a_decoder_and_refuses_multimodal(registry_walk):
     config = _engine_config(model_path("tiny-llama"))  # the whole config hook ran
     platform._reject_unsupported_model(config)

@@ -4,7 +4,10 @@ torch in a fresh interpreter of the venv, before any plugin code runs."""
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow  # a fresh interpreter imports torch and torchvision
 def test_fresh_interpreter_imports_torchvision_before_the_plugin():
     code = (
         "import sys\n"
