@@ -18,25 +18,38 @@ import pytest
 import torch
 from models import FAMILY_MODELS, model_path
 
-from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
+from e2e.harness import (
+    EngineSpec,
+    counted,
+    counters,
+    engine_spec,
+    hf_greedy,
+    random_prompts,
+    uses_engines,
+    vllm_greedy,
+)
 from e2e.test_generate import vocab_size
-
-pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 24
 LENGTHS = [7, 33, 61, 140]
 SHARED_PREFIX = 48
 TAILS = [9, 30]
 PROMPT_SEED = 41
-ENGINE = {
-    "block_size": 16,
-    "max_model_len": 256,
-    "num_gpu_blocks_override": 20,
-    "kv_cache_memory_bytes": None,
-    "max_num_batched_tokens": 48,
-    "enable_chunked_prefill": True,
-    "enable_prefix_caching": True,
-}
+# 20 blocks of 16 for 6 prompts of up to 164 tokens: preemption is certain.
+SPECS = [
+    engine_spec(
+        name,
+        name=f"{name}-preempting",
+        block_size=16,
+        max_model_len=256,
+        num_gpu_blocks_override=20,
+        kv_cache_memory_bytes=None,
+        max_num_batched_tokens=48,
+        enable_chunked_prefill=True,
+        enable_prefix_caching=True,
+    )
+    for name in FAMILY_MODELS
+]
 
 
 def prompt_batches(name: str) -> tuple[list[list[int]], list[list[int]]]:
@@ -57,20 +70,19 @@ def reference(name: str) -> list[list[int]]:
     return hf_greedy(model_path(name), first + second, MAX_TOKENS, torch.float32)
 
 
-def counter(llm: Any, name: str) -> float:
-    metrics = {m.name: m for m in llm.get_metrics()}
-    return metrics[name].value if name in metrics else 0.0
-
-
-@pytest.mark.parametrize("name", FAMILY_MODELS)
-def test_family_matches_hf_with_chunks_prefix_hits_and_preemption(name: str):
+@uses_engines(*SPECS)
+def test_family_matches_hf_with_chunks_prefix_hits_and_preemption(
+    llm: Any, shared_engine: EngineSpec
+):
+    name = shared_engine.model
     first, second = prompt_batches(name)
     expected = reference(name)
-    with vllm_engine(model_path(name), **ENGINE) as llm:
-        actual = vllm_greedy(llm, first, MAX_TOKENS)
-        actual += vllm_greedy(llm, second, MAX_TOKENS)
-        assert counter(llm, "vllm:num_preemptions") > 0
-        assert counter(llm, "vllm:prefix_cache_hits") > 0
+    before = counters(llm)
+    actual = vllm_greedy(llm, first, MAX_TOKENS)
+    actual += vllm_greedy(llm, second, MAX_TOKENS)
+    after = counters(llm)
+    assert counted(before, after, "vllm:num_preemptions") > 0
+    assert counted(before, after, "vllm:prefix_cache_hits") > 0
     for i, (want, got) in enumerate(zip(expected, actual, strict=True)):
         assert got == want, f"{name}: prompt {i} diverged"
 
