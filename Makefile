@@ -55,7 +55,7 @@ run: setup
 	$(PY) examples/offline_inference.py --model $(MODELS)/smollm2-135m-instruct
 
 test: test-setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 test-unit: test-setup
 	$(PY) -m pytest -q tests/unit
