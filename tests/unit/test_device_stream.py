@@ -81,15 +81,19 @@ def torch_threads():
         ({"OMP_NUM_THREADS": "1", "VLLM_OMP_NUM_THREADS_SET_BY_VLLM": "1"}, 1),
     ],
 )
-def test_compute_threads_leave_the_host_a_core(variables, expected, hpu_env):
+def test_compute_threads_leave_the_host_a_core(
+    variables, expected, hpu_env, monkeypatch
+):
     from vllm_hpu import device
 
+    # An engine started earlier in this process (e2e) leaves vLLM's marker set.
+    monkeypatch.delenv("VLLM_OMP_NUM_THREADS_SET_BY_VLLM", raising=False)
     hpu_env(**variables)
     assert device.compute_threads() == expected
 
 
 def test_emulated_device_work_uses_the_same_threads_on_either_thread(
-    hpu_env, torch_threads
+    hpu_env, torch_threads, monkeypatch
 ):
     """The host thread (async off) and the stream's thread (async on) compute
     with the same torch thread count: with torch's default, the host thread's
@@ -97,6 +101,7 @@ def test_emulated_device_work_uses_the_same_threads_on_either_thread(
     (benchmarks/stream_threads.py)."""
     from vllm_hpu import device
 
+    monkeypatch.delenv("VLLM_OMP_NUM_THREADS_SET_BY_VLLM", raising=False)
     hpu_env(OMP_NUM_THREADS="3")
     torch.set_num_threads(2)
     stream = device.device_stream(queued=True)
