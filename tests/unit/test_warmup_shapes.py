@@ -3,10 +3,17 @@
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager, ServingLimits
 from vllm_hpu.envs import read_envs
-from vllm_hpu.worker.warmup.execution import ExecutionMode, select_mode
+from vllm_hpu.metrics import compile_count
+from vllm_hpu.worker.warmup.execution import (
+    CompileOptions,
+    ExecutionMode,
+    compile_model,
+    select_mode,
+)
 from vllm_hpu.worker.warmup.warmup import HpuWarmup
 
 
@@ -119,3 +126,38 @@ def test_emulated_modes_warm_up_and_capture_only_when_compiled():
     assert ExecutionMode.COMPILE.captures_graphs
     assert not ExecutionMode.EAGER.compiles_shapes
     assert not ExecutionMode.EAGER.captures_graphs
+
+
+class Scale(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+def test_each_compiled_model_adds_its_own_entries_to_dynamos_process_cap():
+    """Dynamo counts a code object's compiles for the whole process: a second
+    engine's model must still compile, not fall back to eager past the cap."""
+
+    def graphs_for(model, sizes):
+        before = compile_count()
+        for size in sizes:
+            model(torch.ones(size, 4))
+        return compile_count() - before
+
+    options = CompileOptions(backend="eager", fullgraph=True, max_entries=2)
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(
+            recompile_limit=1, accumulated_recompile_limit=2
+        ):
+            first, second = Scale(), Scale()
+            compile_model(first, options)
+            assert graphs_for(first, [1, 2]) == 2
+            compile_model(second, options)
+            # The first model's graphs serve the second too: new shapes compile.
+            assert graphs_for(second, [1, 2, 3, 4]) == 2
+    finally:
+        torch._dynamo.reset()

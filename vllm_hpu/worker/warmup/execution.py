@@ -76,13 +76,16 @@ def compile_model(model: torch.nn.Module, options: CompileOptions) -> None:
     The whole model rather than each decoder layer: dynamo specialises a layer's
     graph on its attention layer name, so per-layer compiling traced every layer
     once per bucket (60 graphs per bucket pair on SmolLM2, against 1 per bucket).
+
+    Models of one architecture share one code object (their ``forward``) and its
+    cache entries, and dynamo counts that code object's compiles for the whole
+    process, freed models included: each model adds its own entries to both
+    caps, or a process that builds a second engine (RL loops, tests) silently
+    runs it eager.
     """
     dynamo_config: Any = torch._dynamo.config
-    limit = max(dynamo_config.recompile_limit, options.max_entries)
-    dynamo_config.recompile_limit = limit
-    dynamo_config.accumulated_recompile_limit = max(
-        dynamo_config.accumulated_recompile_limit, limit
-    )
+    dynamo_config.recompile_limit += options.max_entries
+    dynamo_config.accumulated_recompile_limit += options.max_entries
     device.load_kernels()
     model.compile(backend=options.backend, dynamic=False, fullgraph=options.fullgraph)
 
