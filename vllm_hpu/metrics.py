@@ -18,7 +18,7 @@ from vllm_hpu.bucketing import HpuBucketManager
 logger = init_logger("vllm.hpu.metrics")
 
 PHASES = ("prompt", "decode")
-PADDING_KINDS = ("prompt_tokens", "decode_tokens", "decode_blocks")
+PADDING_KINDS = ("prompt_tokens", "decode_tokens", "decode_blocks", "verify_tokens")
 
 
 def compile_count() -> int:
@@ -78,7 +78,7 @@ class _Snapshot:
     @classmethod
     def take(cls, buckets: HpuBucketManager) -> "_Snapshot":
         stats = buckets.stats
-        counters = (stats.prompt, stats.decode_batch, stats.decode_blocks)
+        counters = (stats.prompt, stats.decode_batch, stats.decode_blocks, stats.verify)
         padding = {
             kind: (counter.real, counter.padded)
             for kind, counter in zip(PADDING_KINDS, counters, strict=True)

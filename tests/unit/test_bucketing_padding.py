@@ -58,10 +58,12 @@ def test_summary_reports_every_counter():
     assert stats.prompt.ratio == 0.0
     stats.record_prompt(Bucket(1, 128, 0), [100])
     stats.record_decode(Bucket(2, 1, 16), num_seqs=1, num_blocks=4)
+    stats.record_verify(Bucket(2, 4, 8), query_lens=[4, 2], num_blocks=8)
     assert stats.summary() == (
         "Padding: prompt 1 steps, 100 real / 28 padded tokens (21.9%); "
         "decode 1 steps, batch 1 real / 1 padded tokens (50.0%), "
-        "blocks 4 real / 12 padded blocks (75.0%)"
+        "blocks 12 real / 12 padded blocks (50.0%); "
+        "verification 1 steps, 6 real / 2 padded tokens (25.0%)"
     )
 
 

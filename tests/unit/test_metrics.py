@@ -68,5 +68,5 @@ def test_metrics_count_compilations_after_warmup(vllm_log):
     assert vllm_log.messages()[-1] == (
         "HPU metrics since warmup: buckets prompt 0 hits / 0 misses, decode 0 hits "
         "/ 0 misses; padding prompt_tokens 0.0%, decode_tokens 0.0%, "
-        "decode_blocks 0.0%; compilations 1"
+        "decode_blocks 0.0%, verify_tokens 0.0%; compilations 1"
     )

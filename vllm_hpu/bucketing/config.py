@@ -80,6 +80,9 @@ class BucketingConfig:
     # Prompt passes pack their chunks: prompt buckets are (1, tokens, context).
     merged_prefill: bool = False
     prefix_caching: bool = True
+    # Speculative decoding: query tokens per row of a verification pass (its
+    # last token and k drafts); each decode bucket gets a verification twin.
+    verify_queries: int = 1
 
     @classmethod
     def from_vllm_config(
@@ -93,15 +96,18 @@ class BucketingConfig:
             max_num_batched_tokens=scheduler.max_num_batched_tokens,
             max_model_len=vllm_config.model_config.max_model_len,
             block_size=cache.block_size,
-            # Speculative decoding verifies drafts as chunks after the context.
             use_context_buckets=bool(
-                cache.enable_prefix_caching
-                or scheduler.enable_chunked_prefill
-                or vllm_config.speculative_config is not None
+                cache.enable_prefix_caching or scheduler.enable_chunked_prefill
             ),
             prefix_caching=bool(cache.enable_prefix_caching),
         )
         config = cls.from_limits(limits, envs)
+        spec = vllm_config.speculative_config
+        if spec is not None and spec.num_speculative_tokens:
+            # Verification passes: a row's last token and its drafts.
+            config = dataclasses.replace(
+                config, verify_queries=spec.num_speculative_tokens + 1
+            )
         if config.merged_prefill and vllm_config.model_config.runner_type == "pooling":
             # Pooling prompts may be bidirectional and are pooled per row.
             logger.info("Pooling model: prompt passes keep one row per prompt.")

@@ -104,6 +104,7 @@ class HpuBucketManager:
         self._decode_dims = decode_dims(config)
         self._prompt = BucketIndex([])
         self._decode = BucketIndex([])
+        self._verify = BucketIndex([])  # decode buckets of Q query tokens per row
         self._set_prompt_buckets(strategy_prompt_buckets(config))
         self._warned: set[tuple[str, Bucket]] = set()
         # VLLM_FULL_WARMUP, set once warmup ran: a shape it did not run is an error.
@@ -122,7 +123,8 @@ class HpuBucketManager:
 
     @property
     def decode_buckets(self) -> list[Bucket]:
-        return self._decode.buckets
+        """Decode buckets, then their verification twins (speculative decoding)."""
+        return self._decode.buckets + self._verify.buckets
 
     def set_num_kv_blocks(self, num_blocks: int) -> None:
         """(Re)build the decode buckets, clamped to ``num_blocks`` KV blocks."""
@@ -148,7 +150,15 @@ class HpuBucketManager:
     def _set_decode_buckets(
         self, buckets: list[Bucket], from_ranges: bool | None = None
     ) -> None:
+        """Verification buckets follow the decode ones: (bs, Q, blocks)."""
+        buckets = [b for b in buckets if b.query_len == 1]
         self._decode = BucketIndex(buckets)
+        queries = self.config.verify_queries
+        self._verify = BucketIndex(
+            [Bucket(b.batch_size, queries, b.num_blocks) for b in buckets]
+            if queries > 1
+            else []
+        )
         if from_ranges is None:
             from_ranges = self.config.decode_strategy in RANGE_STRATEGIES
         if not from_ranges:
@@ -198,25 +208,32 @@ class HpuBucketManager:
         )
         return bucket, False
 
-    def find_decode_bucket(self, batch_size: int, num_blocks: int) -> Bucket:
+    def find_decode_bucket(
+        self, batch_size: int, num_blocks: int, query_len: int = 1
+    ) -> Bucket:
         """The smallest decode bucket for ``batch_size`` sequences holding
-        ``num_blocks`` KV blocks in all (a warned miss if none)."""
+        ``num_blocks`` KV blocks in all (a warned miss if none); with
+        ``query_len`` > 1, the verification bucket of that many queries per row."""
         if self.exact_shapes:
-            return Bucket(batch_size, 1, num_blocks)
-        bucket = self._decode.find(batch_size, 1, num_blocks)
-        if bucket is not None:
+            return Bucket(batch_size, query_len, num_blocks)
+        index = self._decode if query_len == 1 else self._verify
+        bucket = index.find(batch_size, query_len, num_blocks)
+        if bucket is not None and bucket.query_len == query_len:
             return self._count_found("decode", bucket)
         dims = self._decode_dims
         bucket = Bucket(
             padded_value(batch_size, dims.batch_sizes, self.config.decode_bs),
-            1,
+            query_len,
             padded_value(num_blocks, dims.num_blocks, self.config.decode_block),
         )
-        return self._add_miss("decode", self._decode, bucket)
+        return self._add_miss("decode", index, bucket)
 
     def describe(self, phase: str, bucket: Bucket) -> tuple[int, ...]:
-        """A bucket as the logs print it: (bs, seq), (bs, seq, ctx) or (bs, blocks)."""
+        """A bucket as the logs print it: (bs, seq), (bs, seq, ctx), (bs, blocks)
+        or, verifying drafts, (bs, queries, blocks)."""
         if phase == "decode":
+            if bucket.query_len > 1:
+                return tuple(bucket)
             return (bucket.batch_size, bucket.num_blocks)
         if self.config.use_context_buckets:
             return tuple(bucket)

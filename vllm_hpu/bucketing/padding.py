@@ -53,6 +53,9 @@ class PaddingStats:
     # A decode step computes one token per sequence: batch padding is token padding.
     decode_batch: PaddingCounter = dataclasses.field(default_factory=PaddingCounter)
     decode_blocks: PaddingCounter = dataclasses.field(default_factory=PaddingCounter)
+    # Verification passes (a decode row's last token and its drafts): tokens;
+    # their blocks count as decode blocks.
+    verify: PaddingCounter = dataclasses.field(default_factory=PaddingCounter)
 
     def record_prompt(self, bucket: "Bucket", query_lens: list[int]) -> None:
         self.prompt.add(sum(query_lens), bucket.batch_size * bucket.query_len)
@@ -61,13 +64,21 @@ class PaddingStats:
         self.decode_batch.add(num_seqs, bucket.batch_size)
         self.decode_blocks.add(num_blocks, bucket.num_blocks)
 
+    def record_verify(
+        self, bucket: "Bucket", query_lens: list[int], num_blocks: int
+    ) -> None:
+        self.verify.add(sum(query_lens), bucket.batch_size * bucket.query_len)
+        self.decode_blocks.add(num_blocks, bucket.num_blocks)
+
     def summary(self) -> str:
         return (
             f"Padding: prompt {self.prompt.steps} steps, "
             f"{self.prompt.describe('tokens')}; "
             f"decode {self.decode_batch.steps} steps, "
             f"batch {self.decode_batch.describe('tokens')}, "
-            f"blocks {self.decode_blocks.describe('blocks')}"
+            f"blocks {self.decode_blocks.describe('blocks')}; "
+            f"verification {self.verify.steps} steps, "
+            f"{self.verify.describe('tokens')}"
         )
 
 

@@ -68,7 +68,7 @@ def latent_decode_attention(
     kv_lora_rank + rope]. Returns [bs, num_heads, kv_lora_rank], still to be
     projected through W_UV. The blocks are gathered once (``block_slice`` at a
     time): the value is the key's latent part."""
-    block_size = blocks.block_bias.shape[1]
+    block_size = blocks.block_bias.shape[-1]
 
     def gather(part: DecodeBlocks) -> tuple[torch.Tensor, torch.Tensor]:
         keys = gather_blocks_by_head(cache.unsqueeze(1), part.block_list, block_size)

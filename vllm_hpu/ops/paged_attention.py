@@ -33,9 +33,12 @@ class DecodeBlocks:
     block_groups: torch.Tensor  # [P] long: owning batch row; padding -> bs
     block_mapping: torch.Tensor  # [P, bs] one-hot of block_groups, sink dropped
     # [P, block_size] (or [P, num_heads, block_size] with ALiBi): 0 for valid
-    # tokens, -inf for tokens past the end or before the window.
+    # tokens, -inf for tokens past the end or before the window. Verification
+    # (Q queries per row): [P, Q, 1 or num_heads, block_size], each query's
+    # hidden keys at the dtype's most negative value (a block may hide all).
     block_bias: torch.Tensor
     block_offsets: torch.Tensor  # [P] long: block's first key position - query's
+    # (verification: minus the row's first query's)
 
     def split(self, size: int) -> list["DecodeBlocks"]:
         """The layout cut along P into slices of ``size`` blocks (the last
@@ -53,12 +56,21 @@ class DecodeBlocks:
 
 
 def blocks_with_alibi(blocks: DecodeBlocks, slopes: torch.Tensor) -> DecodeBlocks:
-    """The blocks with ALiBi in their bias, now per head: [P, num_heads, B] fp32.
-    slopes: [num_heads] fp32 on the blocks' device."""
+    """The blocks with ALiBi in their bias, now per head: [P, num_heads, B] fp32,
+    or [P, Q, num_heads, B] for ``Q`` queries per row (query ``j`` sits ``j``
+    positions after its row's first). slopes: [num_heads] fp32 on the blocks'
+    device."""
     bias = blocks.block_bias
     slots = torch.arange(bias.shape[-1], device=bias.device)
     distance = blocks.block_offsets[:, None] + slots[None, :]
-    return replace(blocks, block_bias=bias[:, None, :] + alibi_bias(slopes, distance))
+    if bias.dim() == 2:
+        return replace(
+            blocks, block_bias=bias[:, None, :] + alibi_bias(slopes, distance)
+        )
+    queries = torch.arange(bias.shape[1], device=bias.device)
+    distance = distance[:, None, :] - queries[None, :, None]
+    per_head = alibi_bias(slopes, distance).transpose(1, 2)
+    return replace(blocks, block_bias=bias + per_head)
 
 
 def score_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -86,12 +98,13 @@ def paged_attention(
     kernels: AttentionKernels = PLAIN,
     block_slice: int = ALL_BLOCKS,
 ) -> torch.Tensor:
-    """One query token per row against its sequence's cached blocks.
+    """One query token per row (or ``Q``, verifying drafts: causal among them)
+    against its sequence's cached blocks.
 
-    query: [bs, num_heads, head_size]; caches: [slots, num_kv_heads, head_size].
-    Returns [bs, num_heads, head_size] in query's dtype. Grouped-query heads share
-    one K/V block through the head-group axis, never by repeating K/V. The blocks
-    are read ``block_slice`` at a time."""
+    query: [bs * Q, num_heads, head_size]; caches: [slots, num_kv_heads,
+    head_size]. Returns [bs * Q, num_heads, head_size] in query's dtype.
+    Grouped-query heads share one K/V block through the head-group axis, never
+    by repeating K/V. The blocks are read ``block_slice`` at a time."""
     block_size = blocks.block_bias.shape[-1]
 
     def gather(part: DecodeBlocks) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,39 +179,38 @@ def flat_block_attention_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`flat_block_attention`, and each row's log-sum-exp of its scores
     [bs, num_heads] (fp32 for 16-bit models); a row without blocks has output 0
-    and a log-sum-exp at the dtype's most negative value."""
-    bs, num_heads, head_size = query.shape
-    num_blocks, block_size = blocks.block_bias.shape[0], blocks.block_bias.shape[-1]
-    num_kv_heads = keys.shape[1]
-    group = num_heads // num_kv_heads
+    and a log-sum-exp at the dtype's most negative value.
+
+    Multi-query (verification of drafts): ``query`` holds ``Q`` tokens per
+    row, [bs * Q, num_heads, head_size] row by row, and ``block_bias`` is
+    [P, Q, 1 or num_heads, block_size]. A block's ``Q`` queries ride along
+    its heads: head group ``G`` becomes ``Q * G``, so the kernel is unchanged."""
+    bs = blocks.block_mapping.shape[1]
+    num_queries = query.shape[0] // bs
+    num_heads, head_size = query.shape[1:]
+    num_blocks, num_kv_heads = blocks.block_bias.shape[0], keys.shape[1]
+    group = num_heads // num_kv_heads * num_queries  # per block: queries x heads
     acc_dtype = score_dtype(query.dtype)
 
-    # batch2block: each block gets its row's query.
+    # batch2block: each block gets its row's queries.
     q = torch.matmul(blocks.block_mapping, (query * scoring.scale).reshape(bs, -1))
-    q = q.view(num_blocks, num_kv_heads, group, head_size)
+    q = _queries_by_kv_head(q, num_queries, num_kv_heads, head_size)
 
     scores = kernels.matmul_qk(q, keys.to(q.dtype).transpose(-1, -2)).to(
         acc_dtype
     )  # [P, KVH, G, B]
-    scores = soft_cap(scores, scoring.logits_soft_cap)
-    bias_heads = (num_kv_heads, group) if blocks.block_bias.dim() == 3 else (1, 1)
-    scores = scores + blocks.block_bias.to(acc_dtype).view(
-        num_blocks, *bias_heads, block_size
-    )
+    scores = _biased(soft_cap(scores, scoring.logits_soft_cap), blocks.block_bias)
     block_max = scores.amax(dim=-1, keepdim=True)
     probs = torch.exp(scores - block_max)
     block_sum = probs.sum(dim=-1, keepdim=True)
     block_out = kernels.matmul_av(probs.to(query.dtype), values.to(query.dtype))
 
     # Rescale every block to its row's maximum; the sink row absorbs padding.
-    block_max = block_max.view(num_blocks, num_heads)
+    block_max = block_max.view(num_blocks, -1)
     row_max = _rows(block_max, blocks.block_groups, bs + 1, "amax")
     adjust = torch.exp(block_max - row_max.index_select(0, blocks.block_groups))
     row_sum = _rows(
-        block_sum.view(num_blocks, num_heads) * adjust,
-        blocks.block_groups,
-        bs + 1,
-        "sum",
+        block_sum.view(num_blocks, -1) * adjust, blocks.block_groups, bs + 1, "sum"
     )
     block_sum = row_sum.index_select(0, blocks.block_groups)
     weight = (adjust / block_sum).view(num_blocks, num_kv_heads, group, 1)
@@ -208,4 +220,41 @@ def flat_block_attention_lse(
     out = torch.matmul(blocks.block_mapping.t(), block_out.view(num_blocks, -1))
     tiny = torch.finfo(row_sum.dtype).tiny
     lse = row_max[:bs] + torch.log(row_sum[:bs].clamp_min(tiny))
-    return out.view(bs, num_heads, values.shape[-1]), lse
+    out = _tokens_by_head(out.view(bs, num_kv_heads, group, -1), num_queries)
+    lse = _tokens_by_head(lse.view(bs, num_kv_heads, group, 1), num_queries)
+    return out, lse.squeeze(-1)
+
+
+def _queries_by_kv_head(
+    q: torch.Tensor, num_queries: int, num_kv_heads: int, head_size: int
+) -> torch.Tensor:
+    """[P, Q * num_heads * D] (query-major) -> [P, KVH, Q * G, D]: a KV head's
+    group holds every query's heads (one query: a view)."""
+    q = q.view(q.shape[0], num_queries, num_kv_heads, -1, head_size)
+    return q.transpose(1, 2).reshape(q.shape[0], num_kv_heads, -1, head_size)
+
+
+def _tokens_by_head(x: torch.Tensor, num_queries: int) -> torch.Tensor:
+    """[bs, KVH, Q * G, X] -> [bs * Q, num_heads, X]: rows' tokens back in
+    pass order (the inverse of :func:`_queries_by_kv_head`)."""
+    bs, num_kv_heads, _, width = x.shape
+    x = x.view(bs, num_kv_heads, num_queries, -1, width).transpose(1, 2)
+    return x.reshape(bs * num_queries, -1, width)
+
+
+def _biased(scores: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Scores [P, KVH, G, B] plus the blocks' bias: [P, B] for every head,
+    [P, num_heads, B] per head (ALiBi), or per query [P, Q, 1 or num_heads, B]
+    (verification), whose queries sit in G as ``_queries_by_kv_head`` puts them."""
+    num_blocks, num_kv_heads, group, block_size = scores.shape
+    bias = bias.to(scores.dtype)
+    if bias.dim() == 2:
+        return scores + bias.view(num_blocks, 1, 1, block_size)
+    if bias.dim() == 3:
+        return scores + bias.view(num_blocks, num_kv_heads, group, block_size)
+    num_queries, heads = bias.shape[1], num_kv_heads if bias.shape[2] > 1 else 1
+    per_query = bias.view(num_blocks, num_queries, heads, -1, block_size)
+    scores = scores.view(num_blocks, num_kv_heads, num_queries, -1, block_size)
+    return (scores + per_query.transpose(1, 2)).view(
+        num_blocks, num_kv_heads, group, block_size
+    )

@@ -4,7 +4,8 @@ The pass is padded to the bucket the manager finds for its shape, so the device
 sees only pre-compiled shapes, and carries the attention metadata the builders
 in ``attention/`` make for it (they are called, never call back). Prompt row
 ``i``'s token ``t`` sits at flat index ``i * query_len + t``; a merged pass
-packs its chunks one after another; decode row ``i`` sits at index ``i``.
+packs its chunks one after another; decode row ``i`` sits at index ``i``, and
+a verification pass's (decode with drafts) token ``t`` at ``i * Q + t``.
 Padding tokens are id 0 at position 0 and write their KV into the dummy block
 (see ``attention/metadata.py``).
 """
@@ -18,6 +19,7 @@ from vllm_hpu.attention.metadata import (
     build_decode_metadata,
     build_prompt_metadata,
 )
+from vllm_hpu.attention.verify import build_verify_metadata
 from vllm_hpu.bucketing import HpuBucketManager
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.passes.seqs import ScheduledSeq, cdiv
@@ -113,7 +115,7 @@ def build_decode_pass(
     cache: CacheGeometry,
 ) -> ForwardPass:
     """A decode pass: one new token per seq, attending over its paged blocks."""
-    num_blocks = sum(cdiv(s.end, cache.block_size) for s in seqs)
+    num_blocks = flat_blocks(seqs, cache.block_size)
     bucket = buckets.find_decode_bucket(len(seqs), num_blocks)
     input_ids = np.zeros(bucket.batch_size, dtype=np.int64)
     positions = np.zeros_like(input_ids)
@@ -132,4 +134,45 @@ def build_decode_pass(
         positions=_to_device(positions, cache.device),
         attn_metadata=metadata,
         first_token_indices=list(range(len(seqs))),
+    )
+
+
+def flat_blocks(seqs: list[ScheduledSeq], block_size: int) -> int:
+    """The flat blocks a decode or verification pass over ``seqs`` reads."""
+    return sum(cdiv(s.end, block_size) for s in seqs)
+
+
+def build_verify_pass(
+    seqs: list[ScheduledSeq],
+    buckets: HpuBucketManager,
+    token_ids: np.ndarray,
+    cache: CacheGeometry,
+    num_queries: int,
+) -> ForwardPass:
+    """A verification pass: each row's last token and its drafts (up to
+    ``num_queries`` tokens) as decode queries over its paged blocks, causal
+    among themselves (``attention/verify.py``)."""
+    num_blocks = flat_blocks(seqs, cache.block_size)
+    bucket = buckets.find_decode_bucket(len(seqs), num_blocks, num_queries)
+    input_ids = np.zeros((bucket.batch_size, num_queries), dtype=np.int64)
+    positions = np.zeros_like(input_ids)
+    for i, seq in enumerate(seqs):
+        count = seq.layout.num_scheduled_tokens
+        input_ids[i, :count] = token_ids[seq.row, seq.start : seq.end]
+        positions[i, :count] = np.arange(seq.start, seq.end)
+    metadata = build_verify_metadata(
+        [s.layout for s in seqs],
+        bucket.batch_size,
+        num_queries,
+        bucket.num_blocks,
+        cache,
+    )
+    return ForwardPass(
+        is_prompt=False,
+        bucket=bucket,
+        seqs=seqs,
+        input_ids=_to_device(input_ids.reshape(-1), cache.device),
+        positions=_to_device(positions.reshape(-1), cache.device),
+        attn_metadata=metadata,
+        first_token_indices=[i * num_queries for i in range(len(seqs))],
     )

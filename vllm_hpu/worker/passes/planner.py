@@ -18,7 +18,12 @@ from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm_hpu.attention.metadata import CacheGeometry
 from vllm_hpu.bucketing import HpuBucketManager
 from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
-from vllm_hpu.worker.passes.build import build_decode_pass, build_prompt_forward
+from vllm_hpu.worker.passes.build import (
+    build_decode_pass,
+    build_prompt_forward,
+    build_verify_pass,
+    flat_blocks,
+)
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.passes.seqs import (
     ScheduledSeq,
@@ -32,7 +37,9 @@ from vllm_hpu.worker.passes.split import split_prompt_passes
 @dataclass
 class StepPlan:
     prompts: list[ForwardPass]  # prompt chunks in bucketed batches
-    decode: ForwardPass | None  # one decode batch, if any row decodes
+    # One decode batch, if any row decodes: a verification pass (Q query
+    # tokens per row) when some row verifies drafts.
+    decode: ForwardPass | None
 
     @property
     def passes(self) -> list[ForwardPass]:
@@ -71,11 +78,14 @@ class PassPlanner:
         is_pooling = vllm_config.model_config.runner_type == "pooling"
         self.min_prompt_tokens = 1 if is_pooling else 2
         self.step_trace = step_trace
+        self.verify_queries = buckets.config.verify_queries
 
     def plan(self, scheduler_output: SchedulerOutput, cache: CacheGeometry) -> StepPlan:
         """Prompt chunks in bucketed batches, then one decode batch."""
         seqs = scheduled_seqs(scheduler_output, self.input_batch, self.requests)
-        prompts, decodes = split_by_phase(seqs, self.min_prompt_tokens)
+        prompts, decodes = split_by_phase(
+            seqs, self.min_prompt_tokens, self._drafted_rows()
+        )
         if self.step_trace is not None:
             self.step_trace.record(self._step_shape(prompts, decodes))
         token_ids = self.input_batch.token_ids_cpu
@@ -96,11 +106,30 @@ class PassPlanner:
         )
         return forward_pass
 
+    def _drafted_rows(self) -> frozenset[int]:
+        """Rows whose drafts this step verifies (spec decode's update put them
+        into the batch)."""
+        if self.verify_queries == 1:
+            return frozenset()
+        rows = self.input_batch.spec_token_ids[: self.input_batch.num_reqs]
+        return frozenset(row for row, drafts in enumerate(rows) if drafts)
+
     def _decode_pass(
         self, decodes: list[ScheduledSeq], token_ids: np.ndarray, cache: CacheGeometry
     ) -> ForwardPass:
+        """One decode pass; a verification pass if some row has drafts (rows
+        without join it, one query each)."""
+        num_blocks = flat_blocks(decodes, self.block_size)
+        if max(s.layout.num_scheduled_tokens for s in decodes) > 1:
+            forward_pass = build_verify_pass(
+                decodes, self.buckets, token_ids, cache, self.verify_queries
+            )
+            query_lens = [s.layout.num_scheduled_tokens for s in decodes]
+            self.buckets.stats.record_verify(
+                forward_pass.bucket, query_lens, num_blocks
+            )
+            return forward_pass
         forward_pass = build_decode_pass(decodes, self.buckets, token_ids, cache)
-        num_blocks = sum(cdiv(s.end, self.block_size) for s in decodes)
         self.buckets.stats.record_decode(forward_pass.bucket, len(decodes), num_blocks)
         return forward_pass
 

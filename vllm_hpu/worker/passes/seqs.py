@@ -52,10 +52,18 @@ def scheduled_seqs(
 
 
 def split_by_phase(
-    seqs: list[ScheduledSeq], min_prompt_tokens: int
+    seqs: list[ScheduledSeq],
+    min_prompt_tokens: int,
+    drafted_rows: frozenset[int] = frozenset(),
 ) -> tuple[list[ScheduledSeq], list[ScheduledSeq]]:
     """(prompt chunks, decodes): a row scheduling fewer than
-    ``min_prompt_tokens`` tokens decodes."""
-    prompts = [s for s in seqs if s.layout.num_scheduled_tokens >= min_prompt_tokens]
-    decodes = [s for s in seqs if s.layout.num_scheduled_tokens < min_prompt_tokens]
-    return prompts, decodes
+    ``min_prompt_tokens`` tokens decodes, and so does a row verifying drafts
+    (``drafted_rows``: its last token and its drafts)."""
+
+    def decodes(seq: ScheduledSeq) -> bool:
+        return (
+            seq.layout.num_scheduled_tokens < min_prompt_tokens
+            or seq.row in drafted_rows
+        )
+
+    return [s for s in seqs if not decodes(s)], [s for s in seqs if decodes(s)]
