@@ -100,7 +100,7 @@ def test_ngram_accepts_drafts_on_a_repetitive_prompt():
 )
 def test_speculation_compiles_nothing_after_warmup(hpu_env, speculative_config: dict):
     """Compiled emulation without prefix caching or chunked prefill: the
-    context buckets that verification passes take are warmed up too, and a
+    verification buckets (k + 1 queries per row) are warmed up too, and a
     draft model's or EAGLE-3 head's passes (the target returning its layers'
     states too), through the same buckets. The target
     drafting for itself accepts (almost) every draft: its draft KV is the

@@ -1,5 +1,6 @@
 """Speculative decoding in the HPU runner: a request's last token and its drafts
-run as one prompt chunk over its KV context, the rejection sampler verifies the
+run as one row of a verification pass (decode with ``k + 1`` queries per row
+over its cached blocks, ``passes/build.py``), the rejection sampler verifies the
 drafts, and a proposer drafts the next step's tokens: vLLM's n-gram proposer
 (``ngram.py``), a draft model (``draft_model.py``) or an EAGLE head
 (``eagle.py``), each reading the runner through ``interface.TargetRunner``."""

@@ -51,10 +51,12 @@ REQ_PREFIX = "hpu-warmup-"
 @dataclass(frozen=True)
 class FakeSeq:
     """One synthetic request: ``num_tokens`` in all, the first ``num_computed``
-    already in the KV cache, the rest scheduled in this step."""
+    already in the KV cache, the rest scheduled in this step, and
+    ``num_drafts`` draft tokens after them to verify."""
 
     num_tokens: int
     num_computed: int
+    num_drafts: int = 0
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -121,13 +123,15 @@ class HpuWarmup:
 
     def decode_seqs(self, bucket: Bucket) -> list[FakeSeq]:
         """Sequences holding ``bucket.num_blocks`` KV blocks between them, each
-        decoding one token at the end of its last block."""
+        decoding one token at the end of its last block; in a verification
+        bucket (``query_len`` Q > 1), that token and Q - 1 drafts."""
         num_seqs = min(bucket.batch_size, self.max_num_seqs, bucket.num_blocks)
+        num_drafts = bucket.query_len - 1
         seqs = []
         for i in range(num_seqs):
             blocks = bucket.num_blocks // num_seqs + (i < bucket.num_blocks % num_seqs)
-            seq_len = min(blocks * self.block_size, self.max_len)
-            seqs.append(FakeSeq(seq_len, seq_len - 1))
+            seq_len = min(blocks * self.block_size, self.max_len) - num_drafts
+            seqs.append(FakeSeq(seq_len, seq_len - 1, num_drafts))
         return seqs
 
     def _new_request(self, seq: FakeSeq) -> NewRequestData:
@@ -135,7 +139,7 @@ class HpuWarmup:
         num_kv_blocks = self.runner.cache.num_blocks
         # Blocks of their own: a context block another request of the step writes
         # would make the runner run the two in separate passes.
-        num_blocks = _cdiv(seq.num_tokens, self.block_size)
+        num_blocks = _cdiv(seq.num_tokens + seq.num_drafts, self.block_size)
         block_ids = [(self._next_block + j) % num_kv_blocks for j in range(num_blocks)]
         self._next_block += num_blocks
         self._next_id += 1
@@ -163,11 +167,18 @@ class HpuWarmup:
     def run_step(self, seqs: list[FakeSeq]) -> None:
         """One engine step over new requests ``seqs``, then finish them all."""
         new_reqs = [self._new_request(seq) for seq in seqs]
+        drafts = {
+            r.req_id: [0] * seq.num_drafts
+            for r, seq in zip(new_reqs, seqs, strict=True)
+            if seq.num_drafts
+        }
         scheduled = {
-            r.req_id: len(r.prompt_token_ids or []) - r.num_computed_tokens
+            r.req_id: len(r.prompt_token_ids or [])
+            - r.num_computed_tokens
+            + len(drafts.get(r.req_id, []))
             for r in new_reqs
         }
-        step = self._scheduler_output(new_reqs, scheduled, set())
+        step = self._scheduler_output(new_reqs, scheduled, set(), drafts)
         if self.runner.execute_model(step) is None:
             self.runner.sample_tokens(None)
         finished = set(scheduled)
@@ -175,14 +186,17 @@ class HpuWarmup:
 
     @staticmethod
     def _scheduler_output(
-        new_reqs: list[NewRequestData], scheduled: dict[str, int], finished: set[str]
+        new_reqs: list[NewRequestData],
+        scheduled: dict[str, int],
+        finished: set[str],
+        drafts: dict[str, list[int]] | None = None,
     ) -> SchedulerOutput:
         return SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=CachedRequestData.make_empty(),
             num_scheduled_tokens=scheduled,
             total_num_scheduled_tokens=sum(scheduled.values()),
-            scheduled_spec_decode_tokens={},
+            scheduled_spec_decode_tokens=drafts or {},
             scheduled_encoder_inputs={},
             num_common_prefix_blocks=[],
             finished_req_ids=finished,
@@ -234,6 +248,8 @@ class HpuWarmup:
     def _log_step(self, label: str, index: int, total: int, bucket: Bucket) -> None:
         if label.endswith("Decode"):
             shape = f"batch_size:{bucket.batch_size} num_blocks:{bucket.num_blocks}"
+            if bucket.query_len > 1:
+                shape += f" queries:{bucket.query_len}"
         else:
             shape = f"batch_size:{bucket.batch_size} seq_len:{bucket.query_len}"
             if bucket.num_blocks:
