@@ -81,6 +81,7 @@ def _bucket_figures(worker: Any) -> tuple[dict[str, int], dict[str, float]]:
         "prompt": stats.prompt.ratio,
         "decode_batch": stats.decode_batch.ratio,
         "decode_blocks": stats.decode_blocks.ratio,
+        "verify": stats.verify.ratio,
     }
     return counts, padding
 

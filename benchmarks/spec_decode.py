@@ -7,10 +7,12 @@ Run: VLLM_HPU_EMULATION=1 PYTHONPATH=$PWD python -m benchmarks.spec_decode
 """
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
 import time
+from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -41,6 +43,13 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def padding_ratios(worker: Any) -> dict[str, float]:
+    """Each padding counter's share of padding (verification: ``verify``)."""
+    stats = worker.model_runner.buckets.stats
+    counters = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
+    return {name: round(counter.ratio, 3) for name, counter in counters.items()}
+
+
 def run(
     args: argparse.Namespace, speculative_config: dict | None
 ) -> tuple[dict, list[list[int]]]:
@@ -66,6 +75,7 @@ def run(
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     num_tokens = sum(len(t) for t in tokens)
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+    padding = llm.collective_rpc(padding_ratios)[0]
     drafted = metrics.get("vllm:spec_decode_num_draft_tokens") or 0
     accepted = metrics.get("vllm:spec_decode_num_accepted_tokens") or 0
     llm.llm_engine.engine_core.shutdown()
@@ -80,6 +90,7 @@ def run(
         "draft_tokens": drafted,
         "accepted_tokens": accepted,
         "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+        "padding": padding,
     }
     return result, tokens
 

@@ -1,0 +1,91 @@
+"""Verification passes (speculative decoding): rows with drafts plan as decode
+rows, padded to a verification bucket (bs x k+1 queries x blocks) that sits
+beside each decode bucket, tokens laid out ``Q`` per row."""
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
+from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager, ServingLimits
+from vllm_hpu.envs import read_envs
+from vllm_hpu.worker.passes.build import build_verify_pass
+from vllm_hpu.worker.passes.seqs import ScheduledSeq, split_by_phase
+
+BLOCK = 16
+QUERIES = 4  # k = 3
+NUM_KV_BLOCKS = 64
+
+
+def verify_manager() -> HpuBucketManager:
+    limits = ServingLimits(8, 512, 256, BLOCK)
+    config = BucketingConfig.from_limits(
+        limits, read_envs({"VLLM_HPU_BUCKETING_STRATEGY": "linear"})
+    )
+    manager = HpuBucketManager(dataclasses.replace(config, verify_queries=QUERIES))
+    manager.set_num_kv_blocks(NUM_KV_BLOCKS)
+    return manager
+
+
+def test_each_decode_bucket_has_a_verification_twin():
+    manager = verify_manager()
+    decode = [b for b in manager.decode_buckets if b.query_len == 1]
+    verify = [b for b in manager.decode_buckets if b.query_len != 1]
+    assert decode and verify == [
+        Bucket(b.batch_size, QUERIES, b.num_blocks) for b in decode
+    ]
+    found = manager.find_decode_bucket(3, 5, QUERIES)
+    assert found.query_len == QUERIES and found in verify
+    assert found.batch_size >= 3 and found.num_blocks >= 5
+    # A plain decode never pads into a verification bucket, nor the reverse.
+    assert manager.find_decode_bucket(3, 5).query_len == 1
+    assert manager.misses["decode"] == 0
+
+
+def test_rows_with_drafts_plan_as_decode_rows():
+    drafted = ScheduledSeq(0, SeqLayout([0, 1], 20, QUERIES))
+    prompt = ScheduledSeq(1, SeqLayout([2, 3], 0, QUERIES))
+    decode = ScheduledSeq(2, SeqLayout([4], 9, 1))
+    prompts, decodes = split_by_phase(
+        [drafted, prompt, decode], 2, drafted_rows=frozenset({0})
+    )
+    assert prompts == [prompt] and decodes == [drafted, decode]
+
+
+def test_verification_pass_lays_out_q_tokens_per_row():
+    manager = verify_manager()
+    cache = CacheGeometry(BLOCK, NUM_KV_BLOCKS, torch.float32, torch.device("cpu"))
+    seqs = [
+        ScheduledSeq(0, SeqLayout([5, 6], 14, 4)),  # crosses into its 2nd block
+        ScheduledSeq(2, SeqLayout([7], 3, 2)),
+        ScheduledSeq(3, SeqLayout([8, 9, 10], 40, 1)),  # no drafts: one query
+    ]
+    token_ids = np.arange(4 * 64).reshape(4, 64)
+    forward_pass = build_verify_pass(seqs, manager, token_ids, cache, QUERIES)
+
+    bucket = forward_pass.bucket
+    assert not forward_pass.is_prompt
+    assert bucket.query_len == QUERIES and bucket.batch_size >= 3
+    assert bucket.num_blocks >= 2 + 1 + 3
+    assert forward_pass.num_tokens == bucket.batch_size * QUERIES
+    ids = forward_pass.input_ids.view(-1, QUERIES)
+    positions = forward_pass.positions.view(-1, QUERIES)
+    assert ids[0].tolist() == token_ids[0, 14:18].tolist()
+    assert ids[1].tolist() == [*token_ids[2, 3:5], 0, 0]
+    assert ids[2].tolist() == [token_ids[3, 40], 0, 0, 0]
+    assert positions[0].tolist() == [14, 15, 16, 17]
+    assert positions[2].tolist() == [40, 0, 0, 0]
+    assert forward_pass.first_token_indices == [0, QUERIES, 2 * QUERIES]
+    assert forward_pass.last_token_indices == [3, QUERIES + 1, 2 * QUERIES]
+    slots = forward_pass.attn_metadata.slot_mapping.view(-1, QUERIES)
+    assert slots[0].tolist() == [
+        5 * BLOCK + 14,
+        5 * BLOCK + 15,
+        6 * BLOCK,
+        6 * BLOCK + 1,
+    ]
+    assert (slots[1, 2:] // BLOCK == NUM_KV_BLOCKS).all()  # padding: dummy block
+    blocks = forward_pass.attn_metadata.decode_blocks()
+    assert blocks.block_list.shape == (bucket.num_blocks,)
+    assert blocks.block_bias.shape == (bucket.num_blocks, QUERIES, 1, BLOCK)
