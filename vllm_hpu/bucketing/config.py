@@ -47,11 +47,13 @@ class ServingLimits:
     max_num_batched_tokens: int
     max_model_len: int
     block_size: int
-    # Prefix caching, chunked prefill or speculative decoding: prompt passes may
+    # Prefix caching or chunked prefill: prompt passes may
     # start after cached blocks.
     use_context_buckets: bool = False
     # Only the reference strategy looks at it (its decode blocks count differently).
     prefix_caching: bool = True
+    # Speculative decoding: a verification pass's queries per row (k + 1).
+    verify_queries: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,14 +102,9 @@ class BucketingConfig:
                 cache.enable_prefix_caching or scheduler.enable_chunked_prefill
             ),
             prefix_caching=bool(cache.enable_prefix_caching),
+            verify_queries=_verify_queries(vllm_config),
         )
         config = cls.from_limits(limits, envs)
-        spec = vllm_config.speculative_config
-        if spec is not None and spec.num_speculative_tokens:
-            # Verification passes: a row's last token and its drafts.
-            config = dataclasses.replace(
-                config, verify_queries=spec.num_speculative_tokens + 1
-            )
         if config.merged_prefill and vllm_config.model_config.runner_type == "pooling":
             # Pooling prompts may be bidirectional and are pooled per row.
             logger.info("Pooling model: prompt passes keep one row per prompt.")
@@ -140,8 +137,16 @@ class BucketingConfig:
             bucket_file=envs.bucketing_from_file,
             merged_prefill=resolve_merged_prefill(envs, prompt_strategy),
             prefix_caching=limits.prefix_caching,
+            verify_queries=limits.verify_queries,
             **ranges,
         )
+
+
+def _verify_queries(vllm_config: "VllmConfig") -> int:
+    """Query tokens per row of a verification pass: a row's last token and
+    its k drafts (1: no speculative decoding)."""
+    spec = vllm_config.speculative_config
+    return 1 + (spec.num_speculative_tokens or 0) if spec is not None else 1
 
 
 def base_strategy(envs: HpuEnvs) -> str:

@@ -48,8 +48,10 @@ class _ShapeRecorder(HpuBucketManager):
         self.prompt[bucket] += 1
         return bucket
 
-    def find_decode_bucket(self, batch_size: int, num_blocks: int) -> Bucket:
-        bucket = super().find_decode_bucket(batch_size, num_blocks)
+    def find_decode_bucket(
+        self, batch_size: int, num_blocks: int, query_len: int = 1
+    ) -> Bucket:
+        bucket = super().find_decode_bucket(batch_size, num_blocks, query_len)
         self.decode[bucket] += 1
         return bucket
 
