@@ -79,8 +79,9 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
         return (
             f"{info.architecture} takes image, audio or video inputs, which the HPU "
             "plugin feeds only to the image models it validated "
-            f"({', '.join(sorted(FED_MULTIMODAL_ARCHS))}): use one of those or a "
-            "text-only model."
+            f"({', '.join(sorted(FED_MULTIMODAL_ARCHS))}): use one of those, a "
+            "text-only model, or this one as text only (every modality of "
+            "--limit-mm-per-prompt at 0)."
         )
     if info.attn_type == "encoder_decoder":
         return (
