@@ -4,20 +4,24 @@ text-only prompt in one batch equal transformers token for token (float32). One
 shared engine per model: Qwen2.5-VL's is compiled (dynamo's eager backend) and
 compiles nothing after warmup; Qwen3-VL's runs prompts in chunks that end inside
 the image tokens. Each test image spans several of Qwen2.5-VL's windows, and
-Qwen3-VL's deepstack features change the tokens (checked on the reference)."""
+Qwen3-VL's deepstack features change the tokens (checked on the reference).
+`vllm serve` answers a chat with an image (a base64 data URL) on Qwen3-VL with
+transformers' text."""
 
 from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 import numpy as np
-import pytest
+import openai
 import torch
 from models import model_path
 from PIL import Image
 from vllm import LLM, SamplingParams
 
 from e2e.harness import engine_spec, uses_engines
+from e2e.server import ServerSpec, uses_servers
+from e2e.test_serve_multimodal import data_url
 
 QWEN2_5 = "tiny-qwen2.5-vl"
 QWEN3 = "tiny-qwen3-vl"
@@ -38,13 +42,16 @@ COMPILED = engine_spec(
     enforce_eager=False,
     block_size=16,
     max_model_len=96,
-    max_num_seqs=4,
+    max_num_seqs=3,
     max_num_batched_tokens=64,
     limit_mm_per_prompt={"image": 2, "video": 0},
+    # 9 buckets to warm up: prompts of 64 tokens with 0 to 2 context blocks
+    # (TWO_IMAGES hits SHORT's cached first block, image 1 included), and
+    # decode of 1 to 3 sequences.
     env={
         "VLLM_HPU_COMPILE_BACKEND": "eager",
-        "VLLM_PROMPT_SEQ_BUCKET_MIN": "32",
-        "VLLM_PROMPT_SEQ_BUCKET_STEP": "32",
+        "VLLM_PROMPT_SEQ_BUCKET_MIN": "64",
+        "VLLM_PROMPT_SEQ_BUCKET_STEP": "64",
         "VLLM_PROMPT_SEQ_BUCKET_MAX": "64",
         "VLLM_PROMPT_BLOCK_BUCKET_MAX": "2",
     },
@@ -57,6 +64,18 @@ CHUNKED = engine_spec(
     max_num_batched_tokens=CHUNK,
     max_num_seqs=4,
 )
+QWEN3_SERVER = ServerSpec(
+    model=QWEN3,
+    args=(
+        *("--served-model-name", QWEN3, "--device", "hpu"),
+        *("--dtype", "float32", "--seed", "0", "--enforce-eager"),
+        *("--max-model-len", "256", "--max-num-seqs", "4"),
+        *("--limit-mm-per-prompt", '{"image": 1, "video": 0}'),
+    ),
+    env=(("VLLM_HPU_EMULATION", "1"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "1")),
+    name="qwen3-vl-server",
+)
+QUESTION = "What is in the picture?"
 Requests = list[tuple[str, tuple[int, ...]]]
 
 
@@ -157,8 +176,9 @@ def test_qwen3_vl_matches_transformers_with_chunks_inside_images(llm: LLM) -> No
     """Images of two sizes and a text-only prompt in one batch, in chunks of
     CHUNK tokens (the first ends inside the image), then two images in one
     prompt, in either order."""
-    ids = processor(QWEN3)(text=SHORT, images=[image(1)])["input_ids"][0]
-    image_tokens = [i for i, t in enumerate(ids) if t == processor(QWEN3).image_token_id]
+    qwen3 = processor(QWEN3)
+    ids = qwen3(text=SHORT, images=[image(1)])["input_ids"][0]
+    image_tokens = [i for i, t in enumerate(ids) if t == qwen3.image_token_id]
     assert image_tokens[0] < CHUNK <= image_tokens[-1]
     batches: list[Requests] = [
         [(SHORT, (1,)), (SHORT, (2,)), (TEXT_ONLY, ())],
@@ -178,3 +198,42 @@ def test_qwen3_vl_deepstack_changes_the_reference() -> None:
     with_deepstack = expected(QWEN3, ((SHORT, (1,)),))
     hf = hf_model(QWEN3, _no_deepstack)
     assert [hf_greedy(hf, QWEN3, SHORT, (1,))] != with_deepstack
+
+
+@torch.no_grad()
+def hf_chat_text(model: str, seed: int) -> str:
+    """transformers' greedy answer to a user turn of ``image(seed)`` and
+    QUESTION, rendered by the model's own chat template and processor."""
+    content = [{"type": "image"}, {"type": "text", "text": QUESTION}]
+    prompt = processor(model).apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True
+    )
+    # The template writes the BOS token itself.
+    inputs = processor(model)(
+        text=prompt, images=[image(seed)], return_tensors="pt", add_special_tokens=False
+    )
+    output = hf_model(model).generate(
+        **inputs, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=[]
+    )
+    new_tokens = output[0, inputs["input_ids"].shape[1] :]
+    return processor(model).decode(new_tokens, skip_special_tokens=True)
+
+
+@uses_servers(QWEN3_SERVER)
+def test_qwen3_vl_server_answers_an_image_chat_as_transformers(
+    server_url: str,
+) -> None:
+    client = openai.OpenAI(base_url=f"{server_url}/v1", api_key="EMPTY", max_retries=0)
+    parts: list[Any] = [
+        {"type": "image_url", "image_url": {"url": data_url(image(2))}},
+        {"type": "text", "text": QUESTION},
+    ]
+    response = client.chat.completions.create(
+        model=QWEN3,
+        messages=[{"role": "user", "content": parts}],
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        extra_body={"ignore_eos": True},
+    )
+    answer = response.choices[0].message.content
+    assert answer and answer == hf_chat_text(QWEN3, 2)

@@ -164,7 +164,9 @@ def test_start_up_refuses_a_multimodal_model_unless_every_limit_is_0():
     config hook; with every modality at 0 it starts as a text model."""
     with pytest.raises(ValueError, match="image, audio or video inputs"):
         _engine_config(model_path("tiny-mistral3"))
-    config = _engine_config(model_path("tiny-mistral3"), limit_mm_per_prompt={"image": 0})
+    config = _engine_config(
+        model_path("tiny-mistral3"), limit_mm_per_prompt={"image": 0}
+    )
     platform._reject_unsupported_model(config)
     assert not config.model_config.supports_multimodal_inputs
 
@@ -193,4 +195,3 @@ def test_qwen_vl_takes_images_and_no_video(model):
     assert mm_config.get_limit_per_prompt("image") > 0
     with pytest.raises(ValueError, match="video inputs, which the HPU plugin"):
         _engine_config(model_path(model), limit_mm_per_prompt={"video": 1})
-
