@@ -150,7 +150,7 @@ def test_zero_for_batch_or_seq_variables_rejected_when_read(name):
         (True, False, False, True),
         (False, True, False, True),
         (True, True, False, True),
-        (False, False, True, True),  # drafts are verified after the context
+        (False, False, True, False),  # drafts are verified as decode rows
     ],
 )
 @pytest.mark.parametrize("runner_type", ["generate", "pooling"])
@@ -167,7 +167,11 @@ def test_from_vllm_config_reads_limits(
             block_size=128, enable_prefix_caching=prefix_caching
         ),
         model_config=SimpleNamespace(max_model_len=1024, runner_type=runner_type),
-        speculative_config=SimpleNamespace(method="ngram") if speculative else None,
+        speculative_config=(
+            SimpleNamespace(method="ngram", num_speculative_tokens=3)
+            if speculative
+            else None
+        ),
     )
     config = BucketingConfig.from_vllm_config(vllm_config, read_envs({}))
     # Pooling prompts keep one row each (they may be bidirectional).
@@ -176,3 +180,4 @@ def test_from_vllm_config_reads_limits(
     assert (config.max_model_len, config.block_size) == (1024, 128)
     assert config.use_context_buckets == use_context
     assert (config.prompt_block.max > 0) == use_context
+    assert config.verify_queries == (4 if speculative else 1)
