@@ -147,7 +147,9 @@ class HpuWarmup:
             mm_features=[],
             sampling_params=sampling_params,
             pooling_params=pooling_params,
-            block_ids=(block_ids,),
+            # The same blocks in every KV cache group: the passes' shapes are
+            # what warmup is for.
+            block_ids=(block_ids,) * len(self.runner.cache.group_geometries()),
             num_computed_tokens=seq.num_computed,
             lora_request=lora.warmup_request(self._next_id) if lora else None,
         )
