@@ -34,6 +34,8 @@ RESTART_ARGS = [
 ]
 
 
+# Minutes even for four buckets (inductor's C++ compile): run with -m warm_restart.
+@pytest.mark.warm_restart
 def test_a_restart_loads_every_graph_from_the_cache(tmp_path):
     args = startup.parse_args(RESTART_ARGS)
     env = {"VLLM_HPU_CACHE_DIR": str(tmp_path / "hpu")}
