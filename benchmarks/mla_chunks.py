@@ -50,9 +50,9 @@ class CountingKvBProj(torch.nn.Module):
 
 def make_impl(dtype: torch.dtype) -> tuple[HpuMLAImpl, CountingKvBProj]:
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(
-        NUM_HEADS * (NOPE + V_HEAD), KV_LORA_RANK, generator=gen
-    ) * (KV_LORA_RANK**-0.5)
+    weight = torch.randn(NUM_HEADS * (NOPE + V_HEAD), KV_LORA_RANK, generator=gen) * (
+        KV_LORA_RANK**-0.5
+    )
     kv_b_proj = CountingKvBProj(weight.to(dtype))
     impl = HpuMLAImpl(
         num_heads=NUM_HEADS,
@@ -79,14 +79,17 @@ def time_chunk(context: int, dtype: torch.dtype, iters: int) -> tuple[float, ...
     impl, kv_b_proj = make_impl(dtype)
     num_blocks = (context + CHUNK) // BLOCK_SIZE
     cpu = torch.device("cpu")
-    cache = allocate_latent_cache(num_blocks, BLOCK_SIZE, KV_LORA_RANK + ROPE, dtype, cpu)
+    cache = allocate_latent_cache(
+        num_blocks, BLOCK_SIZE, KV_LORA_RANK + ROPE, dtype, cpu
+    )
     cache.normal_()
     seq = SeqLayout(list(range(num_blocks)), context, CHUNK)
     geometry = CacheGeometry(BLOCK_SIZE, num_blocks, dtype, cpu)
     metadata = build_prompt_metadata([seq], 1, CHUNK, context // BLOCK_SIZE, geometry)
     q = torch.randn(CHUNK, NUM_HEADS, NOPE + ROPE, dtype=dtype)
-    kv_c, k_pe = torch.randn(CHUNK, KV_LORA_RANK, dtype=dtype), torch.randn(
-        CHUNK, 1, ROPE, dtype=dtype
+    kv_c, k_pe = (
+        torch.randn(CHUNK, KV_LORA_RANK, dtype=dtype),
+        torch.randn(CHUNK, 1, ROPE, dtype=dtype),
     )
     output = torch.empty(CHUNK, NUM_HEADS * V_HEAD, dtype=dtype)
     scale = torch.ones(())
