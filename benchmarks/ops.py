@@ -179,16 +179,15 @@ def time_quantized_linear(name: str, dtype: torch.dtype, iters: int) -> None:
     awq_zeros = words[:groups].to(torch.int32)
     gptq_weight = words.to(torch.int32).view(LINEAR_IN // 8, LINEAR_OUT)
     scales = (torch.rand(groups, LINEAR_OUT) * 1e-3).to(dtype)
-    g_idx = dequant.contiguous_groups(LINEAR_IN, GROUP_SIZE, x.device)
     fp8_weight, fp8_scale = quantize_per_tensor(weight)
     awq_weight = words.to(torch.int32)
     cases = {
         f"{name} linear": lambda: F.linear(x, weight),
         "AWQ dequant + matmul": lambda: (
-            x @ dequant.dequantize_awq(awq_weight, awq_zeros, scales, GROUP_SIZE)
+            x @ dequant.dequantize_awq(awq_weight, awq_zeros, scales)
         ),
         "GPTQ dequant + matmul": lambda: (
-            x @ dequant.dequantize_gptq(gptq_weight, awq_zeros, scales, g_idx)
+            x @ dequant.dequantize_gptq(gptq_weight, awq_zeros, scales, None)
         ),
         "online fp8 (per tensor)": lambda: fp8_linear(x, fp8_weight, fp8_scale),
     }
