@@ -186,12 +186,12 @@ def build_verify_pass(
         count = seq.layout.num_scheduled_tokens
         input_ids[i, :count] = token_ids[seq.row, seq.start : seq.end]
         positions[i, :count] = np.arange(seq.start, seq.end)
-    metadata = build_verify_metadata(
-        [s.layout for s in seqs],
-        bucket.batch_size,
-        num_queries,
-        bucket.num_blocks,
+    metadata = group_metadata(
+        seqs,
         cache,
+        lambda layouts, group: build_verify_metadata(
+            layouts, bucket.batch_size, num_queries, bucket.num_blocks, group
+        ),
     )
     return ForwardPass(
         is_prompt=False,
@@ -199,6 +199,6 @@ def build_verify_pass(
         seqs=seqs,
         input_ids=_to_device(input_ids.reshape(-1), cache.device),
         positions=_to_device(positions.reshape(-1), cache.device),
-        attn_metadata=metadata,
+        group_metadata=metadata,
         first_token_indices=[i * num_queries for i in range(len(seqs))],
     )
