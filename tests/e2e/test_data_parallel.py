@@ -86,14 +86,16 @@ def offline_data_parallel(engine: dict, workdir: pathlib.Path) -> list[list[int]
         log = workdir / f"rank{rank}.log"
         env = _rank_env(rank, port)
         ranks.append((launch([*command, json.dumps(request)], env, log), log))
+    deadline = time.monotonic() + RANK_TIMEOUT_S
+    try:
+        for process, _ in ranks:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for process, _ in ranks:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
     tokens: list[list[int]] = [[] for _ in PROMPTS]
     for rank, (process, log) in enumerate(ranks):
-        try:
-            process.wait(timeout=RANK_TIMEOUT_S)
-        finally:
-            for other, _ in ranks:
-                if other.poll() is None:
-                    os.killpg(other.pid, signal.SIGKILL)
         text = log.read_text(errors="replace")
         assert process.returncode == 0, f"rank {rank} failed:\n{text[-4000:]}"
         line = next(ln for ln in text.splitlines() if ln.startswith("TOKENS "))

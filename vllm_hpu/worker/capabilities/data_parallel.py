@@ -31,6 +31,28 @@ def exchanges_tokens(vllm_config: VllmConfig) -> bool:
     return parallel_config.data_parallel_size > 1 and vllm_config.model_config.is_moe
 
 
+def unsupported_layouts(vllm_config: VllmConfig) -> dict[str, bool]:
+    """Layouts of experts over ranks that ops/fused_moe.py and the passes here
+    do not run, refused at start-up (platform.py) by name."""
+    parallel = vllm_config.parallel_config
+    model_config = vllm_config.model_config
+    moe_dp = (
+        model_config is not None
+        and model_config.is_moe
+        and parallel.data_parallel_size > 1
+    )
+    return {
+        "expert load balancing (--enable-eplb)": parallel.enable_eplb,
+        "expert parallelism with both tensor and data parallelism (sequence-"
+        "parallel experts; use one of the two with --enable-expert-parallel)": (
+            parallel.use_sequence_parallel_moe
+        ),
+        "pipeline parallelism with data parallelism for MoE models": bool(
+            moe_dp and parallel.pipeline_parallel_size > 1
+        ),
+    }
+
+
 class DataParallelPasses:
     def __init__(self, buckets: HpuBucketManager, dp_rank: int, dp_size: int) -> None:
         self.buckets = buckets
