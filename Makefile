@@ -54,8 +54,14 @@ models: $(MODELS)/.smollm2 $(MODELS)/.built
 run: setup
 	$(PY) examples/offline_inference.py --model $(MODELS)/smollm2-135m-instruct
 
+# Two workers: the suite is mostly single-threaded engine start-ups and Python
+# processes, so CI's 2 cores run two tests at once (tests/conftest.py keeps a
+# shared engine's, a module's and Ray's tests on one worker).
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
+
 test: test-setup
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q $(XDIST) --durations=15 tests
 
 test-unit: test-setup
 	$(PY) -m pytest -q tests/unit
@@ -67,7 +73,7 @@ test-e2e: test-setup
 # the slow ones marked smoke (tiny-llama against transformers, sampling).
 .PHONY: test-fast
 test-fast: test-setup
-	$(PY) -m pytest -q -m "not slow or smoke" tests
+	$(PY) -m pytest -q $(XDIST) -m "not slow or smoke" tests
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check vllm_hpu tests scripts benchmarks examples

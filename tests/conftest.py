@@ -1,5 +1,6 @@
 """Test-wide set-up: emulation on, models from the local cache, no hub."""
 
+import hashlib
 import logging
 import os
 import pathlib
@@ -82,3 +83,24 @@ def hpu_env(monkeypatch):
     yield apply
     monkeypatch.undo()
     envs.get_envs.cache_clear()
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """Which tests one ``pytest -n`` worker runs together: those of one shared
+    engine or server (it then starts once), Ray's clusters one at a time, and
+    otherwise a module's tests (its module-scoped fixtures then run once)."""
+    if "ray" in item.name:
+        return "ray"
+    callspec = getattr(item, "callspec", None)
+    for argname in ("shared_engine", "shared_server"):
+        spec = callspec.params.get(argname) if callspec else None
+        if spec is not None:
+            digest = hashlib.sha1(repr(spec).encode()).hexdigest()[:10]
+            return f"{argname}-{spec.name}-{digest}"
+    return item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))

@@ -5,6 +5,8 @@ active, and :func:`register_ops` to load our custom ops and attention backend.
 Both are cheap and idempotent; nothing here imports vLLM at module level.
 """
 
+import functools
+
 PLATFORM_CLS = "vllm_hpu.platform.HpuPlatform"
 
 
@@ -22,7 +24,21 @@ def register() -> str | None:
     if device.hpu_available() or device.is_emulation():
         patches.drop_harmless_log_records()
         return PLATFORM_CLS
+    _say_why_inactive()
     return None
+
+
+@functools.cache
+def _say_why_inactive() -> None:
+    """Once per process: without this line a newcomer on a machine with no Gaudi
+    meets only vLLM's "Device string must not be empty" (no platform found)."""
+    from vllm.logger import init_logger
+
+    init_logger("vllm.hpu").warning(
+        "The HPU platform is off in this process: the Habana bridge reports no "
+        "Gaudi and VLLM_HPU_EMULATION is not 1. To run on the CPU in emulation, "
+        "set VLLM_HPU_EMULATION=1."
+    )
 
 
 def register_ops() -> None:

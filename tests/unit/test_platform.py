@@ -70,9 +70,15 @@ def fresh_envs():
     envs.get_envs.cache_clear()
 
 
-def test_platform_register_returns_none_without_switch(monkeypatch, fresh_envs):
+def test_platform_register_returns_none_without_switch(
+    monkeypatch, fresh_envs, vllm_log
+):
     monkeypatch.delenv("VLLM_HPU_EMULATION")
+    vllm_hpu._say_why_inactive.cache_clear()
     assert vllm_hpu.register() is None
+    assert vllm_hpu.register() is None
+    (hint,) = [m for m in vllm_log.messages() if "HPU platform is off" in m]
+    assert "set VLLM_HPU_EMULATION=1" in hint
     envs.get_envs.cache_clear()
     monkeypatch.setenv("VLLM_HPU_EMULATION", "1")
     assert vllm_hpu.register() == vllm_hpu.PLATFORM_CLS
