@@ -6,13 +6,19 @@ Quantized linear: each checkpoint format's dequantize-and-multiply (AWQ, GPTQ,
 online fp8, and the kernels vLLM selects for fp8, block fp8, int8 W8A8, WNA16 and
 MXFP4 checkpoints) vs the unquantized linear.
 Quantized MoE: each format's experts dequantized and run, vs bf16 experts.
-Run: python benchmarks/ops.py [--dtype bf16] [--op attention|moe|quant|quant-moe]
+Encoder attention: peak memory of one Qwen2-VL-like layer over an 8k-patch pass,
+whole (one [P, P] mask) vs in tiles.
+Run: python benchmarks/ops.py [--dtype bf16] [--op attention|moe|quant|quant-moe|
+    encoder]
 """
 
 import argparse
+import multiprocessing
 import random
+import resource
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +45,9 @@ from vllm.scalar_type import scalar_types
 
 from benchmarks.moe_quant import quantized_moe_calls
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_metadata
+from vllm_hpu.envs import SLICE_THRESHOLD
 from vllm_hpu.ops import dequant
+from vllm_hpu.ops.encoder_attention import encoder_attention
 from vllm_hpu.ops.fp8 import (
     HpuFp8BlockScaledMMLinearKernel,
     HpuFp8ScaledMMLinearKernel,
@@ -52,6 +60,7 @@ from vllm_hpu.ops.moe import MoeRouting, experts_dense, fused_experts, select_ex
 from vllm_hpu.ops.mxfp4 import HpuMxfp4LinearKernel
 from vllm_hpu.ops.paged_attention import paged_attention
 from vllm_hpu.ops.score_mods import Scoring
+from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 from vllm_hpu.ops.wna16 import HpuWNA16LinearKernel
 
 BATCH_SIZE, CONTEXT, BLOCK_SIZE = 64, 1024, 128
@@ -60,6 +69,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Mixtral's 8 experts, top 2 and hidden:intermediate ratio, at a quarter of its
 # hidden size so that the weights (350 MB in float32) suit a CPU.
 NUM_TOKENS, MOE_HIDDEN, MOE_INTERMEDIATE, NUM_EXPERTS, TOP_K = 64, 1024, 3584, 8, 2
+# A Qwen2-VL vision tower's attention (16 heads of 80) over one 8k-patch pass.
+ENCODER_PATCHES, ENCODER_HEADS, ENCODER_HEAD_SIZE = 8192, 16, 80
 # A Llama-3-8B attention projection (4096 x 4096), groups of 128, one decode batch.
 LINEAR_TOKENS, LINEAR_IN, LINEAR_OUT, GROUP_SIZE = 32, 4096, 4096, 128
 
@@ -179,16 +190,15 @@ def time_quantized_linear(name: str, dtype: torch.dtype, iters: int) -> None:
     awq_zeros = words[:groups].to(torch.int32)
     gptq_weight = words.to(torch.int32).view(LINEAR_IN // 8, LINEAR_OUT)
     scales = (torch.rand(groups, LINEAR_OUT) * 1e-3).to(dtype)
-    g_idx = dequant.contiguous_groups(LINEAR_IN, GROUP_SIZE, x.device)
     fp8_weight, fp8_scale = quantize_per_tensor(weight)
     awq_weight = words.to(torch.int32)
     cases = {
         f"{name} linear": lambda: F.linear(x, weight),
         "AWQ dequant + matmul": lambda: (
-            x @ dequant.dequantize_awq(awq_weight, awq_zeros, scales, GROUP_SIZE)
+            x @ dequant.dequantize_awq(awq_weight, awq_zeros, scales)
         ),
         "GPTQ dequant + matmul": lambda: (
-            x @ dequant.dequantize_gptq(gptq_weight, awq_zeros, scales, g_idx)
+            x @ dequant.dequantize_gptq(gptq_weight, awq_zeros, scales, None)
         ),
         "online fp8 (per tensor)": lambda: fp8_linear(x, fp8_weight, fp8_scale),
     }
@@ -318,11 +328,47 @@ def time_attention(name: str, dtype: torch.dtype, iters: int) -> None:
     print(f"naive / flat         : {naive / flat:8.2f}x")
 
 
+def encoder_pass_peak(
+    slicing: PromptSlicing, dtype: torch.dtype
+) -> tuple[float, float]:
+    """(peak resident MiB added, seconds) of one encoder attention layer over an
+    ENCODER_PATCHES pass of 1k-patch images; run in a fresh process, so the
+    process's high-water mark is this pass's."""
+    gen = torch.Generator().manual_seed(0)
+    shape = (1, ENCODER_PATCHES, ENCODER_HEADS, ENCODER_HEAD_SIZE)
+    q, k, v = (torch.randn(shape, generator=gen).to(dtype) for _ in range(3))
+    ends = list(range(0, ENCODER_PATCHES + 1, 1024))
+    cu_seqlens = torch.tensor(ends, dtype=torch.int32)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    encoder_attention(q, k, v, ENCODER_HEAD_SIZE**-0.5, cu_seqlens, slicing)
+    seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return (after - before) / 1024, seconds
+
+
+def time_encoder(name: str, dtype: torch.dtype, iters: int) -> None:
+    """Peak memory of one encoder layer's attention, whole pass vs tiles."""
+    cases = {
+        "whole pass ([P, P] mask)": NO_SLICING,
+        "tiles (env defaults)": PromptSlicing(SLICE_THRESHOLD, SLICE_THRESHOLD // 2),
+    }
+    print(
+        f"encoder attention, {name}, {ENCODER_PATCHES} patches (1k per image), "
+        f"{ENCODER_HEADS} heads x {ENCODER_HEAD_SIZE}"
+    )
+    spawn = multiprocessing.get_context("spawn")
+    for label, slicing in cases.items():
+        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            peak, seconds = pool.submit(encoder_pass_peak, slicing, dtype).result()
+        print(f"{label:26}: peak +{peak:8.0f} MiB, {seconds * 1e3:8.0f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--iters", type=int, default=10)
-    ops = ["attention", "moe", "quant", "quant-moe", "all"]
+    ops = ["attention", "moe", "quant", "quant-moe", "encoder", "all"]
     parser.add_argument("--op", choices=ops, default="all")
     args = parser.parse_args()
     if args.op in ("moe", "all"):
@@ -333,6 +379,8 @@ def main() -> None:
         time_quantized_moe(args.dtype, DTYPES[args.dtype], args.iters)
     if args.op in ("attention", "all"):
         time_attention(args.dtype, DTYPES[args.dtype], args.iters)
+    if args.op in ("encoder", "all"):
+        time_encoder(args.dtype, DTYPES[args.dtype], args.iters)
 
 
 if __name__ == "__main__":

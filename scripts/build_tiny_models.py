@@ -22,8 +22,9 @@ from vllm_hpu.patches import allow_torchvision_import
 # transformers imports torchvision once it is installed (see that patch).
 allow_torchvision_import()
 from tiny_families import FAMILY_BUILDERS  # noqa: E402  (beside this script)
-from tiny_multimodal import build_llava  # noqa: E402
+from tiny_multimodal import build_llava, build_mistral3  # noqa: E402
 from tiny_qwen2_vl import build_qwen2_vl  # noqa: E402
+from tiny_qwen_vl import build_qwen2_5_vl, build_qwen3_vl  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
     AutoModelForCausalLM,
@@ -377,13 +378,23 @@ MODEL_SPECS.update(SEQUENCE_CLASSIFIERS)
 
 # ---- Multimodal models (issue 25) -------------------------------------------
 # LLaVA-1.5 style around the tiny Llama (scripts/tiny_multimodal.py), and
-# Qwen2-VL with M-RoPE (scripts/tiny_qwen2_vl.py); each written with its processor
-# and chat template.
+# Qwen2-VL with M-RoPE (scripts/tiny_qwen2_vl.py), Qwen2.5-VL and Qwen3-VL
+# (scripts/tiny_qwen_vl.py), Mistral 3 (run as text only); each written with its
+# processor and chat template.
 MULTIMODAL_MODELS = {
     "tiny-llava": ("llava", GQA_SHAPE),
     "tiny-qwen2-vl": ("qwen2_vl", GQA_SHAPE),
+    "tiny-qwen2.5-vl": ("qwen2_5_vl", GQA_SHAPE),
+    "tiny-qwen3-vl": ("qwen3_vl", GQA_SHAPE),
+    "tiny-mistral3": ("mistral3", GQA_SHAPE),
 }
-MULTIMODAL_BUILDERS = {"llava": build_llava, "qwen2_vl": build_qwen2_vl}
+MULTIMODAL_BUILDERS = {
+    "llava": build_llava,
+    "qwen2_vl": build_qwen2_vl,
+    "qwen2_5_vl": build_qwen2_5_vl,
+    "qwen3_vl": build_qwen3_vl,
+    "mistral3": build_mistral3,
+}
 MODEL_SPECS.update(MULTIMODAL_MODELS)
 
 # ---- Model families (issue 33) -----------------------------------------------

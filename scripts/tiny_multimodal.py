@@ -1,5 +1,7 @@
-"""The tiny multimodal checkpoint build_tiny_models.py writes: a LLaVA-1.5 style
-model (CLIP vision tower, MLP projector, the tiny Llama) with a local processor.
+"""The tiny multimodal checkpoints build_tiny_models.py writes: a LLaVA-1.5 style
+model (CLIP vision tower, MLP projector, the tiny Llama) with a local processor,
+and a Mistral 3 (Pixtral tower, patch merger, a Mistral decoder) that the tests
+run as a text model (every modality limited to 0).
 """
 
 import re
@@ -16,6 +18,12 @@ from transformers import (
     LlavaConfig,
     LlavaForConditionalGeneration,
     LlavaProcessor,
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
+    MistralConfig,
+    PixtralImageProcessor,
+    PixtralProcessor,
+    PixtralVisionConfig,
     PreTrainedTokenizerFast,
 )
 
@@ -106,5 +114,59 @@ def build_llava(
         image_token=IMAGE_TOKEN,
         num_additional_image_tokens=1,
         chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(out_dir)
+
+
+PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+PIXTRAL_SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "head_dim": 32,
+    "image_size": 112,
+    "patch_size": PATCH_SIZE,
+}
+
+
+def build_mistral3(
+    text_shape: dict[str, Any],
+    tokenizer: PreTrainedTokenizerFast,
+    init: Callable[[torch.nn.Module], None],
+    out_dir: Path,
+) -> None:
+    """Mistral 3 (Mistral Small 3.1's layout), untied embeddings as it ships."""
+    tokenizer.add_special_tokens({"additional_special_tokens": PIXTRAL_TOKENS})
+    vocab_size = -(-(len(tokenizer)) // 64) * 64
+    ids = {
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    text = {**text_shape, "vocab_size": vocab_size, "sliding_window": None}
+    config = Mistral3Config(
+        vision_config=PixtralVisionConfig(**PIXTRAL_SHAPE),
+        text_config=MistralConfig(**text, **ids, tie_word_embeddings=False),
+        image_token_index=tokenizer.convert_tokens_to_ids(PIXTRAL_TOKENS[0]),
+        spatial_merge_size=2,
+        tie_word_embeddings=False,
+        dtype="float32",
+        **ids,
+    )
+    model = Mistral3ForConditionalGeneration(config).to(torch.float32)
+    init(model)
+    model.save_pretrained(out_dir)
+    image_processor = PixtralImageProcessor(
+        size={"longest_edge": PIXTRAL_SHAPE["image_size"]},
+        patch_size=PATCH_SIZE,
+        image_mean=CLIP_MEAN,
+        image_std=CLIP_STD,
+    )
+    processor = PixtralProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        spatial_merge_size=2,
     )
     processor.save_pretrained(out_dir)

@@ -8,6 +8,7 @@ code paths on Gaudi and on a ``cpu`` torch device.
 import ctypes
 import functools
 import importlib
+import importlib.metadata
 import importlib.util
 import platform
 import weakref
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from vllm_hpu import envs
 from vllm_hpu.device_stream import DeviceStream
 from vllm_hpu.envs import get_envs
 
@@ -28,10 +30,25 @@ def hpu_available() -> bool:
     if importlib.util.find_spec("habana_frameworks") is None:
         return False
     try:
+        _set_up_recipe_cache()
         importlib.import_module("habana_frameworks.torch")
         return bool(torch.hpu.is_available()) and torch.hpu.device_count() > 0  # type: ignore[attr-defined]
     except Exception:  # a broken bridge install means: no Gaudi here
         return False
+
+
+# Gaudi's recipe cache: folder, whether to empty it at start, size limit in MB.
+RECIPE_CACHE_MB = 8192
+
+
+def _set_up_recipe_cache() -> None:
+    """With VLLM_HPU_CACHE_DIR, the bridge keeps its compiled recipes there (per
+    plugin version); recipes are found by their graph's hash, so a changed
+    model, dtype or bucket compiles a recipe of its own."""
+    folder = get_envs().cache_dir
+    if folder:
+        recipes = f"{folder}/gaudi-recipes-{importlib.metadata.version('vllm-hpu')}"
+        envs.default_recipe_cache(f"{recipes},False,{RECIPE_CACHE_MB}")
 
 
 def is_emulation() -> bool:

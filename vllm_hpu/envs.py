@@ -305,6 +305,15 @@ class HpuEnvs:
         False,
         "torch.compile(fullgraph=True): a graph break is an error",
     )
+    # Warm restarts: a volume kept across pod restarts makes the next start load
+    # its compiled graphs instead of compiling them (README_GAUDI.md).
+    cache_dir: str = _var(
+        "VLLM_HPU_CACHE_DIR",
+        _text,
+        "",
+        "folder that keeps compiled graphs across restarts (one file per model, "
+        "dtype, parallel sizes, bucket set and plugin version); unset: none kept",
+    )
     profile_dir: str = _var(
         "VLLM_HPU_PROFILE_DIR",
         _text,
@@ -473,6 +482,13 @@ def default_multiproc_method(method: str) -> str:
     chose one; the method in force. vLLM reads it from the environment, so this
     is the one variable the plugin writes (as vLLM's CPU and XPU platforms do)."""
     return os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", method)
+
+
+def default_recipe_cache(config: str) -> str:
+    """Gaudi's PT_HPU_RECIPE_CACHE_CONFIG, set to ``config`` unless the user chose
+    one; the value in force. The bridge reads it from the environment when it
+    loads, so it is written before that, like VLLM_WORKER_MULTIPROC_METHOD."""
+    return os.environ.setdefault("PT_HPU_RECIPE_CACHE_CONFIG", config)
 
 
 def process_environ() -> Mapping[str, str]:

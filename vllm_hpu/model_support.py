@@ -49,10 +49,21 @@ _MISSING_PIECES = (
 # (bidirectional attention over image tokens, audio or video encoders, other
 # M-RoPE variants), so each is validated end to end before it is listed here.
 FED_MULTIMODAL_ARCHS = frozenset(
-    {"LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration"}
+    {
+        "LlavaForConditionalGeneration",
+        "Qwen2VLForConditionalGeneration",
+        # Windowed vision attention (the tower reorders its tokens itself).
+        "Qwen2_5_VLForConditionalGeneration",
+        # Deepstack features: embed_input_ids keeps them for the next forward.
+        "Qwen3VLForConditionalGeneration",
+    }
 )
 # Inputs a fed class takes that have not been validated: none per prompt.
-UNVALIDATED_MODALITIES = {"Qwen2VLForConditionalGeneration": ("video",)}
+UNVALIDATED_MODALITIES = {
+    "Qwen2VLForConditionalGeneration": ("video",),
+    "Qwen2_5_VLForConditionalGeneration": ("video",),
+    "Qwen3VLForConditionalGeneration": ("video",),
+}
 
 
 def unsupported_reason(info: "_ModelInfo") -> str | None:
@@ -68,8 +79,9 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
         return (
             f"{info.architecture} takes image, audio or video inputs, which the HPU "
             "plugin feeds only to the image models it validated "
-            f"({', '.join(sorted(FED_MULTIMODAL_ARCHS))}): use one of those or a "
-            "text-only model."
+            f"({', '.join(sorted(FED_MULTIMODAL_ARCHS))}): use one of those, a "
+            "text-only model, or this one as text only (every modality of "
+            "--limit-mm-per-prompt at 0)."
         )
     if info.attn_type == "encoder_decoder":
         return (
@@ -94,6 +106,9 @@ def _model_class_reason(model_config: "ModelConfig") -> str | None:
         # A hybrid class whose checkpoint holds attention layers only runs as
         # a plain decoder (vLLM's own rule, ModelConfig.is_hybrid).
         is_hybrid=model_config.is_hybrid,
+        # Every modality limited to 0 (or --language-model-only): vLLM builds
+        # no encoder and the runner feeds token ids, as to a text model.
+        supports_multimodal=model_config.supports_multimodal_inputs,
         attn_type=(
             "encoder_decoder"
             if model_config.is_encoder_decoder

@@ -60,6 +60,12 @@ class HpuPlatform(Platform):
     ]
     additional_env_vars: list[str] = envs.variable_names()
 
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        # Sliding-window layers in KV cache groups of their own
+        # (attention/windows.py); step 6c turns it off where they cannot be.
+        return True
+
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
         """bf16 first: vLLM's "auto" runs float32 checkpoints in it. float16 runs
@@ -256,6 +262,7 @@ class HpuPlatform(Platform):
         _disable_unsupported_scheduling(vllm_config)  # 5.
         _reject_unsupported_features(vllm_config)  # 6.
         resolve_kv_transfer_config(vllm_config)  # 6b. KV connectors we run
+        _choose_kv_cache_manager(vllm_config)  # 6c. windows free their blocks
         _spawn_processes()  # 7.
         _use_hpu_ray_executor(vllm_config)  # 8.
         _reject_split_pooled_prompts(vllm_config)  # 9.
@@ -407,6 +414,12 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
 
     check_speculative_config(vllm_config)
     _require_optional_packages(vllm_config)
+
+
+def _choose_kv_cache_manager(vllm_config: "VllmConfig") -> None:
+    from vllm_hpu.attention.windows import choose_kv_cache_manager
+
+    choose_kv_cache_manager(vllm_config)
 
 
 def _asks_ngram(vllm_config: "VllmConfig") -> bool:

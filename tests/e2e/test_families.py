@@ -36,6 +36,10 @@ SHARED_PREFIX = 48
 TAILS = [9, 30]
 PROMPT_SEED = 41
 # 20 blocks of 16 for 6 prompts of up to 164 tokens: preemption is certain.
+# Without vLLM's hybrid KV cache manager, gpt-oss's windowed layers keep every
+# block, as where the runner cannot run KV cache groups (speculative decoding,
+# KV connectors): this keeps that route tested (test_window_blocks tests the
+# groups).
 SPECS = [
     engine_spec(
         name,
@@ -43,6 +47,7 @@ SPECS = [
         block_size=16,
         max_model_len=256,
         num_gpu_blocks_override=20,
+        disable_hybrid_kv_cache_manager=True,
         kv_cache_memory_bytes=None,
         max_num_batched_tokens=48,
         enable_chunked_prefill=True,

@@ -180,21 +180,6 @@ def test_serve_device_hpu_answers_a_completion(server_url, reference_tokens):
     assert reply.json()["choices"][0]["token_ids"] == reference_tokens[0]
 
 
-def test_engine_starts_after_torch_work_in_the_calling_process(reference_tokens):
-    """A transformers forward first starts torch's thread pool in this process;
-    a forked engine would then hang, so the platform has vLLM spawn it."""
-    warm_torch = f"""
-    import torch
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained({model_path(MODEL)!r})
-    with torch.no_grad():
-        model(input_ids=torch.tensor([{PROMPTS[1]!r}]))
-    """
-    env = child_env(VLLM_WORKER_MULTIPROC_METHOD=None)
-    result = run_child(warm_torch + generate_code(""), env)
-    assert tokens_printed(result) == reference_tokens
-
-
 def ray_processes(mark: str) -> list[psutil.Process]:
     """Ray's daemons and agents (ray::...) alive with ``mark`` in their
     environment: those started under one child, not other users' clusters."""
@@ -210,13 +195,30 @@ def ray_processes(mark: str) -> list[psutil.Process]:
     return found
 
 
-def test_ray_tp2_with_the_engine_in_its_own_process(reference_tokens):
+# Child code, indented as generate_code's: torch's thread pool started.
+WARM_TORCH = f"""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained({model_path(MODEL)!r})
+    with torch.no_grad():
+        model(input_ids=torch.tensor([{PROMPTS[1]!r}]))
+    """
+
+
+def test_ray_tp2_engine_in_its_own_process_after_torch_work(reference_tokens):
     """No cluster started here: the engine process starts Ray with two emulated
-    HPUs declared, and stops it when it shuts down."""
+    HPUs declared, and stops it when it shuts down. A transformers forward first
+    starts torch's thread pool in the calling process; a forked engine would then
+    hang, so the platform has vLLM spawn it (one child checks both: each costs a
+    fresh vLLM import)."""
     mark = uuid.uuid4().hex
+    env = child_env(
+        VLLM_WORKER_MULTIPROC_METHOD=None, RAY_ADDRESS=None, **{RAY_MARK: mark}
+    )
     result = run_child(
-        generate_code('tensor_parallel_size=2, distributed_executor_backend="ray"'),
-        child_env(RAY_ADDRESS=None, **{RAY_MARK: mark}),
+        WARM_TORCH
+        + generate_code('tensor_parallel_size=2, distributed_executor_backend="ray"'),
+        env,
     )
     assert tokens_printed(result) == reference_tokens
     deadline = time.monotonic() + 60  # Ray's agents notice their raylet is gone

@@ -262,3 +262,16 @@ def test_every_generated_bucket_is_needed_by_some_legal_request(
     for bucket in manager.decode_buckets:
         assert bucket.num_blocks <= min(num_kv_blocks, bucket.batch_size * per_seq)
         assert bucket.num_blocks >= 1
+
+
+@pytest.mark.parametrize("strategy", ["compact", "linear", "exponential"])
+def test_decode_buckets_fit_a_kv_cache_smaller_than_max_num_seqs(strategy):
+    """The issue's case: 256 sequences of 4096 tokens, a cache of 100 blocks. No
+    bucket holds more blocks than the cache, and every batch size is one that a
+    batch of at most 100 sequences (each owns a block) pads to."""
+    environ = {"VLLM_HPU_BUCKETING_STRATEGY": strategy}
+    limits = ServingLimits(256, 2048, 4096, 16)
+    buckets = make_manager(environ, limits, num_kv_blocks=100).decode_buckets
+    batch_sizes = sorted({b.batch_size for b in buckets})
+    assert max(b.num_blocks for b in buckets) <= 100
+    assert batch_sizes[-1] >= 100 and batch_sizes[-2] < 100

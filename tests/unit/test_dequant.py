@@ -43,7 +43,7 @@ def test_awq_dequantize_matches_reference(group_size):
     q = quantize(torch.randn(48, 256), scheme)
     t = layer_tensors(q, scheme)
     scales = t["scales"].float()
-    weight = dequant.dequantize_awq(t["qweight"], t["qzeros"], scales, group_size)
+    weight = dequant.dequantize_awq(t["qweight"], t["qzeros"], scales)
     torch.testing.assert_close(weight, q.dequantized().t(), rtol=0, atol=0)
 
 
@@ -56,9 +56,9 @@ def test_gptq_dequantize_matches_reference(group_size, sym, desc_act):
     q = quantize(torch.randn(48, 256), scheme, seed=3)
     t = layer_tensors(q, scheme)
     qzeros = None if sym else t["qzeros"]
-    weight = dequant.dequantize_gptq(
-        t["qweight"], qzeros, t["scales"].float(), t["g_idx"]
-    )
+    # Without desc_act, the consecutive groups (no g_idx) as the layers run them.
+    g_idx = t["g_idx"] if desc_act else None
+    weight = dequant.dequantize_gptq(t["qweight"], qzeros, t["scales"].float(), g_idx)
     torch.testing.assert_close(weight, q.dequantized().t(), rtol=0, atol=0)
 
 

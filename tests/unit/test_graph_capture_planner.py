@@ -10,6 +10,7 @@ from vllm_hpu.worker.warmup.graphs import (
     capture_graphs,
     capture_order,
     describe_budget,
+    left_out_message,
 )
 
 GiB = 1 << 30
@@ -138,3 +139,49 @@ def test_budget_line_has_documented_shape():
         "Using 15.85 GiB/55.43 GiB of free device memory for HPUGraphs, "
         "4.75 GiB for prompt and 11.09 GiB for decode (VLLM_GRAPH_PROMPT_RATIO=0.3)"
     )
+
+
+class FakeDevice:
+    """Free device memory that each captured graph takes its bytes from."""
+
+    def __init__(self, free: int, meter: FakeMeter):
+        self.free = free
+        self.meter = meter
+
+    def capture(self, phase: str, bucket: Bucket) -> int:
+        used = self.meter(phase, bucket)
+        if used > self.free:
+            raise MemoryError(f"{bucket} does not fit in {self.free} bytes")
+        self.free -= used
+        return used
+
+
+def test_free_memory_stops_capture_before_the_device_runs_out():
+    """The budget would allow every graph, the device does not: capture stops
+    where the estimate exceeds what is free, with one line naming the variable."""
+    device = FakeDevice(free=10 * MiB, meter=FakeMeter(MiB, MiB))
+    buckets = decode_buckets((1, 2, 4), (1,))
+    plan = CapturePlan([], buckets, 100 * GiB, 0.0, decode_strategy="max_bs")
+    phases = capture_graphs(plan, device.capture, lambda: device.free)
+    # 4 sequences (4 MiB, 6 MiB left), 2 (2 MiB, 4 MiB left); 1 needs 1 MiB: fits.
+    assert phases[1].captured == [Bucket(4, 1, 1), Bucket(2, 1, 1), Bucket(1, 1, 1)]
+    assert left_out_message(phases, 0.1) is None
+
+    device = FakeDevice(free=5 * MiB, meter=FakeMeter(MiB, MiB))
+    phases = capture_graphs(plan, device.capture, lambda: device.free)
+    # 4 sequences (1 MiB left); 2 would need 2 MiB: left out; 1 fits.
+    assert phases[1].captured == [Bucket(4, 1, 1), Bucket(1, 1, 1)]
+    assert left_out_message(phases, 0.1) == (
+        "1 of 3 buckets were left out of graph capture (they run uncaptured, "
+        "slower on the host): the graph memory budget or the free device memory "
+        "ran out; raise VLLM_GRAPH_RESERVED_MEM (now 0.1) to capture them."
+    )
+
+
+def test_no_free_memory_captures_nothing_and_says_so():
+    device = FakeDevice(free=0, meter=FakeMeter(MiB, MiB))
+    plan = CapturePlan(prompt_buckets((1,)), decode_buckets((1,)), GiB, 0.3)
+    phases = capture_graphs(plan, device.capture, lambda: device.free)
+    assert device.meter.calls == []
+    message = left_out_message(phases, 0.3)
+    assert message is not None and message.startswith("24 of 24 buckets were left")

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from models import model_path
@@ -47,8 +48,7 @@ REFUSED = {
     "Qwen3NextForCausalLM": "mixes attention with Mamba or linear-attention",
     "PaliGemmaForConditionalGeneration": "image, audio or video inputs",
     "Phi3VForCausalLM": "image, audio or video inputs",
-    # Qwen2.5-VL's tower (windowed attention) has not been validated.
-    "Qwen2_5_VLForConditionalGeneration": "image, audio or video inputs",
+    "Mistral3ForConditionalGeneration": "image, audio or video inputs",
     "Qwen2AudioForConditionalGeneration": "image, audio or video inputs",
     # Llama 4 Scout / Maverick as they ship: the vision encoder is not run.
     "Llama4ForConditionalGeneration": "image, audio or video inputs",
@@ -65,6 +65,8 @@ ALLOWED = (
     "GPT2ForSequenceClassification",
     "Qwen2ForRewardModel",
     "BertModel",
+    "Qwen2_5_VLForConditionalGeneration",  # windowed vision attention
+    "Qwen3VLForConditionalGeneration",  # deepstack, interleaved M-RoPE
 )
 
 
@@ -144,21 +146,29 @@ def test_every_state_cache_or_multimodal_class_is_refused(registry_walk):
     assert counts["refused"] >= 60 and counts["allowed"] >= 200
 
 
-def _engine_config(model: str | Path):
+def _engine_config(model: str | Path, **kwargs: Any):
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(model=str(model), max_model_len=64).create_engine_config()
+    args = EngineArgs(model=str(model), max_model_len=64, **kwargs)
+    return args.create_engine_config()
 
 
 @WALKS_THE_REGISTRY
-def test_start_up_step_passes_a_decoder_and_refuses_multimodal(registry_walk):
+def test_start_up_step_passes_a_decoder():
     config = _engine_config(model_path("tiny-llama"))  # the whole config hook ran
     platform._reject_unsupported_model(config)
-    # The real ModelConfig of a decoder, carrying a multimodal registry entry.
-    paligemma = registry_walk["PaliGemmaForConditionalGeneration"]
-    config.model_config._model_info = _ModelInfo(**paligemma)
+
+
+def test_start_up_refuses_a_multimodal_model_unless_every_limit_is_0():
+    """Mistral 3 (Pixtral tower) with images is refused in the platform's
+    config hook; with every modality at 0 it starts as a text model."""
     with pytest.raises(ValueError, match="image, audio or video inputs"):
-        platform._reject_unsupported_model(config)
+        _engine_config(model_path("tiny-mistral3"))
+    config = _engine_config(
+        model_path("tiny-mistral3"), limit_mm_per_prompt={"image": 0}
+    )
+    platform._reject_unsupported_model(config)
+    assert not config.model_config.supports_multimodal_inputs
 
 
 def test_start_up_refuses_a_mamba_checkpoint(tmp_path):
@@ -177,17 +187,11 @@ def test_start_up_refuses_a_mamba_checkpoint(tmp_path):
         _engine_config(tmp_path)
 
 
-def test_qwen2_vl_takes_images_and_no_video():
-    config = _engine_config(model_path("tiny-qwen2-vl"))
+@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_qwen_vl_takes_images_and_no_video(model):
+    config = _engine_config(model_path(model))
     mm_config = config.model_config.multimodal_config
     assert mm_config.get_limit_per_prompt("video") == 0
     assert mm_config.get_limit_per_prompt("image") > 0
-    from vllm.engine.arg_utils import EngineArgs
-
-    args = EngineArgs(
-        model=str(model_path("tiny-qwen2-vl")),
-        max_model_len=64,
-        limit_mm_per_prompt={"video": 1},
-    )
     with pytest.raises(ValueError, match="video inputs, which the HPU plugin"):
-        args.create_engine_config()
+        _engine_config(model_path(model), limit_mm_per_prompt={"video": 1})

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+from test_ops_sliced_attention import LargestOutput
 from torch._dynamo.testing import CompileCounter
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.attention import MMEncoderAttention
@@ -15,7 +16,8 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 from vllm_hpu import device, envs
 from vllm_hpu.ops.custom_ops import HpuMMEncoderAttention
-from vllm_hpu.ops.encoder_attention import block_diagonal_mask
+from vllm_hpu.ops.encoder_attention import block_diagonal_mask, encoder_attention
+from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 
 NUM_HEADS = 4
 SEQ_LEN = 64
@@ -28,6 +30,7 @@ CU_SEQLENS = {
     "three-sizes": [0, 16, 20, 52, 64],
     "padded-tail": [0, 24, 40, 60, 64, 64, 64],
 }
+TILES = PromptSlicing(threshold=16, chunk_size=16)
 # bf16 output against the fp32 result on the same (bf16-rounded) inputs.
 TOLERANCE = {
     torch.float32: {"atol": 1e-5, "rtol": 1e-5},
@@ -72,15 +75,22 @@ def _check(
     torch.testing.assert_close(out.float(), expected, **TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("slicing", [NO_SLICING, TILES], ids=["whole", "tiles"])
 @pytest.mark.parametrize("dtype", TOLERANCE, ids=str)
 @pytest.mark.parametrize("head_size", [16, 80])  # 80: a fused-kernel size
 @pytest.mark.parametrize("spans", CU_SEQLENS, ids=str)
 def test_encoder_attention_matches_per_image_sdpa(
-    spans: str, head_size: int, dtype: torch.dtype, fused_sdpa: bool
+    spans: str,
+    head_size: int,
+    dtype: torch.dtype,
+    slicing: PromptSlicing,
+    fused_sdpa: bool,
 ) -> None:
-    """Qwen2-VL's layout: [1, patches, heads, head_size] and cu_seqlens."""
+    """Qwen2-VL's layout: [1, patches, heads, head_size] and cu_seqlens; whole,
+    and cut into tiles that cross the images' boundaries."""
     torch.manual_seed(0)
     layer = _layer(head_size)
+    layer.slicing = slicing
     qkv = [torch.randn(1, SEQ_LEN, NUM_HEADS, head_size) for _ in range(3)]
     cu_seqlens = torch.tensor(CU_SEQLENS[spans], dtype=torch.int32)
     _check(layer, qkv, cu_seqlens, dtype)
@@ -95,6 +105,23 @@ def test_encoder_attention_full_without_cu_seqlens(
     layer = _layer(16)
     qkv = [torch.randn(3, 17, NUM_HEADS * 16) for _ in range(3)]
     _check(layer, qkv, None, dtype)
+
+
+def test_encoder_attention_in_tiles_never_holds_a_patch_by_patch_tensor() -> None:
+    """Cut, no op makes a [P, P] mask or scores (whole, the same pass does)."""
+    patches, head_size = 128, 16
+    qkv = [torch.randn(1, patches, NUM_HEADS, head_size) for _ in range(3)]
+    cu_seqlens = torch.tensor([0, 50, 115, 128], dtype=torch.int32)
+
+    def largest(slicing: PromptSlicing) -> int:
+        with LargestOutput() as watch:
+            encoder_attention(*qkv, head_size**-0.5, cu_seqlens, slicing)
+        return watch.numel
+
+    assert largest(NO_SLICING) >= patches * patches
+    tile = TILES.chunk_size
+    assert largest(TILES) <= max(NUM_HEADS * tile * tile, patches * NUM_HEADS * 16)
+    assert largest(TILES) < patches * patches
 
 
 def test_block_diagonal_mask_spans() -> None:

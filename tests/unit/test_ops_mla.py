@@ -1,13 +1,14 @@
 """MLA ops on the flat latent cache vs naive multi-head attention on the
-expanded latent (no absorption): decode in latent space, prompts with context,
-whole and cut into tiles (latents expanded per tile of keys).
+expanded latent (no absorption): decode in latent space, prompts without
+context, prompt chunks with their context in latent space merged with their own
+tokens, whole and cut into tiles.
 
 The reference expands every cached latent through kv_b_proj into per-head keys
 and values, as transformers' DeepseekV2 does, and attends per sequence.
 """
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -21,15 +22,17 @@ from vllm_hpu.attention.metadata import (
     build_prompt_metadata,
 )
 from vllm_hpu.ops.mla import (
+    LatentContext,
     LatentExpansion,
     LatentKeys,
     gather_latent_context,
+    latent_chunk_attention,
     latent_decode_attention,
     latent_prompt_attention,
     write_latent_to_cache,
 )
 from vllm_hpu.ops.prompt_mask import PromptBias
-from vllm_hpu.ops.sliced_attention import PromptSlicing
+from vllm_hpu.ops.sliced_attention import PromptSlicing, TileGrid
 
 NUM_HEADS = 4
 CPU = torch.device("cpu")
@@ -159,31 +162,37 @@ def test_latent_decode_attention_matches_naive(case: MlaCase, block_slice: int) 
         )
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_latent_prompt_attention_matches_naive(
-    case: MlaCase,
-    fused_sdpa: bool,  # noqa: F811
-    slicing: PromptSlicing,  # noqa: F811
-) -> None:
-    rng = random.Random(case.seed)
+@dataclass
+class PromptPass:
+    """A padded prompt pass: each row's context and query lengths, its latents
+    (context then queries) and the pass's inputs to the ops."""
+
+    contexts: list[int]
+    queries: list[int]
+    latents: list[torch.Tensor]
+    query: torch.Tensor  # [bs, q, N, P + R]
+    latent: torch.Tensor  # [bs, q, L + R], the pass's own tokens
+    past: torch.Tensor | None  # [bs, C * B, L + R], gathered from the cache
+    bias: PromptBias
+
+
+def prompt_pass(case: MlaCase, rng: random.Random, contexts: list[int]) -> PromptPass:
     gen = torch.Generator().manual_seed(case.seed)
-    rank, rope, nope, v_dim = case.dims
-    batch_size = rng.randint(1, 4)
-    contexts = [
-        rng.choice([0, case.block_size, rng.randint(1, 40)]) for _ in range(batch_size)
-    ]
+    rank, rope, nope, _ = case.dims
+    batch_size = len(contexts)
     queries = [rng.randint(1, 40) for _ in range(batch_size)]
     seq_lens = [c + q for c, q in zip(contexts, queries, strict=True)]
     layout, cache, latents = latent_layout(rng, seq_lens, case)
     fill_cache(layout, contexts, case.block_size)
-    weights = make_weights(case, gen)
     seqs = [
         SeqLayout(t, c, q)
         for t, c, q in zip(layout.block_tables, contexts, queries, strict=True)
     ]
     geometry = CacheGeometry(case.block_size, layout.num_blocks, case.dtype, CPU)
     query_len = max(queries) + rng.randint(0, 5)
-    context_blocks = -(-max(contexts) // case.block_size) + rng.randint(0, 1)
+    # With context, the pass may read one more (padding) block than it needs.
+    context_blocks = -(-max(contexts) // case.block_size)
+    context_blocks += rng.randint(0, 1) if context_blocks else 0
     metadata = build_prompt_metadata(
         seqs, batch_size + 1, query_len, context_blocks, geometry
     )
@@ -202,21 +211,100 @@ def test_latent_prompt_attention_matches_naive(
     query = torch.randn(
         batch_size + 1, query_len, NUM_HEADS, nope + rope, generator=gen
     )
-    query = query.to(case.dtype)
-    scale = (nope + rope) ** -0.5
     assert metadata.prompt_mask is not None
-    keys = LatentKeys(latent, past, weights.expand, max(nope + rope, v_dim))
     bias = PromptBias(metadata.prompt_mask, case.dtype)
+    return PromptPass(
+        contexts, queries, latents, query.to(case.dtype), latent, past, bias
+    )
 
-    out = latent_prompt_attention(query, keys, bias, scale, slicing)
 
-    assert out.shape == (batch_size + 1, query_len, NUM_HEADS, v_dim)
+def check_against_naive(
+    case: MlaCase, batch: PromptPass, weights: Weights, out: torch.Tensor
+) -> None:
+    v_dim = case.dims[3]
+    assert out.shape == (*batch.query.shape[:3], v_dim) and out.dtype == case.dtype
     assert torch.isfinite(out).all(), f"{case}: non-finite output (padding rows?)"
-    for i, (c, q) in enumerate(zip(contexts, queries, strict=True)):
-        expected = naive_mla(query[i, :q], latents[i], weights, scale)
+    scale = (case.dims[2] + case.dims[1]) ** -0.5
+    rows = zip(batch.contexts, batch.queries, batch.latents, strict=True)
+    for i, (c, q, latents) in enumerate(rows):
+        expected = naive_mla(batch.query[i, :q], latents, weights, scale)
         torch.testing.assert_close(
             out[i, :q].float(),
             expected,
             **tolerance(case.dtype),
             msg=f"{case} row {i} (ctx {c}, q {q})",
         )
+
+
+def counting_rows(expand: LatentExpansion, rows: list[int]) -> LatentExpansion:
+    """``expand`` recording how many latent rows go through kv_b_proj."""
+
+    def kv_b_proj(kv_c: torch.Tensor) -> torch.Tensor:
+        rows.append(kv_c.shape[0])
+        return expand.kv_b_proj(kv_c)
+
+    return replace(expand, kv_b_proj=kv_b_proj)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_latent_prompt_attention_matches_naive(
+    case: MlaCase,
+    fused_sdpa: bool,  # noqa: F811
+    slicing: PromptSlicing,  # noqa: F811
+) -> None:
+    """A pass without cached context: its own latents expanded."""
+    rng = random.Random(case.seed)
+    batch = prompt_pass(case, rng, [0] * rng.randint(1, 4))
+    weights = make_weights(case, torch.Generator().manual_seed(case.seed + 100))
+    nope, v_dim = case.dims[2:]
+    keys = LatentKeys(batch.latent, weights.expand, max(sum(case.dims[1:3]), v_dim))
+    scale = (nope + case.dims[1]) ** -0.5
+
+    out = latent_prompt_attention(batch.query, keys, batch.bias, scale, slicing)
+
+    check_against_naive(case, batch, weights, out)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_latent_chunk_attention_matches_naive(
+    case: MlaCase,
+    fused_sdpa: bool,  # noqa: F811
+    slicing: PromptSlicing,  # noqa: F811
+) -> None:
+    """A pass with cached context (rows with none among them): the context in
+    latent space through W_UK and W_UV, merged with the pass's own tokens by
+    log-sum-exp; kv_b_proj sees the pass's own tokens only."""
+    rng = random.Random(case.seed)
+    contexts = [rng.choice([case.block_size, rng.randint(1, 40)])]
+    contexts += [rng.choice([0, rng.randint(1, 40)]) for _ in range(rng.randint(0, 3))]
+    batch = prompt_pass(case, rng, contexts)
+    weights = make_weights(case, torch.Generator().manual_seed(case.seed + 100))
+    _, rope, nope, v_dim = case.dims
+    rows: list[int] = []
+    expand = counting_rows(weights.expand, rows)
+    keys = LatentKeys(batch.latent, expand, max(nope + rope, v_dim))
+    assert batch.past is not None
+    context = LatentContext(batch.past, weights.w_uk, weights.w_uv)
+
+    out = latent_chunk_attention(
+        batch.query, context, keys, batch.bias, (nope + rope) ** -0.5, slicing
+    )
+
+    check_against_naive(case, batch, weights, out)
+    assert sum(rows) == len(batch.latent) * own_keys_read(batch, slicing)
+
+
+def own_keys_read(batch: PromptPass, cut: PromptSlicing) -> int:
+    """Keys of the pass's own tokens each row's tiles read (what kv_b_proj may
+    expand): a causal query tile reads them up to its last query."""
+    assert batch.past is not None
+    past_len, query_len = batch.past.shape[1], batch.query.shape[1]
+    num_keys = past_len + query_len
+    chunk = cut.chunk_size if cut.applies(num_keys) else num_keys
+    grid = TileGrid(query_len, past_len, chunk)
+    return sum(
+        keys.stop - keys.start
+        for queries in grid.query_tiles()
+        for keys in grid.key_tiles(queries)
+        if keys.start >= past_len
+    )

@@ -14,7 +14,12 @@ import torch
 from test_ops_prompt_attention import fused_sdpa  # noqa: F401  (fixture)
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vllm_hpu.ops.mla import LatentExpansion, LatentKeys
+from vllm_hpu.ops.mla import (
+    LatentContext,
+    LatentExpansion,
+    LatentKeys,
+    latent_chunk_attention,
+)
 from vllm_hpu.ops.prompt_attention import PassKeys, prompt_attention
 from vllm_hpu.ops.prompt_mask import PromptBias, PromptMask, padded_rows_mask
 from vllm_hpu.ops.score_mods import Scoring
@@ -104,22 +109,28 @@ def test_sliced_pass_never_holds_a_query_by_key_tensor(
     assert cut < _quadratic() // 4
 
 
-def test_sliced_mla_expands_one_tile_of_latents_at_a_time() -> None:
-    rank, rope, nope, v_dim, num_heads = 64, 16, 32, 32, 8
+def test_mla_chunk_never_expands_its_context_and_cuts_its_scores() -> None:
+    rank, rope, nope, v_dim, num_heads = 64, 16, 64, 64, 8
     gen = torch.Generator().manual_seed(1)
     kv_b = torch.randn(rank, num_heads * (nope + v_dim), generator=gen) * 0.1
     expand = LatentExpansion(lambda x: x @ kv_b, num_heads, rank, nope, v_dim)
+    w_uk, w_uv = kv_b.view(rank, num_heads, -1).split([nope, v_dim], dim=-1)
     latent = torch.randn(1, QUERY_LEN, rank + rope, generator=gen)
     past = torch.randn(1, PAST_LEN, rank + rope, generator=gen)
-    keys = LatentKeys(latent, past, expand, nope + rope)
+    keys = LatentKeys(latent, expand, nope + rope)
+    context = LatentContext(past, w_uk, w_uv)
     query = torch.randn(1, QUERY_LEN, num_heads, nope + rope, generator=gen)
-    bias, scoring = _row_bias(PAST_LEN), Scoring((nope + rope) ** -0.5)
-    whole = _largest(lambda: prompt_attention(query, keys, bias, scoring))
-    cut = _largest(lambda: prompt_attention(query, keys, bias, scoring, slicing=TILES))
-    expanded_keys = keys.num_keys * num_heads * (nope + rope)
-    assert whole >= expanded_keys  # every key expanded at once
-    assert cut <= max(num_heads * CHUNK * CHUNK, QUERY_LEN * num_heads * (nope + rope))
-    assert cut < expanded_keys
+    bias, scale = _row_bias(PAST_LEN), (nope + rope) ** -0.5
+    whole = _largest(lambda: latent_chunk_attention(query, context, keys, bias, scale))
+    cut = _largest(
+        lambda: latent_chunk_attention(query, context, keys, bias, scale, TILES)
+    )
+    assert whole >= num_heads * _quadratic() // 2  # a head's scores over the context
+    # Cut: a tile's scores, or the pass's own queries and keys (absorbed,
+    # expanded): never a [q, K] tensor, nor the context expanded per head.
+    own = QUERY_LEN * num_heads * (rank + rope)
+    assert cut <= max(num_heads * CHUNK * CHUNK, own)
+    assert cut < min(_quadratic(), PAST_LEN * num_heads * (nope + rope + v_dim))
 
 
 def test_tile_grid_skips_keys_after_a_causal_tile() -> None:

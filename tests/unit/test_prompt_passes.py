@@ -74,3 +74,17 @@ def test_a_chunk_reading_blocks_written_this_step_runs_after_the_writer():
     other = ScheduledSeq(2, SeqLayout([14], 0, 30))
     batches = split_prefills([reader, writer, other], BUDGET, manager(), BLOCK)
     assert [[s.row for s in batch] for batch in batches] == [[2, 0], [1]]
+
+
+def test_a_dependency_in_a_later_kv_cache_group_orders_the_passes():
+    # Hybrid KV cache manager: the first (windowed) group's table holds the null
+    # block where the window has passed; the global group's table shows that
+    # row 1 reads blocks 20 and 21, which row 0 writes in this step.
+    writer = ScheduledSeq(
+        0, SeqLayout([10, 11, 12], 0, 200), ([10, 11, 12], [20, 21, 22])
+    )
+    reader = ScheduledSeq(
+        1, SeqLayout([0, 0, 13], 2 * BLOCK, 20), ([0, 0, 13], [20, 21, 23])
+    )
+    batches = split_prefills([reader, writer], BUDGET, manager(), BLOCK)
+    assert [[s.row for s in batch] for batch in batches] == [[0], [1]]

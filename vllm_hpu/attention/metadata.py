@@ -36,6 +36,13 @@ class CacheGeometry:
     # Distinct chunk sizes of the chunked local attention layers (Llama 4), each
     # with its own decode blocks, as windows have.
     attention_chunks: tuple[int, ...] = ()
+    # Under vLLM's hybrid KV cache manager, the geometry of each KV cache group
+    # (its layers' windows), in the order of the requests' block tables; empty:
+    # one group, this geometry.
+    groups: tuple["CacheGeometry", ...] = ()
+
+    def group_geometries(self) -> tuple["CacheGeometry", ...]:
+        return self.groups or (self,)
 
 
 @dataclass

@@ -2,12 +2,15 @@
 
 vLLM's ``MLAAttention.forward_impl`` absorbs W_UK into decode queries and projects
 decode outputs through W_UV itself; our impl writes the latent cache, runs prompt
-tokens as MHA over expanded latents and decode tokens as flat MQA (``ops/mla.py``).
+tokens as MHA over their expanded latents, their cached context in latent space
+(queries absorbed through our own split of kv_b_proj) and decode tokens as flat
+MQA (``ops/mla.py``).
 """
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from vllm.model_executor.layers.attention.mla_attention import split_kv_b_proj
 from vllm.v1.attention.backend import AttentionLayer, AttentionType, MLAAttentionImpl
 from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
@@ -20,10 +23,12 @@ from vllm_hpu.attention.layer_options import decode_block_slice, prompt_slicing
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
 from vllm_hpu.envs import get_envs
 from vllm_hpu.ops.mla import (
+    LatentContext,
     LatentExpansion,
     LatentKeys,
     gather_latent_context,
     latent_cache_shape,
+    latent_chunk_attention,
     latent_decode_attention,
     latent_prompt_attention,
     write_latent_to_cache,
@@ -106,7 +111,8 @@ class HpuMLAPrefillBackend(MLAPrefillBackend):
 
 
 class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
-    """Latent cache writes, prompt MHA with cached context, flat decode MQA."""
+    """Latent cache writes, prompt MHA with cached context in latent space, flat
+    decode MQA."""
 
     def __init__(
         self,
@@ -144,8 +150,23 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
             qk_nope_head_dim=mla_args["qk_nope_head_dim"],
             v_head_dim=mla_args["v_head_dim"],
         )
+        self.w_uk: torch.Tensor | None = None  # [L, N, P], once weights load
+        self.w_uv: torch.Tensor | None = None  # [L, N, V]
         self.slicing = prompt_slicing()
         self.decode_block_slice = decode_block_slice()
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        """W_UK and W_UV for prompt passes with cached context, split from
+        kv_b_proj as vLLM's layer splits its own (views of an unquantized weight;
+        a dequantized copy otherwise)."""
+        self.w_uk, self.w_uv = split_kv_b_proj(
+            self.kv_b_proj,
+            act_dtype,
+            self.kv_lora_rank,
+            self.num_heads,
+            self.expand.qk_nope_head_dim,
+            self.expand.v_head_dim,
+        )
 
     def _kv_b_proj(self, kv_c: torch.Tensor) -> torch.Tensor:
         return self.kv_b_proj(kv_c)[0]  # vLLM's linear layers return (out, bias)
@@ -179,28 +200,37 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         assert mask is not None
         batch_size, query_len = mask.batch_size, mask.query_len
         latent = torch.cat((kv_c_normed, k_pe.flatten(1)), dim=-1)
-        past_latent = None
-        if attn_metadata.block_list is not None:
-            # Shapes, not values: C = blocks per row, B = past keys per block.
-            num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
-            block_size = mask.past_len // num_context_blocks
-            past_latent = gather_latent_context(
-                kv_c_and_k_pe_cache, attn_metadata.block_list, batch_size, block_size
-            )
         keys = LatentKeys(
             latent.view(batch_size, query_len, -1),
-            past_latent,
             self.expand,
             max(q.shape[-1], self.expand.v_head_dim),
         )
-        out = latent_prompt_attention(
-            q.view(batch_size, query_len, *q.shape[1:]),
-            keys,
-            PromptBias(mask, q.dtype),
-            self.scale,
-            self.slicing,
-        )
+        query = q.view(batch_size, query_len, *q.shape[1:])
+        bias = PromptBias(mask, q.dtype)
+        if attn_metadata.block_list is None:
+            out = latent_prompt_attention(query, keys, bias, self.scale, self.slicing)
+        else:
+            context = self._context(kv_c_and_k_pe_cache, attn_metadata, batch_size)
+            out = latent_chunk_attention(
+                query, context, keys, bias, self.scale, self.slicing
+            )
         output.copy_(out.reshape(output.shape))
+
+    def _context(
+        self, cache: torch.Tensor, attn_metadata: HpuAttentionMetadata, batch_size: int
+    ) -> LatentContext:
+        """The pass's cached latents with this layer's W_UK and W_UV."""
+        assert attn_metadata.block_list is not None and attn_metadata.prompt_mask
+        assert self.w_uk is not None and self.w_uv is not None, (
+            "process_weights_after_loading has not run"
+        )
+        # Shapes, not values: C = blocks per row, B = past keys per block.
+        num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
+        block_size = attn_metadata.prompt_mask.past_len // num_context_blocks
+        latent = gather_latent_context(
+            cache, attn_metadata.block_list, batch_size, block_size
+        )
+        return LatentContext(latent, self.w_uk, self.w_uv)
 
     def forward_mqa(
         self,

@@ -1,18 +1,20 @@
-"""Sliding-window and chunked local attention layers in one KV cache group: every
-layer keeps all its blocks, and each windowed (or chunked) layer reads only the
-blocks inside its window (or its current chunk of ``attention_chunk_size``
+"""Sliding-window and chunked local attention layers: which KV cache groups they
+get, and each layer's binding window (or chunk of ``attention_chunk_size``
 positions, Llama 4).
 
-Why one group: vLLM would put windowed layers in a group of their own (hybrid
-allocator) with its own block table, and free blocks that leave the window. The
-runner, bucketing and warmup keep one block table per request, so windowed and
-chunked layers get a full-attention spec instead (vLLM's own route when the
-hybrid allocator is off): they cost the KV memory of a full layer, never fewer
-blocks than a full one.
+Sliding windows go to vLLM's hybrid KV cache manager: windowed layers form KV
+cache groups of their own, with their own block tables, and the blocks that fall
+out of a window are freed for other requests (the block table keeps vLLM's null
+block, id 0, in their place; the layers' masks hide it). Where the runner cannot
+run groups yet (speculative decoding, KV connectors, pipeline stages, chunked
+local attention), the platform turns the hybrid manager off and windowed and
+chunked layers get a full-attention spec: one block table, every block kept.
 """
 
 from collections.abc import Iterable
+from dataclasses import replace
 
+from vllm.config import VllmConfig
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
@@ -34,6 +36,55 @@ def full_attention_spec(spec: AttentionSpec, block_size: int) -> AttentionSpec:
         dtype=spec.dtype,
         kv_quant_mode=spec.kv_quant_mode,
     )
+
+
+def layer_spec(spec: AttentionSpec, block_size: int, hybrid: bool) -> AttentionSpec:
+    """The spec the cache manager sizes for a layer: a sliding window keeps its
+    own spec under the hybrid manager (its blocks are freed), anything else
+    windowed or chunked becomes full attention."""
+    if hybrid and isinstance(spec, SlidingWindowSpec):
+        return replace(spec, block_size=block_size)
+    return full_attention_spec(spec, block_size)
+
+
+def groups_unsupported(vllm_config: VllmConfig) -> str | None:
+    """Why the runner cannot run KV cache groups of their own with this
+    configuration (None: it can)."""
+    from vllm_hpu.kv_transfer.config import has_kv_connector
+
+    model_config = vllm_config.model_config
+    if vllm_config.speculative_config is not None:
+        return "speculative decoding"
+    if has_kv_connector(vllm_config):
+        return "a KV connector"
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        return "pipeline parallelism"
+    if model_config is not None and model_config.attention_chunk_size is not None:
+        return "chunked local attention"
+    return None
+
+
+def choose_kv_cache_manager(vllm_config: VllmConfig) -> None:
+    """Leave vLLM's hybrid KV cache manager on (its default) where the runner
+    runs KV cache groups; turn it off, or refuse an explicit request for it,
+    where it does not."""
+    scheduler_config = vllm_config.scheduler_config
+    why_not = groups_unsupported(vllm_config)
+    if why_not is None or scheduler_config.disable_hybrid_kv_cache_manager:
+        return
+    if scheduler_config.disable_hybrid_kv_cache_manager is False:
+        raise ValueError(
+            "The HPU plugin does not run the hybrid KV cache manager with "
+            f"{why_not} yet; drop --no-disable-hybrid-kv-cache-manager "
+            "(sliding-window layers then keep every block)."
+        )
+    scheduler_config.disable_hybrid_kv_cache_manager = True
+
+
+def hybrid_kv_cache(vllm_config: VllmConfig) -> bool:
+    """Whether vLLM's hybrid KV cache manager is on (settled by the time the
+    worker reports its specs)."""
+    return not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
 
 
 def layer_windows(layers: Iterable[object]) -> list[int | None]:

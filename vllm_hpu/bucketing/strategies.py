@@ -7,6 +7,7 @@ from vllm_hpu.bucketing.buckets import (
     Bucket,
     generate_decode_buckets,
     generate_prompt_buckets,
+    smallest_padded,
 )
 from vllm_hpu.bucketing.compact import compact_decode_buckets, compact_prompt_buckets
 from vllm_hpu.bucketing.config import BucketingConfig
@@ -50,6 +51,25 @@ def _prompt_buckets(config: BucketingConfig) -> list[Bucket]:
 def strategy_decode_buckets(
     config: BucketingConfig, num_kv_blocks: int
 ) -> list[Bucket]:
+    """The strategy's decode buckets, less batch sizes the KV cache cannot fill.
+    The reference strategies keep the reference's own lists as they are."""
+    buckets = _decode_buckets(config, num_kv_blocks)
+    if config.decode_strategy in ("reference", "reference-merged"):
+        return buckets
+    return drop_unfillable_batches(buckets, num_kv_blocks)
+
+
+def drop_unfillable_batches(buckets: list[Bucket], num_kv_blocks: int) -> list[Bucket]:
+    """Every decoding sequence writes its next token into a KV block of its own,
+    so no more than ``num_kv_blocks`` sequences decode at once: a batch size
+    only larger batches pad to is never used (and warming it would run a
+    smaller one)."""
+    batch_sizes = sorted({bucket.batch_size for bucket in buckets})
+    lowest = dict(zip(batch_sizes, smallest_padded(batch_sizes, 1), strict=True))
+    return [b for b in buckets if lowest[b.batch_size] <= num_kv_blocks]
+
+
+def _decode_buckets(config: BucketingConfig, num_kv_blocks: int) -> list[Bucket]:
     strategy = config.decode_strategy
     if strategy in RANGE_STRATEGIES:
         return generate_decode_buckets(config, num_kv_blocks)

@@ -119,7 +119,6 @@ class HpuAWQLinearMethod(LinearMethodBase):
         packed = {"input_dim": 0, "output_dim": 1, "packed_dim": 1}
         packed |= {"packed_factor": int4.PACK_FACTOR, "weight_loader": loader}
         groups, packed_cols = rows // group_size, cols // int4.PACK_FACTOR
-        layer.group_size = group_size
         layer.register_parameter(
             "qweight",
             PackedvLLMParameter(
@@ -151,9 +150,7 @@ class HpuAWQLinearMethod(LinearMethodBase):
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        weight = dequantize_awq(
-            layer.qweight, layer.qzeros, layer.scales, layer.group_size
-        )
+        weight = dequantize_awq(layer.qweight, layer.qzeros, layer.scales)
         out = torch.matmul(x, weight.to(x.dtype))
         return out if bias is None else out + bias
 

@@ -13,6 +13,7 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
 from vllm_hpu import device
+from vllm_hpu.attention.layer_options import prompt_slicing
 from vllm_hpu.ops.encoder_attention import encoder_attention
 
 
@@ -100,6 +101,18 @@ class HpuMMEncoderAttention(MMEncoderAttention):
     maybe_recompute_cu_seqlens) stay vLLM's: with the torch SDPA backend our
     platform reports, they only move cu_seqlens to the device."""
 
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float | None = None,
+        num_kv_heads: int | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__(num_heads, head_size, scale, num_kv_heads, prefix)
+        # Long passes in tiles with a mask per tile, never one [P, P] mask.
+        self.slicing = prompt_slicing()
+
     def forward_oot(
         self,
         query: torch.Tensor,
@@ -116,7 +129,7 @@ class HpuMMEncoderAttention(MMEncoderAttention):
         query, key, value = self.view_qkv_to_4d(
             query, key, value, batch, seq_len, key.shape[1]
         )
-        out = encoder_attention(query, key, value, self.scale, cu_seqlens)
+        out = encoder_attention(query, key, value, self.scale, cu_seqlens, self.slicing)
         return out.reshape(batch, seq_len, -1) if flat else out
 
 

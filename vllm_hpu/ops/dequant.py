@@ -45,13 +45,6 @@ def unpack_int32(
     return values.flatten(-2).movedim(-1, dim)
 
 
-def contiguous_groups(rows: int, group_size: int, device: torch.device) -> torch.Tensor:
-    """Each of ``rows`` inputs' group when groups are consecutive runs of
-    ``group_size`` inputs (-1: one group for all)."""
-    size = rows if group_size == -1 else group_size
-    return torch.arange(rows, device=device, dtype=torch.int32) // size
-
-
 def dequantize_groups(
     values: torch.Tensor,
     scales: torch.Tensor,
@@ -74,36 +67,59 @@ def dequantize_groups(
     return centred.to(scales.dtype) * torch.take_along_dim(scales, index, dim)
 
 
+def dequantize_contiguous(
+    values: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | int | None,
+    dim: int,
+) -> torch.Tensor:
+    """:func:`dequantize_groups` when each group is a run of consecutive inputs
+    (no ``desc_act`` reordering): the inputs along ``dim`` are viewed as
+    [groups, group_size] and each group's zero and scale broadcast over its run,
+    with no per-input gather of the scales and zeros (int zero: one for all)."""
+    dim = dim % values.ndim
+    grouped = values.unflatten(dim, (scales.shape[dim], -1))
+    if isinstance(zeros, torch.Tensor):
+        grouped = grouped - zeros.unsqueeze(dim + 1)
+    elif zeros is not None:
+        grouped = grouped - zeros
+    weight = grouped.to(scales.dtype) * scales.unsqueeze(dim + 1)
+    return weight.flatten(dim, dim + 1)
+
+
 def dequantize_awq(
-    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
 ) -> torch.Tensor:
     """AutoAWQ's GEMM layout: qweight ``[..., K, N/8]`` and qzeros ``[..., G, N/8]``
     packed along the output in AWQ nibble order, scales ``[..., G, N]``; the
     weight ``[..., K, N]`` in the scales' dtype."""
     values = unpack_int32(qweight, _NIBBLE, dim=-1, awq_order=True)
     zeros = unpack_int32(qzeros, _NIBBLE, dim=-1, awq_order=True)
-    g_idx = contiguous_groups(values.shape[-2], group_size, values.device)
-    return dequantize_groups(values, scales, zeros, g_idx, dim=-2)
+    return dequantize_contiguous(values, scales, zeros, dim=-2)
 
 
 def dequantize_gptq(
     qweight: torch.Tensor,
     qzeros: torch.Tensor | None,
     scales: torch.Tensor,
-    g_idx: torch.Tensor,
+    g_idx: torch.Tensor | None,
     v1: bool = True,
 ) -> torch.Tensor:
     """GPTQ's layout: 4-bit qweight ``[..., K/8, N]`` packed along the input,
     qzeros ``[..., G, N/8]`` along the output (None: symmetric, zero 8; the v1
     format stores zero - 1 in four bits, gptq_v2 the zero), scales
-    ``[..., G, N]``, g_idx ``[K]``; the weight ``[..., K, N]``."""
+    ``[..., G, N]``, g_idx ``[K]`` with desc_act (None: groups of K / G
+    consecutive inputs); the weight ``[..., K, N]``."""
     values = unpack_int32(qweight, _NIBBLE, dim=-2)
-    if qzeros is None:
-        zeros = torch.full_like(scales, SYMMETRIC_GPTQ_ZERO, dtype=torch.int32)
-    else:
+    zeros: torch.Tensor | int = SYMMETRIC_GPTQ_ZERO
+    if qzeros is not None:
         zeros = unpack_int32(qzeros, _NIBBLE, dim=-1)
         # v1 stores zero - 1 in four bits: a zero of 0 was written as 15.
         zeros = (zeros + 1) & 0xF if v1 else zeros
+    if g_idx is None:
+        return dequantize_contiguous(values, scales, zeros, dim=-2)
+    if isinstance(zeros, int):
+        zeros = torch.full_like(scales, zeros, dtype=torch.int32)
     return dequantize_groups(values, scales, zeros, g_idx, dim=-2)
 
 
@@ -125,12 +141,11 @@ def dequantize_pack_quantized(
     if weight_zero_point is not None:
         zeros = unpack_int32(weight_zero_point, num_bits, dim=-2)
         zeros = zeros[..., : values.shape[-2], :]
-    if g_idx is None:
-        group_size = values.shape[-1] // weight_scale.shape[-1]
-        g_idx = contiguous_groups(values.shape[-1], group_size, values.device)
     # Both carry the same offset, which cancels when a zero point is given.
     if zeros is None:
         values = values - (1 << (num_bits - 1))
+    if g_idx is None:
+        return dequantize_contiguous(values, weight_scale, zeros, dim=-1)
     return dequantize_groups(values, weight_scale, zeros, g_idx, dim=-1)
 
 

@@ -3,7 +3,8 @@
 vLLM's torch path splits a pass at ``cu_seqlens`` and attends image by image, so
 the attention's shapes follow each image's patch count: on Gaudi, a graph per
 image size. Here one attention covers the pass and a block-diagonal mask keeps
-the images apart, so the shapes follow only the pass's (images, patches) bucket.
+the images apart, so the shapes follow only the pass's (images, patches) bucket;
+a long pass is cut into tiles, each with its piece of the mask.
 """
 
 import torch
@@ -15,6 +16,7 @@ from vllm_hpu.ops.prompt_attention import (
 )
 from vllm_hpu.ops.prompt_mask import PromptBias, PromptMask
 from vllm_hpu.ops.score_mods import Scoring
+from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 
 
 def block_diagonal_mask(
@@ -44,6 +46,7 @@ def encoder_attention(
     value: torch.Tensor,
     scale: float,
     cu_seqlens: torch.Tensor | None = None,
+    slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
     """Non-causal attention of every batch row, within the spans of ``cu_seqlens``
     (the same spans in every row) or over the whole row without it.
@@ -52,9 +55,12 @@ def encoder_attention(
     num_kv_heads, head_size]; cu_seqlens: [num_images + 1] or None. Returns
     [batch, seq_len, num_heads, head_size]. Runs Gaudi's fused SDPA (its CPU
     counterpart in emulation, ``device.fused_sdpa``) for the head sizes it takes,
-    plain softmax attention otherwise; both through :func:`prompt_attention`."""
+    plain softmax attention otherwise; both through :func:`prompt_attention`.
+    A pass of at least ``slicing.threshold`` patches runs in tiles, each with
+    its own [tile, tile] piece of the mask: no [P, P] mask (2 GiB in bf16 at
+    32k patches) is made in any layer."""
     batch, seq_len, _, head_size = query.shape
     mask = block_diagonal_mask(cu_seqlens, batch, seq_len, query.device)
     scoring = Scoring(scale, use_fused=head_size in FUSED_SDPA_HEAD_SIZES)
     bias = PromptBias(mask, query.dtype)
-    return prompt_attention(query, PassKeys(key, value), bias, scoring)
+    return prompt_attention(query, PassKeys(key, value), bias, scoring, slicing=slicing)

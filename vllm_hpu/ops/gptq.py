@@ -26,7 +26,7 @@ from vllm.model_executor.parameter import (
 )
 
 from vllm_hpu.ops import int4
-from vllm_hpu.ops.dequant import contiguous_groups, dequantize_gptq
+from vllm_hpu.ops.dequant import dequantize_gptq
 from vllm_hpu.ops.fused_moe import check_supported, refuse
 from vllm_hpu.ops.int4_config import HpuInt4Config
 from vllm_hpu.ops.packed_moe import HpuGPTQMoEMethod
@@ -151,7 +151,6 @@ class HpuGPTQLinearMethod(LinearMethodBase):
                 "tensor-parallel size that keeps whole groups per device."
             )
         loader = extra_weight_attrs["weight_loader"]
-        layer.group_size = group_size
         layer.register_parameter(
             "qweight",
             PackedvLLMParameter(
@@ -177,11 +176,6 @@ class HpuGPTQLinearMethod(LinearMethodBase):
         for name in names:
             param = getattr(layer, name)
             setattr(layer, name, torch.nn.Parameter(param.data, requires_grad=False))
-        if not self.quant_config.desc_act:
-            # Without desc_act the groups are consecutive rows of this partition.
-            rows = layer.qweight.shape[0] * int4.PACK_FACTOR
-            groups = contiguous_groups(rows, layer.group_size, layer.g_idx.device)
-            layer.g_idx.data.copy_(groups)
 
     def apply(
         self,
@@ -191,9 +185,9 @@ class HpuGPTQLinearMethod(LinearMethodBase):
     ) -> torch.Tensor:
         config = self.quant_config
         qzeros = None if config.sym else layer.qzeros
-        weight = dequantize_gptq(
-            layer.qweight, qzeros, layer.scales, layer.g_idx, config.v1
-        )
+        # Without desc_act the groups are consecutive rows of this partition.
+        g_idx = layer.g_idx if config.desc_act else None
+        weight = dequantize_gptq(layer.qweight, qzeros, layer.scales, g_idx, config.v1)
         out = torch.matmul(x, weight.to(x.dtype))
         return out if bias is None else out + bias
 

@@ -1,8 +1,9 @@
 """Multi-head latent attention (DeepSeek-V2/V3) on one flat latent cache per layer.
 
 A cache row is ``[kv_c (kv_lora_rank) ; k_pe (qk_rope_head_dim)]`` of a token.
-Decode attends in latent space (MQA: one head, the latent is also the value);
-prompts expand the latent through ``kv_b_proj`` into per-head keys and values.
+Decode, and a prompt pass's cached context, attend in latent space (MQA: one
+head, the latent is also the value); a prompt pass's own tokens are expanded
+through ``kv_b_proj`` into per-head keys and values.
 """
 
 from collections.abc import Callable
@@ -18,10 +19,16 @@ from vllm_hpu.ops.paged_attention import (
     DecodeBlocks,
     sliced_block_attention,
 )
-from vllm_hpu.ops.prompt_attention import prompt_attention
+from vllm_hpu.ops.prompt_attention import prompt_attention, tile_attention
 from vllm_hpu.ops.prompt_mask import PromptBias
 from vllm_hpu.ops.score_mods import Scoring
-from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
+from vllm_hpu.ops.sliced_attention import (
+    NO_SLICING,
+    PromptSlicing,
+    TileGrid,
+    attend_tiles,
+    merge_tiles,
+)
 
 
 def latent_cache_shape(
@@ -119,40 +126,67 @@ def _pad_head(x: torch.Tensor, size: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class LatentKeys:
-    """A prompt pass's keys as cached latents [bs, C * B, L + R] and the current
-    tokens' [bs, q, L + R], expanded per head only as they are read, so a pass
-    over a long context holds the expansion of one tile of keys at a time. Keys
-    and values come out padded with zeros to ``head_size`` (the query's, or the
-    value's if larger): the fused kernel wants one head size."""
+    """A prompt pass's own tokens as latents [bs, q, L + R], expanded per head
+    only as they are read, so a long pass holds the expansion of one tile of keys
+    at a time. Keys and values come out padded with zeros to ``head_size`` (the
+    query's, or the value's if larger): the fused kernel wants one head size.
+    Cached context is never expanded: :func:`latent_chunk_attention`."""
 
     latent: torch.Tensor
-    past_latent: torch.Tensor | None
     expand: LatentExpansion
     head_size: int
 
     @property
     def past_len(self) -> int:
-        return 0 if self.past_latent is None else self.past_latent.shape[1]
+        return 0
 
     @property
     def num_keys(self) -> int:
-        return self.past_len + self.latent.shape[1]
+        return self.latent.shape[1]
 
     def read(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        past_len = self.past_len
-        if start >= past_len:
-            return self._expanded(self.latent[:, start - past_len : end - past_len])
-        assert self.past_latent is not None
-        return self._expanded(self.past_latent[:, start:end])
+        return self._expanded(self.latent[:, start:end])
 
     def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.past_latent is None:
-            return self._expanded(self.latent)
-        return self._expanded(torch.cat((self.past_latent, self.latent), dim=1))
+        return self._expanded(self.latent)
 
     def _expanded(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         key, value = self.expand(latent)
         return _pad_head(key, self.head_size), _pad_head(value, self.head_size)
+
+
+@dataclass(frozen=True)
+class LatentContext:
+    """A prompt pass's cached context [bs, C * B, L + R], attended in latent
+    space as decode does: W_UK [L, N, P] absorbed into the queries, W_UV [L, N, V]
+    applied to the latent output, so the projection work follows the pass's
+    queries, never the context's length."""
+
+    latent: torch.Tensor
+    w_uk: torch.Tensor
+    w_uv: torch.Tensor
+
+    @property
+    def past_len(self) -> int:
+        return self.latent.shape[1]
+
+    def absorb(self, query: torch.Tensor) -> torch.Tensor:
+        """query [..., N, P + R] -> [..., N, L + R] (the rope part as it is)."""
+        q_nope, q_pe = query.split(
+            [self.w_uk.shape[-1], query.shape[-1] - self.w_uk.shape[-1]], dim=-1
+        )
+        q_latent = torch.einsum("...np,lnp->...nl", q_nope, self.w_uk.to(query.dtype))
+        return torch.cat((q_latent, q_pe), dim=-1)
+
+    def read(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head of keys [bs, n, 1, L + R]; the value is the key's latent."""
+        key = self.latent[:, start:end].unsqueeze(2)
+        return key, key[..., : self.w_uk.shape[0]]
+
+    def project(self, out: torch.Tensor) -> torch.Tensor:
+        """A latent output [..., N, L] -> [..., N, V] in fp32."""
+        out = torch.einsum("...nl,lnv->...nv", out.to(self.w_uv.dtype), self.w_uv)
+        return out.float()
 
 
 def latent_prompt_attention(
@@ -162,9 +196,9 @@ def latent_prompt_attention(
     scale: float,
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """Prompt attention over expanded latents. query: [bs, q, N, P + R]; keys
-    from the pass's latents (:class:`LatentKeys`); bias over [bs, q] x [bs, K + q].
-    Returns [bs, q, N, V]."""
+    """Prompt attention of a pass without cached context over its expanded
+    latents. query: [bs, q, N, P + R]; bias over [bs, q] x [bs, q]. Returns
+    [bs, q, N, V]."""
     out = prompt_attention(
         _pad_head(query, keys.head_size),
         keys,
@@ -173,3 +207,50 @@ def latent_prompt_attention(
         slicing=slicing,
     )
     return out[..., : keys.expand.v_head_dim]
+
+
+def latent_chunk_attention(
+    query: torch.Tensor,
+    context: LatentContext,
+    keys: LatentKeys,
+    bias: PromptBias,
+    scale: float,
+    slicing: PromptSlicing = NO_SLICING,
+) -> torch.Tensor:
+    """Prompt attention of a pass with cached context. query: [bs, q, N, P + R];
+    bias over [bs, q] x [bs, K + q]. Returns [bs, q, N, V].
+
+    The context in latent space (one shared head, like decode), the pass's own
+    tokens over their expanded latents, the two merged by their log-sum-exp;
+    each cut into tiles as ``slicing`` says. Only the pass's q tokens go through
+    a projection (W_UK, W_UV, kv_b_proj)."""
+    past_len = context.past_len
+    num_keys = past_len + keys.num_keys
+    chunk = slicing.chunk_size if slicing.applies(num_keys) else num_keys
+    grid = TileGrid(query.shape[1], past_len, chunk, bias.causal)
+    latent_query = context.absorb(query)
+    padded_query = _pad_head(query, keys.head_size)
+    # 576-wide latent heads are outside the fused kernel's head sizes.
+    in_latent = tile_attention(Scoring(scale, use_fused=False), PLAIN)
+    expanded = tile_attention(Scoring(scale), PLAIN)
+
+    def read_own(start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return keys.read(start - past_len, end - past_len)
+
+    outputs = []
+    for queries in grid.query_tiles():
+        tiles = grid.key_tiles(queries)
+        past = [t for t in tiles if t.stop <= past_len]
+        own = [t for t in tiles if t.start >= past_len]
+        ctx_out, ctx_lse = attend_tiles(
+            in_latent, latent_query[:, queries], context.read, bias, queries, past
+        )
+        own_out, own_lse = attend_tiles(
+            expanded, padded_query[:, queries], read_own, bias, queries, own
+        )
+        out, _ = merge_tiles(
+            (context.project(ctx_out), ctx_lse),
+            (own_out[..., : keys.expand.v_head_dim], own_lse),
+        )
+        outputs.append(out.to(query.dtype))
+    return torch.cat(outputs, dim=1)

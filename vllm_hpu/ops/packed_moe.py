@@ -171,7 +171,6 @@ class HpuAWQMoEMethod(HpuInt4CheckpointMoEMethod):
                 getattr(layer, f"{name}_qweight")[experts],
                 getattr(layer, f"{name}_qzeros")[experts],
                 getattr(layer, f"{name}_scales")[experts],
-                self.group_size(getattr(layer, f"{name}_qweight").shape[1]),
             )
             for name in ("w13", "w2")
         )
@@ -191,16 +190,12 @@ class HpuGPTQMoEMethod(HpuInt4CheckpointMoEMethod):
         weights = []
         for name in ("w13", "w2"):
             qweight = getattr(layer, f"{name}_qweight")[experts]
-            inputs = qweight.shape[1] * dequant.pack_factor(4)
-            g_idx = dequant.contiguous_groups(
-                inputs, self.group_size(inputs), qweight.device
-            )
             zeros = getattr(layer, f"{name}_qzeros")[experts]
             weight = dequant.dequantize_gptq(
                 qweight,
                 None if self.quant_config.sym else zeros,
                 getattr(layer, f"{name}_scales")[experts],
-                g_idx,
+                None,  # GPTQ experts have no desc_act: consecutive groups
                 v1=self.quant_config.v1,
             )
             weights.append(weight.transpose(1, 2).to(dtype))

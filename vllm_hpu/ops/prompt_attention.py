@@ -123,13 +123,13 @@ def prompt_attention(
     """
     if slicing.applies(keys.num_keys):
         grid = TileGrid(query.shape[1], keys.past_len, slicing.chunk_size, bias.causal)
-        attend = _tile_attention(scoring, kernels)
+        attend = tile_attention(scoring, kernels)
         return sliced_attention(attend, query, keys, bias, grid, scoring.sinks)
     key, value = keys.whole()
     attn_bias = bias.whole()
     if scoring.sinks is not None:
         # One tile with its statistics, which the sinks join (score_mods).
-        out, lse = _tile_attention(scoring, kernels)(query, key, value, attn_bias)
+        out, lse = tile_attention(scoring, kernels)(query, key, value, attn_bias)
         return with_sinks(out.float(), lse.float(), scoring.sinks).to(query.dtype)
     fused = device.fused_sdpa() if scoring.use_fused else None
     if fused is not None:
@@ -244,7 +244,7 @@ def _fused_tile(
     return out.reshape(bs, q_len, num_heads, -1), lse.reshape(bs, q_len, num_heads)
 
 
-def _tile_attention(scoring: Scoring, kernels: AttentionKernels) -> TileAttention:
+def tile_attention(scoring: Scoring, kernels: AttentionKernels) -> TileAttention:
     """The fused kernel with statistics where the layer may run fused, else the
     plain matmuls. A sliced pass calls the device's kernel directly: a quantizer's
     replacement of ``kernels.fused_sdpa`` returns no statistics to merge tiles."""

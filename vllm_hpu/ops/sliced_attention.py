@@ -118,12 +118,28 @@ def sliced_attention(
     and weighs nothing in the merge, where -inf would give NaN."""
     outputs = []
     for queries in grid.query_tiles():
-        query_tile = query[:, queries]
-        merged = None
-        for key_range in grid.key_tiles(queries):
-            key, value = keys.read(key_range.start, key_range.stop)
-            out, lse = attend(query_tile, key, value, bias(queries, key_range))
-            merged = merge_tiles(merged, (out.float(), lse.float()))
-        assert merged is not None  # every query tile sees its own keys
+        merged = attend_tiles(
+            attend, query[:, queries], keys.read, bias, queries, grid.key_tiles(queries)
+        )
         outputs.append(with_sinks(*merged, sinks).to(query.dtype))
     return torch.cat(outputs, dim=1)
+
+
+def attend_tiles(
+    attend: TileAttention,
+    query: torch.Tensor,
+    read: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+    bias: TileBias,
+    queries: slice,
+    key_tiles: list[slice],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query tile [bs, sq, H, D] against ``key_tiles`` (at least one, in the
+    pass's key positions; ``read(start, end)`` returns a range's keys and values)
+    -> the merged (output [bs, sq, H, Dv], log-sum-exp [bs, sq, H]), fp32."""
+    merged = None
+    for key_range in key_tiles:
+        key, value = read(key_range.start, key_range.stop)
+        out, lse = attend(query, key, value, bias(queries, key_range))
+        merged = merge_tiles(merged, (out.float(), lse.float()))
+    assert merged is not None  # every query tile sees its own keys
+    return merged

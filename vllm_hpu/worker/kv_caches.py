@@ -1,8 +1,9 @@
 """The KV caches of a model's attention layers: the specs vLLM's cache manager
 sizes, the flat caches allocated and bound to each layer, and the geometry the
-attention metadata builders read."""
+attention metadata builders read (one per KV cache group)."""
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -13,12 +14,15 @@ from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheSpec,
     MLAAttentionSpec,
+    SlidingWindowSpec,
 )
 
 from vllm_hpu.attention.metadata import CacheGeometry
 from vllm_hpu.attention.windows import (
     full_attention_spec,
+    hybrid_kv_cache,
     layer_chunks,
+    layer_spec,
     layer_windows,
 )
 from vllm_hpu.ops.kv_cache import allocate_kv_cache
@@ -31,8 +35,10 @@ Layers = Mapping[str, AttentionLayerBase]
 def kv_cache_specs(
     layers: Layers, vllm_config: VllmConfig, block_size: int
 ) -> dict[str, KVCacheSpec]:
-    """One full-attention spec per layer that caches keys (windows included:
-    one block table serves every layer); other caches are refused."""
+    """One spec per layer that caches keys: full attention, or a sliding window
+    under vLLM's hybrid KV cache manager (attention/windows.py); other caches
+    are refused."""
+    hybrid = hybrid_kv_cache(vllm_config)
     specs: dict[str, KVCacheSpec] = {}
     for name, layer in layers.items():
         spec = layer.get_kv_cache_spec(vllm_config)
@@ -45,23 +51,33 @@ def kv_cache_specs(
                 f"Layer {name} needs a {type(spec).__name__} cache, which the HPU "
                 "plugin does not support: only decoder attention models run here."
             )
-        specs[name] = full_attention_spec(spec, block_size)
+        specs[name] = layer_spec(spec, block_size, hybrid)
     return specs
 
 
 def bind_kv_caches(
     layers: Layers, kv_cache_config: KVCacheConfig, torch_device: torch.device
 ) -> dict[str, Any]:
-    """Allocate every layer's cache of ``kv_cache_config.num_blocks`` blocks (plus
-    the dummy block) and bind it to the layer."""
+    """Allocate the caches of ``kv_cache_config.num_blocks`` blocks (plus the
+    dummy block) and bind each layer its own.
+
+    KV cache groups share memory as vLLM's config lays it out: the i-th layer of
+    every group uses the same cache (a block id belongs to one group at a time),
+    so groups of windowed and full layers cost the memory of one group.
+    """
     kv_caches = {}
+    shared: dict[tuple[int, AttentionSpec], Any] = {}
     for group in kv_cache_config.kv_cache_groups:
         spec = group.kv_cache_spec
         assert isinstance(spec, AttentionSpec)
-        for name in group.layer_names:
-            kv_caches[name] = allocate_layer_cache(
-                spec, kv_cache_config.num_blocks, torch_device
-            )
+        # Caches are shaped by the page, not by which tokens a layer attends.
+        shape = full_attention_spec(spec, spec.block_size)
+        for index, name in enumerate(group.layer_names):
+            if (index, shape) not in shared:
+                shared[index, shape] = allocate_layer_cache(
+                    spec, kv_cache_config.num_blocks, torch_device
+                )
+            kv_caches[name] = shared[index, shape]
             layers[name].bind_kv_cache(kv_caches[name])
     return kv_caches
 
@@ -111,8 +127,8 @@ def cache_geometry(
     torch_device: torch.device,
 ) -> CacheGeometry:
     """The caches' shape as the metadata builders need it, with the distinct
-    sliding windows and chunk sizes of the layers and whether any layer attends
-    in full."""
+    sliding windows and chunk sizes of ``layers`` and whether any of them
+    attends in full."""
     windows = layer_windows(layers.values())
     chunks = layer_chunks(layers.values())
     full = [w is None and c is None for w, c in zip(windows, chunks, strict=True)]
@@ -125,3 +141,66 @@ def cache_geometry(
         full_attention=any(full) or not windows,
         attention_chunks=tuple(sorted({c for c in chunks if c is not None})),
     )
+
+
+def group_cache_geometry(
+    layers: Layers,
+    kv_cache_config: KVCacheConfig,
+    dtype: torch.dtype,
+    torch_device: torch.device,
+) -> CacheGeometry:
+    """The geometry of all ``layers``, with one of its own per KV cache group
+    when there are several (their block tables differ)."""
+    block_size = check_group_block_sizes(kv_cache_config)
+    num_blocks = kv_cache_config.num_blocks
+    whole = cache_geometry(layers, block_size, num_blocks, dtype, torch_device)
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) == 1:
+        return whole
+    per_group = tuple(
+        cache_geometry(
+            {name: layers[name] for name in group.layer_names},
+            block_size,
+            num_blocks,
+            dtype,
+            torch_device,
+        )
+        for group in groups
+    )
+    return replace(whole, groups=per_group)
+
+
+def check_group_block_sizes(kv_cache_config: KVCacheConfig) -> int:
+    """The one block size of every KV cache group: the runner pads and buckets
+    by a single block size."""
+    sizes = {g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups}
+    if len(sizes) != 1:
+        raise ValueError(
+            f"KV cache groups of block sizes {sorted(sizes)}: the HPU runner "
+            "needs one block size for every layer; start vLLM with "
+            "--disable-hybrid-kv-cache-manager."
+        )
+    return sizes.pop()
+
+
+def layer_groups(kv_cache_config: KVCacheConfig) -> dict[str, int]:
+    """Each attention layer's KV cache group (the index of its block table)."""
+    return {
+        name: index
+        for index, group in enumerate(kv_cache_config.kv_cache_groups)
+        for name in group.layer_names
+    }
+
+
+def reachable_decode_blocks(
+    kv_cache_config: KVCacheConfig, max_num_seqs: int, max_model_len: int
+) -> int:
+    """The most blocks a decode batch's block tables span (decode buckets count
+    a row's whole table): the cache's blocks where some group holds every block
+    of its table, else rows at ``max_model_len`` (groups that only window free
+    the blocks behind their windows, so their tables outgrow the cache)."""
+    groups = kv_cache_config.kv_cache_groups
+    if all(isinstance(g.kv_cache_spec, SlidingWindowSpec) for g in groups):
+        block_size = groups[0].kv_cache_spec.block_size
+        return max_num_seqs * -(-max_model_len // block_size)
+    return kv_cache_config.num_blocks

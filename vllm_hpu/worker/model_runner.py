@@ -45,7 +45,10 @@ from vllm_hpu.worker.kv_caches import (
     bind_kv_caches,
     bind_scratch_kv_caches,
     cache_geometry,
+    group_cache_geometry,
     kv_cache_specs,
+    layer_groups,
+    reachable_decode_blocks,
     unbind_kv_caches,
 )
 from vllm_hpu.worker.passes.build import build_prompt_forward
@@ -122,6 +125,8 @@ class HpuModelRunner:
         self.kv_caches: dict[str, Any] = {}  # set by initialize_kv_cache
         self.kv_cache_config: KVCacheConfig | None = None
         self.cache: CacheGeometry | None = None
+        # Each attention layer's KV cache group; empty until the caches exist.
+        self.layer_groups: dict[str, int] = {}
         # Set by warmup (warmup/warmup.py): what runs the buckets given graphs.
         self.graph_model: Any = None
         self.graphed_buckets: set[tuple[str, Bucket]] = set()
@@ -172,16 +177,24 @@ class HpuModelRunner:
         """Allocate the flat KV caches (plus the dummy block) and bind them."""
         num_blocks = kv_cache_config.num_blocks
         self.kv_cache_config = kv_cache_config
-        self.kv_caches = bind_kv_caches(
-            self._attention_layers(), kv_cache_config, self.device
+        layers = self._attention_layers()
+        self.kv_caches = bind_kv_caches(layers, kv_cache_config, self.device)
+        self.cache = group_cache_geometry(
+            layers, kv_cache_config, self.dtype, self.device
         )
-        block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        block_size = self.cache.block_size
         assert block_size == self.block_size, (
             f"KV block size changed from {self.block_size} to {block_size} after "
             "the runner was built; the attention backend must prefer the platform's"
         )
-        self.cache = self._geometry(num_blocks)
-        self.buckets.set_num_kv_blocks(num_blocks)
+        self.layer_groups = layer_groups(kv_cache_config)
+        self.buckets.set_num_kv_blocks(
+            reachable_decode_blocks(
+                kv_cache_config,
+                self.vllm_config.scheduler_config.max_num_seqs,
+                self.model_config.max_model_len,
+            )
+        )
         logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
         if self.caps.kv_connector is not None:
             self.caps.kv_connector.register_kv_caches(self.kv_caches, block_size)
@@ -340,12 +353,10 @@ class HpuModelRunner:
     ) -> Any:
         """Run the model on one padded pass; returns hidden states [num_tokens, H]
         on the last pipeline stage, IntermediateTensors on the others."""
-        layer_names = self._attention_layers()
-        attn_metadata = dict.fromkeys(layer_names, forward_pass.attn_metadata)
+        groups = self.layer_groups or dict.fromkeys(self._attention_layers(), 0)
+        attn_metadata = forward_pass.metadata_by_layer(groups)
         # MLA layers write their cache before attending, from this mapping.
-        slot_mapping = dict.fromkeys(
-            layer_names, forward_pass.attn_metadata.slot_mapping
-        )
+        slot_mapping = {name: m.slot_mapping for name, m in attn_metadata.items()}
         phase = "prompt" if forward_pass.is_prompt else "decode"
         graphed = (phase, forward_pass.bucket) in self.graphed_buckets
         model = self.graph_model if graphed else self.get_model()

@@ -196,7 +196,9 @@ def attach_model(
         capabilities.weight_updates = WeightUpdates(
             runner.vllm_config, runner.device, model, capabilities.sleep, rank
         )
-    if supports_multimodal(model) and is_first_stage:
+    # A multimodal model with every modality limited to 0 runs as a text model.
+    takes_media = supports_multimodal(model) and model_config.supports_multimodal_inputs
+    if takes_media and is_first_stage:
         capabilities.multimodal = MultimodalInputs(
             runner.vllm_config, model, runner.input_batch, requests, runner.device
         )

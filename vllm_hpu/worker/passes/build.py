@@ -9,12 +9,16 @@ Padding tokens are id 0 at position 0 and write their KV into the dummy block
 (see ``attention/metadata.py``).
 """
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from vllm_hpu.attention.merged import build_merged_prompt_metadata
 from vllm_hpu.attention.metadata import (
     CacheGeometry,
+    HpuAttentionMetadata,
+    SeqLayout,
     build_decode_metadata,
     build_prompt_metadata,
 )
@@ -26,6 +30,20 @@ from vllm_hpu.worker.passes.shapes import pass_shape
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(array).to(device)
+
+
+MetadataBuilder = Callable[[list[SeqLayout], CacheGeometry], HpuAttentionMetadata]
+
+
+def group_metadata(
+    seqs: list[ScheduledSeq], cache: CacheGeometry, build: MetadataBuilder
+) -> tuple[HpuAttentionMetadata, ...]:
+    """The pass's metadata for each KV cache group: the same shapes (one
+    bucket), each group's own block tables and windows."""
+    return tuple(
+        build([seq.group_layout(index) for seq in seqs], group)
+        for index, group in enumerate(cache.group_geometries())
+    )
 
 
 def build_prompt_forward(
@@ -57,12 +75,12 @@ def build_prompt_pass(
         count = seq.layout.num_scheduled_tokens
         input_ids[i, :count] = token_ids[seq.row, seq.start : seq.end]
         positions[i, :count] = np.arange(seq.start, seq.end)
-    metadata = build_prompt_metadata(
-        [s.layout for s in seqs],
-        bucket.batch_size,
-        bucket.query_len,
-        bucket.num_blocks,
+    metadata = group_metadata(
+        seqs,
         cache,
+        lambda layouts, group: build_prompt_metadata(
+            layouts, bucket.batch_size, bucket.query_len, bucket.num_blocks, group
+        ),
     )
     return ForwardPass(
         is_prompt=True,
@@ -70,7 +88,7 @@ def build_prompt_pass(
         seqs=seqs,
         input_ids=_to_device(input_ids.reshape(-1), cache.device),
         positions=_to_device(positions.reshape(-1), cache.device),
-        attn_metadata=metadata,
+        group_metadata=metadata,
         first_token_indices=[i * bucket.query_len for i in range(len(seqs))],
     )
 
@@ -92,8 +110,12 @@ def build_merged_pass(
         positions[offset:end] = np.arange(seq.start, seq.end)
         first_token_indices.append(offset)
         offset = end
-    metadata = build_merged_prompt_metadata(
-        [s.layout for s in seqs], bucket.query_len, bucket.num_blocks, cache
+    metadata = group_metadata(
+        seqs,
+        cache,
+        lambda layouts, group: build_merged_prompt_metadata(
+            layouts, bucket.query_len, bucket.num_blocks, group
+        ),
     )
     return ForwardPass(
         is_prompt=True,
@@ -101,7 +123,7 @@ def build_merged_pass(
         seqs=seqs,
         input_ids=_to_device(input_ids, cache.device),
         positions=_to_device(positions, cache.device),
-        attn_metadata=metadata,
+        group_metadata=metadata,
         first_token_indices=first_token_indices,
     )
 
@@ -121,8 +143,12 @@ def build_decode_pass(
     starts = np.array([s.start for s in seqs], dtype=np.int64)
     input_ids[: len(seqs)] = token_ids[rows, starts]
     positions[: len(seqs)] = starts
-    metadata = build_decode_metadata(
-        [s.layout for s in seqs], bucket.batch_size, bucket.num_blocks, cache
+    metadata = group_metadata(
+        seqs,
+        cache,
+        lambda layouts, group: build_decode_metadata(
+            layouts, bucket.batch_size, bucket.num_blocks, group
+        ),
     )
     return ForwardPass(
         is_prompt=False,
@@ -130,6 +156,6 @@ def build_decode_pass(
         seqs=seqs,
         input_ids=_to_device(input_ids, cache.device),
         positions=_to_device(positions, cache.device),
-        attn_metadata=metadata,
+        group_metadata=metadata,
         first_token_indices=list(range(len(seqs))),
     )

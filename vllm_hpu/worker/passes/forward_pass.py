@@ -1,6 +1,7 @@
 """What planning produces: one padded forward pass, its bucket, its rows and
 their attention metadata, plus where each row's tokens sit in it."""
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,9 @@ class ForwardPass:
     seqs: list[ScheduledSeq]
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
-    attn_metadata: HpuAttentionMetadata
+    # One per KV cache group (vLLM's hybrid KV cache manager), in the order of
+    # the requests' block tables; one for every layer otherwise.
+    group_metadata: tuple[HpuAttentionMetadata, ...]
     first_token_indices: list[int]  # flat index of each seq's first scheduled token
     # Data parallel MoE: [dp_size] num_tokens of the pass each rank runs with
     # this one (worker/capabilities/data_parallel.py); None: vLLM asks the ranks.
@@ -27,6 +30,20 @@ class ForwardPass:
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def attn_metadata(self) -> HpuAttentionMetadata:
+        """The first KV cache group's metadata (the only one without groups)."""
+        return self.group_metadata[0]
+
+    def metadata_by_layer(
+        self, layer_groups: Mapping[str, int]
+    ) -> dict[str, HpuAttentionMetadata]:
+        """Each attention layer's metadata, from its KV cache group's index
+        (a pass built for one group, as profiling's, serves every layer)."""
+        if len(self.group_metadata) == 1:
+            return dict.fromkeys(layer_groups, self.group_metadata[0])
+        return {name: self.group_metadata[g] for name, g in layer_groups.items()}
 
     @property
     def last_token_indices(self) -> list[int]:

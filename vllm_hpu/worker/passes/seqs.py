@@ -3,7 +3,7 @@ row (its block table, cached context and scheduled tokens), split into prompt
 chunks and decodes."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
@@ -14,7 +14,21 @@ from vllm_hpu.attention.metadata import SeqLayout
 @dataclass(frozen=True)
 class ScheduledSeq:
     row: int  # the request's row in vLLM's InputBatch
-    layout: SeqLayout
+    layout: SeqLayout  # with the block table of the first KV cache group
+    # Every KV cache group's block table (hybrid KV cache manager: windowed
+    # layers have their own); empty: every group reads ``layout.block_table``.
+    block_tables: tuple[list[int], ...] = ()
+
+    def group_layout(self, group: int) -> SeqLayout:
+        """The layout with KV cache group ``group``'s block table."""
+        if not self.block_tables:
+            return self.layout
+        return replace(self.layout, block_table=self.block_tables[group])
+
+    @property
+    def tables(self) -> tuple[list[int], ...]:
+        """Every group's block table (block ids are unique across groups)."""
+        return self.block_tables or (self.layout.block_table,)
 
     @property
     def start(self) -> int:
@@ -47,7 +61,8 @@ def scheduled_seqs(
             num_computed_tokens=state.num_computed_tokens,
             num_scheduled_tokens=scheduler_output.num_scheduled_tokens[req_id],
         )
-        seqs.append(ScheduledSeq(row=row, layout=layout))
+        tables = tuple(state.block_ids) if len(state.block_ids) > 1 else ()
+        seqs.append(ScheduledSeq(row=row, layout=layout, block_tables=tables))
     return seqs
 
 

@@ -58,15 +58,16 @@ def _dependency_depths(seqs: list[ScheduledSeq], block_size: int) -> list[int]:
     """
     writers: dict[int, int] = {}
     for index, seq in enumerate(seqs):
-        table = seq.layout.block_table
-        for block in table[seq.start // block_size : cdiv(seq.end, block_size)]:
-            writers[block] = index
+        for table in seq.tables:  # a full layer may read what a window skips
+            for block in table[seq.start // block_size : cdiv(seq.end, block_size)]:
+                writers[block] = index
     depths: dict[int, int] = {}
 
     def depth(index: int) -> int:
         if index not in depths:
             seq = seqs[index]
-            context = seq.layout.block_table[: context_blocks(seq, block_size)]
+            num_context = context_blocks(seq, block_size)
+            context = {b for table in seq.tables for b in table[:num_context]}
             sources = {writers.get(block, index) for block in context} - {index}
             depths[index] = max((depth(w) + 1 for w in sources), default=0)
         return depths[index]

@@ -4,6 +4,7 @@ Pure arithmetic over a bucket list and a ``capture(phase, bucket) -> bytes`` met
 so it is tested with a fake meter; the warmup passes the real one.
 """
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,6 +18,12 @@ DECODE = "decode"
 _NO_UNITS = 1e-3
 
 CaptureFn = Callable[[str, Bucket], int]
+FreeFn = Callable[[], int]  # free device memory now, in bytes
+
+
+def unlimited() -> int:
+    """A free-memory meter that never runs out (the budget alone decides)."""
+    return sys.maxsize
 
 
 def capture_order(buckets: list[Bucket], strategy: str) -> list[Bucket]:
@@ -64,12 +71,17 @@ class PhaseCapture:
         )
 
 
-def capture_within(state: PhaseCapture, budget: int, capture: CaptureFn) -> int:
-    """Capture, in order, every bucket whose estimate fits what is left of
-    ``budget``; a bucket that does not fit is skipped, later smaller ones may
-    still fit. Returns the budget left."""
+def capture_within(
+    state: PhaseCapture, budget: int, capture: CaptureFn, free: FreeFn
+) -> int:
+    """Capture, in order, every bucket whose estimate fits both what is left of
+    ``budget`` and the device memory free right now; a bucket that does not fit
+    is left out (it runs uncaptured), later smaller ones may still fit. Returns
+    the budget left."""
     for bucket in state.order:
-        if bucket in state.captured or state.estimate(bucket) >= budget:
+        if bucket in state.captured:
+            continue
+        if state.estimate(bucket) >= min(budget, free()):
             continue
         used = max(0, capture(state.phase, bucket))
         state.captured.append(bucket)
@@ -98,24 +110,40 @@ class CapturePlan:
 
 
 def capture_graphs(
-    plan: CapturePlan, capture: CaptureFn
+    plan: CapturePlan, capture: CaptureFn, free: FreeFn = unlimited
 ) -> tuple[PhaseCapture, PhaseCapture]:
     """Each phase within its share; then the budget one phase left, once it has
-    everything, goes to the other phase."""
+    everything, goes to the other phase. ``free`` is checked before each graph."""
     prompt = PhaseCapture(
         PROMPT, capture_order(plan.prompt_buckets, plan.prompt_strategy)
     )
     decode = PhaseCapture(
         DECODE, capture_order(plan.decode_buckets, plan.decode_strategy)
     )
-    capture_within(prompt, plan.prompt_budget, capture)
-    capture_within(decode, plan.decode_budget, capture)
+    capture_within(prompt, plan.prompt_budget, capture, free)
+    capture_within(decode, plan.decode_budget, capture, free)
     left = plan.graph_mem - prompt.used_mem - decode.used_mem
     if decode.captured_all and not prompt.captured_all:
-        capture_within(prompt, left, capture)
+        capture_within(prompt, left, capture, free)
     elif prompt.captured_all and not decode.captured_all:
-        capture_within(decode, left, capture)
+        capture_within(decode, left, capture, free)
     return prompt, decode
+
+
+def left_out_message(
+    phases: tuple[PhaseCapture, PhaseCapture], graph_reserved_mem: float
+) -> str | None:
+    """One line when some buckets got no graph, naming the variable to raise."""
+    left_out = sum(len(p.order) - len(p.captured) for p in phases)
+    if not left_out:
+        return None
+    total = sum(len(p.order) for p in phases)
+    return (
+        f"{left_out} of {total} buckets were left out of graph capture (they run "
+        "uncaptured, slower on the host): the graph memory budget or the free "
+        "device memory ran out; raise VLLM_GRAPH_RESERVED_MEM (now "
+        f"{graph_reserved_mem}) to capture them."
+    )
 
 
 def describe_budget(plan: CapturePlan, free: int) -> str:

@@ -9,6 +9,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from vllm.logger import init_logger
@@ -30,6 +31,7 @@ from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
 from vllm_hpu.worker.model_runner import HpuModelRunner
 from vllm_hpu.worker.passes.planner import step_trace_header
 from vllm_hpu.worker.passes.synthetic import merged_fake_chunks
+from vllm_hpu.worker.warmup.compile_cache import cache_key, compile_cache
 from vllm_hpu.worker.warmup.execution import (
     RECOMPILE_HEADROOM,
     CompileOptions,
@@ -41,6 +43,7 @@ from vllm_hpu.worker.warmup.graphs import (
     CapturePlan,
     capture_graphs,
     describe_budget,
+    left_out_message,
 )
 
 logger = init_logger("vllm.hpu.warmup")
@@ -147,7 +150,9 @@ class HpuWarmup:
             mm_features=[],
             sampling_params=sampling_params,
             pooling_params=pooling_params,
-            block_ids=(block_ids,),
+            # The same blocks in every KV cache group: the passes' shapes are
+            # what warmup is for.
+            block_ids=(block_ids,) * len(self.runner.cache.group_geometries()),
             num_computed_tokens=seq.num_computed,
             lora_request=lora.warmup_request(self._next_id) if lora else None,
         )
@@ -207,7 +212,7 @@ class HpuWarmup:
             self._warm_all("Decode", DECODE, decode)
             if not pooling:
                 self._run_mixed_step(prompt[-1], decode[-1])
-            if capture and self.graph_mem > 0:
+            if capture:
                 self._capture(prompt, decode)
         # Warmup's own padding is not what serving pays.
         buckets.stats = PaddingStats()
@@ -250,15 +255,16 @@ class HpuWarmup:
 
     def _capture(self, prompt: list[Bucket], decode: list[Bucket]) -> None:
         envs = get_envs()
+        free = device.mem_get_info()[0]
         plan = CapturePlan(
             prompt,
             decode,
-            self.graph_mem,
+            self._graph_budget(free),
             envs.graph_prompt_ratio,
             envs.graph_prompt_strategy,
             envs.graph_decode_strategy,
         )
-        logger.info(describe_budget(plan, device.mem_get_info()[0]))
+        logger.info(describe_budget(plan, free))
         totals = {PROMPT: len(prompt), DECODE: len(decode)}
         done = {PROMPT: 0, DECODE: 0}
 
@@ -272,8 +278,23 @@ class HpuWarmup:
             device.synchronize()
             return device.memory_used() - used_before
 
-        for result in capture_graphs(plan, capture):
+        phases = capture_graphs(plan, capture, lambda: device.mem_get_info()[0])
+        for result in phases:
             logger.info(result.summary(self.runner.buckets.describe))
+        message = left_out_message(phases, envs.graph_reserved_mem)
+        if message is not None:
+            logger.warning(message)
+
+    def _graph_budget(self, free: int) -> int:
+        """The reserved share, or what the warmup steps left free if less."""
+        if free < self.graph_mem:
+            logger.info(
+                "Graph memory budget cut from %s GiB (VLLM_GRAPH_RESERVED_MEM) to "
+                "the %s GiB free after the warmup steps",
+                format_gib(self.graph_mem),
+                format_gib(free),
+            )
+        return min(self.graph_mem, free)
 
 
 def warm_up_model(runner: HpuModelRunner, graph_mem: int) -> None:
@@ -303,12 +324,34 @@ def warm_up_model(runner: HpuModelRunner, graph_mem: int) -> None:
         logger.info("No warmup: nothing compiles per shape in emulated eager mode.")
         return
     with (
-        runner.caps.lora.dummy_adapters()
-        if runner.caps.lora
-        else contextlib.nullcontext()
+        (
+            runner.caps.lora.dummy_adapters()
+            if runner.caps.lora
+            else contextlib.nullcontext()
+        ),
+        kept_graphs(runner, options),
     ):
         HpuWarmup(runner, graph_mem).run(capture=mode.captures_graphs)
     buckets.mark_warmed(strict=envs.full_warmup)
+
+
+def kept_graphs(
+    runner: HpuModelRunner, options: CompileOptions | None
+) -> contextlib.AbstractContextManager[None]:
+    """Warmup compiles into this configuration's folder under VLLM_HPU_CACHE_DIR,
+    when that is set and torch.compile runs."""
+    folder = get_envs().cache_dir
+    if options is None or not folder or runner.cache is None:
+        return contextlib.nullcontext()
+    buckets = (runner.buckets.prompt_buckets, runner.buckets.decode_buckets)
+    key = cache_key(
+        runner.vllm_config,
+        buckets,
+        runner.cache.num_blocks,
+        options.backend,
+        options.fullgraph,
+    )
+    return compile_cache(Path(folder) / f"compiled-{key}")
 
 
 def start_step_trace(runner: HpuModelRunner) -> None:
