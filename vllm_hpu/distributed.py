@@ -1,4 +1,5 @@
-"""HpuCommunicator: vLLM's collectives for tensor and pipeline parallel groups.
+"""HpuCommunicator: vLLM's collectives for tensor, pipeline and expert parallel
+groups.
 
 HCCL on Gaudi, gloo on CPU processes in emulation; both are torch.distributed
 backends, so the collectives are torch's own. Lazy mode must close the pending
@@ -6,10 +7,13 @@ graph before a collective reads its input, hence ``mark_step`` first.
 """
 
 import torch
+import torch.nn.functional as F
 from torch.distributed import ProcessGroup
+from vllm.distributed import get_dp_group
 from vllm.distributed.device_communicators.base_device_communicator import (
     DeviceCommunicatorBase,
 )
+from vllm.forward_context import get_forward_context
 
 from vllm_hpu import device as hpu_device
 
@@ -51,3 +55,67 @@ class HpuCommunicator(DeviceCommunicatorBase):
     def send(self, tensor: torch.Tensor, dst: int | None = None) -> None:
         hpu_device.mark_step()
         super().send(tensor, dst)
+
+    # ---- MoE layers with data parallelism (called on the expert group) ----
+    # vLLM's naive dispatch: every data-parallel rank's tokens go to every rank,
+    # whose experts (a shard of each, or whole experts with expert parallelism)
+    # add their part; the combine sums the parts and hands each rank its own
+    # tokens back. Each rank's tokens are padded to the largest pass among the
+    # ranks, so the exchange has one shape per set of buckets.
+
+    def dispatch_router_logits(
+        self,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor,
+        is_sequence_parallel: bool = False,
+        extra_tensors: list[torch.Tensor] | None = None,
+    ) -> (
+        tuple[torch.Tensor, torch.Tensor]
+        | tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]
+    ):
+        """hidden_states: [num_tokens, hidden_size], router_logits: [num_tokens,
+        num_experts] -> [dp_size * max_num_tokens, ...] each, rank-major."""
+        assert not is_sequence_parallel, "refused by ops/fused_moe.check_supported"
+        max_num_tokens = _max_num_tokens_across_dp()
+        gathered = [
+            _gather_padded(t, max_num_tokens) for t in (hidden_states, router_logits)
+        ]
+        if extra_tensors is None:
+            return gathered[0], gathered[1]
+        extra = [_gather_padded(t, max_num_tokens) for t in extra_tensors]
+        return gathered[0], gathered[1], extra
+
+    def combine(
+        self, hidden_states: torch.Tensor, is_sequence_parallel: bool = False
+    ) -> torch.Tensor:
+        """hidden_states: [dp_size * max_num_tokens, hidden_size], this rank's
+        part for every rank's tokens -> [num_tokens, hidden_size], the sum over
+        ranks for this rank's tokens. An all-reduce and a slice: gloo has no
+        reduce-scatter."""
+        assert not is_sequence_parallel, "refused by ops/fused_moe.check_supported"
+        sizes = _num_tokens_across_dp()
+        dp = get_dp_group()
+        max_num_tokens = int(sizes.max())
+        start = dp.rank_in_group * max_num_tokens
+        summed = dp.all_reduce(hidden_states)
+        return summed[start : start + int(sizes[dp.rank_in_group])]
+
+
+def _num_tokens_across_dp() -> torch.Tensor:
+    """[dp_size] tokens of each data-parallel rank's pass (the forward context's,
+    agreed among the ranks as the pass started)."""
+    dp_metadata = get_forward_context().dp_metadata
+    assert dp_metadata is not None, "a MoE pass with data parallelism"
+    return dp_metadata.num_tokens_across_dp_cpu
+
+
+def _max_num_tokens_across_dp() -> int:
+    return int(_num_tokens_across_dp().max())
+
+
+def _gather_padded(tensor: torch.Tensor, max_num_tokens: int) -> torch.Tensor:
+    """[num_tokens, ...] padded to max_num_tokens rows, all-gathered over the
+    data-parallel group: [dp_size * max_num_tokens, ...]."""
+    padding = max_num_tokens - tensor.shape[0]
+    padded = F.pad(tensor, (0, 0) * (tensor.dim() - 1) + (0, padding))
+    return get_dp_group().all_gather(padded.contiguous(), dim=0)

@@ -402,6 +402,9 @@ def _reject_unsupported_features(vllm_config: "VllmConfig") -> None:
         and model_config.enable_sleep_mode
         and has_kv_connector(vllm_config)
     )
+    from vllm_hpu.worker.capabilities.data_parallel import unsupported_layouts
+
+    unsupported |= unsupported_layouts(vllm_config)
     for feature, setting in unsupported.items():
         if setting:
             raise ValueError(

@@ -53,10 +53,31 @@ def test_vllm_builds_the_monolithic_hpu_method():
     assert method.is_monolithic
 
 
+def test_expert_parallelism_is_built():
+    """--enable-expert-parallel: each rank builds the method for its experts."""
+    parallel = dataclasses.replace(
+        FusedMoEParallelConfig.make_no_parallel(), use_ep=True, ep_size=2
+    )
+    with set_current_vllm_config(VllmConfig()):
+        method = UnquantizedFusedMoEMethod(
+            moe_config(moe_parallel_config=parallel, num_local_experts=2)
+        )
+    assert isinstance(method, HpuUnquantizedFusedMoEMethod)
+
+
 REFUSED = {
-    "expert parallelism": {
+    "expert load balancing": {
         "moe_parallel_config": dataclasses.replace(
-            FusedMoEParallelConfig.make_no_parallel(), use_ep=True, ep_size=2
+            FusedMoEParallelConfig.make_no_parallel(),
+            use_ep=True,
+            ep_size=2,
+            enable_eplb=True,
+        )
+    },
+    # Expert parallelism with both tensor and data parallelism.
+    "sequence-parallel experts": {
+        "moe_parallel_config": dataclasses.replace(
+            FusedMoEParallelConfig.make_no_parallel(), use_ep=True, ep_size=4, sp_size=2
         )
     },
     "'swigluoai_uninterleave' expert activation": {

@@ -11,6 +11,7 @@ from vllm_hpu.ops.moe import (
     experts_grouped,
     fused_experts,
     grouped_mm_fits,
+    local_experts,
     select_experts,
     weights_on_input,
 )
@@ -213,3 +214,28 @@ def test_routing_weights_on_the_input_scale_what_the_expert_sees(dtype):
     torch.testing.assert_close(out.float(), expected, **TOLERANCE[dtype])
     on_output = fused_experts(x, w13, w2, weights, ids)
     assert not torch.allclose(on_output.float(), expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("placement", ["linear", "round_robin"])
+def test_expert_parallel_ranks_sum_to_all_experts(placement):
+    """Two expert-parallel ranks, each with half of the experts and the global
+    routing made local (local_experts), add up to the experts on one rank; each
+    rank's own share is nonzero and differs from the whole."""
+    x, w13, w2 = random_weights(torch.float32)
+    logits = torch.randn(NUM_TOKENS, NUM_EXPERTS)
+    weights, ids = select_experts(x, logits, MoeRouting(TOP_K, renormalize=True))
+    owners = {
+        "linear": torch.arange(NUM_EXPERTS) // (NUM_EXPERTS // 2),
+        "round_robin": torch.arange(NUM_EXPERTS) % 2,
+    }[placement]
+    parts = []
+    for rank in range(2):
+        mine = (owners == rank).nonzero().flatten()
+        expert_map = torch.full((NUM_EXPERTS,), -1, dtype=torch.int32)
+        expert_map[mine] = torch.arange(len(mine), dtype=torch.int32)
+        local_weights, local_ids = local_experts(weights, ids, expert_map)
+        parts.append(fused_experts(x, w13[mine], w2[mine], local_weights, local_ids))
+    whole = fused_experts(x, w13, w2, weights, ids)
+    torch.testing.assert_close(parts[0] + parts[1], whole, **TOLERANCE[torch.float32])
+    for part in parts:
+        assert part.abs().sum() > 0 and not torch.allclose(part, whole)

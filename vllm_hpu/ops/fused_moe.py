@@ -39,6 +39,7 @@ from vllm_hpu.ops.moe import (
     ExpertExtras,
     MoeRouting,
     fused_experts,
+    local_experts,
     select_experts,
     weights_on_input,
 )
@@ -73,11 +74,18 @@ def check_supported(moe: FusedMoEConfig, unquantized: bool = False) -> None:
     Expert biases and gpt-oss's clamped SwiGLU run on unquantized experts only
     (the quantized methods pass their weights without them)."""
     parallel = moe.moe_parallel_config
-    if parallel.use_ep or parallel.enable_eplb:
+    if parallel.enable_eplb:
         refuse(
-            "expert parallelism",
-            "drop --enable-expert-parallel / --enable-eplb; tensor parallelism "
-            "splits every expert instead",
+            "expert load balancing",
+            "drop --enable-eplb; --enable-expert-parallel alone places experts "
+            "statically",
+        )
+    if moe.is_sequence_parallel:
+        refuse(
+            "sequence-parallel experts (expert parallelism with both tensor and "
+            "data parallelism)",
+            "use --enable-expert-parallel with tensor parallelism or with data "
+            "parallelism, not both",
         )
     if moe.has_bias and not unquantized:
         refuse(
@@ -174,6 +182,19 @@ def routing_of(layer: RoutedExperts) -> MoeRouting:
     )
 
 
+def route(
+    layer: RoutedExperts, x: torch.Tensor, router_logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk_weights, topk_ids [num_tokens, top_k] over the layer's own experts:
+    with expert parallelism, ids are local slots and pairs routed to other
+    ranks weigh 0 (vLLM's runner sums the ranks' outputs)."""
+    topk_weights, topk_ids = select_experts(x, router_logits, routing_of(layer))
+    expert_map = layer.expert_map
+    if expert_map is None:
+        return topk_weights, topk_ids
+    return local_experts(topk_weights, topk_ids, expert_map)
+
+
 class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     """Routing and experts in one step from the router logits (monolithic): vLLM's
     separate routers call kernels of vllm._C, which the plugin does not have."""
@@ -194,7 +215,7 @@ class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: [num_tokens, hidden_size]; router_logits: [num_tokens, num_experts]."""
-        topk_weights, topk_ids = select_experts(x, router_logits, routing_of(layer))
+        topk_weights, topk_ids = route(layer, x, router_logits)
         return self.forward_oot(layer, x, topk_weights, topk_ids, None, None)
 
     def forward_oot(
@@ -282,7 +303,7 @@ class HpuQuantizedMoE(abc.ABC):
         input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: [num_tokens, hidden_size]; router_logits: [num_tokens, num_experts]."""
-        topk_weights, topk_ids = select_experts(x, router_logits, routing_of(layer))
+        topk_weights, topk_ids = route(layer, x, router_logits)
         if layer.apply_router_weight_on_input:  # Llama 4 (top-1)
             x, topk_weights = weights_on_input(x, topk_weights)
         return self.run_experts(layer, x, topk_weights, topk_ids)

@@ -236,3 +236,16 @@ def _within(
     inside = (local >= 0) & (local < w13.shape[0])
     weights = torch.where(inside, topk_weights, torch.zeros_like(topk_weights))
     return weights, torch.where(inside, local, torch.zeros_like(local))
+
+
+def local_experts(
+    topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert parallelism: the routing onto this rank's experts. expert_map:
+    [num_experts] the local slot of each global expert, -1 where another rank
+    owns it. Pairs routed elsewhere go to slot 0 with weight 0 (shapes stay
+    static); the ranks owning them add their outputs in the combine."""
+    local = expert_map.index_select(0, topk_ids.flatten().long()).view_as(topk_ids)
+    owned = local >= 0
+    weights = torch.where(owned, topk_weights, torch.zeros_like(topk_weights))
+    return weights, torch.where(owned, local, torch.zeros_like(local))

@@ -180,6 +180,9 @@ class HpuWorker(WorkerBase):
             return None
         return output
 
+    def execute_dummy_batch(self) -> None:
+        self.runner.execute_dummy_batch()
+
     def sample_tokens(
         self, grammar_output: GrammarOutput | None
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:

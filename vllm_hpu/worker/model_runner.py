@@ -333,7 +333,18 @@ class HpuModelRunner:
         plan = self.planner.plan(scheduler_output, self.cache)
         if self.caps.async_feed is not None and plan.decode is not None:
             self.caps.async_feed.feed(plan.decode)
+        if self.caps.data_parallel is not None:
+            return self.caps.data_parallel.align(plan.passes, self.cache)
         return plan.passes
+
+    @torch.no_grad()
+    def execute_dummy_batch(self) -> None:
+        """A step without work while other data-parallel ranks have some: their
+        MoE layers wait for this rank's idle passes."""
+        if self.caps.data_parallel is None or self.cache is None:
+            return
+        passes = self.caps.data_parallel.align([], self.cache)
+        self.stream.submit(lambda: [self._forward(p, None) for p in passes]).result()
 
     def _forward(
         self,
@@ -357,6 +368,7 @@ class HpuModelRunner:
                 attn_metadata,
                 self.vllm_config,
                 num_tokens=forward_pass.num_tokens,
+                num_tokens_across_dp=forward_pass.num_tokens_across_dp,
                 slot_mapping=slot_mapping,
             ),
         ):

@@ -8,7 +8,8 @@ where it is not asked for, and the runner calls it at its hook points:
 - ``initialize_kv_cache``: ``kv_connector.register_kv_caches``;
 - each step, before planning: ``before_update`` and ``after_update`` hand the
   scheduler output around (request states are updated between the two); after
-  planning ``async_feed.feed``; the passes inside ``kv_connector_step``, and
+  planning ``async_feed.feed`` and ``data_parallel.align`` (in
+  ``execute_dummy_batch`` too); the passes inside ``kv_connector_step``, and
   ``no_forward_output`` for a step without tokens;
 - each pass: ``lora.set_pass``, ``model_inputs`` (M-RoPE positions, multimodal
   embeddings), then ``spec.proposer.after_target_pass``;
@@ -45,6 +46,10 @@ from vllm_hpu.envs import get_envs
 from vllm_hpu.kv_transfer.config import has_kv_connector
 from vllm_hpu.profiler import StepProfiler
 from vllm_hpu.quantization.inc_flow import IncFlow
+from vllm_hpu.worker.capabilities.data_parallel import (
+    DataParallelPasses,
+    exchanges_tokens,
+)
 from vllm_hpu.worker.capabilities.kv_connector import KVConnectorSteps
 from vllm_hpu.worker.capabilities.lora import HpuLoRA
 from vllm_hpu.worker.capabilities.mrope import MRopePositions, mrope_positions_for
@@ -69,6 +74,8 @@ class Capabilities:
     step_trace: TraceRecorder | None  # VLLM_HPU_BUCKET_TRACE
     kv_connector: KVConnectorSteps | None  # --kv-transfer-config, --kv-offloading-size
     sleep: HpuSleepMode | None  # enable_sleep_mode
+    # --data-parallel-size with a MoE model: as many passes as the other ranks.
+    data_parallel: DataParallelPasses | None
     # Set by ``attach_model``:
     pooler: StepPooler | None = None  # a pooling model
     multimodal: MultimodalInputs | None = None  # on the first pipeline stage
@@ -158,6 +165,15 @@ def build_capabilities(
         sleep=(
             HpuSleepMode(vllm_config.model_config.sleep_preserve_parameter_names)
             if vllm_config.model_config.enable_sleep_mode
+            else None
+        ),
+        data_parallel=(
+            DataParallelPasses(
+                runner.buckets,
+                vllm_config.parallel_config.data_parallel_rank,
+                vllm_config.parallel_config.data_parallel_size,
+            )
+            if exchanges_tokens(vllm_config)
             else None
         ),
     )

@@ -141,8 +141,8 @@ def build_decode_pass(
     bucket = buckets.find_decode_bucket(len(seqs), num_blocks)
     input_ids = np.zeros(bucket.batch_size, dtype=np.int64)
     positions = np.zeros_like(input_ids)
-    rows = np.array([s.row for s in seqs])
-    starts = np.array([s.start for s in seqs])
+    rows = np.array([s.row for s in seqs], dtype=np.int64)
+    starts = np.array([s.start for s in seqs], dtype=np.int64)
     input_ids[: len(seqs)] = token_ids[rows, starts]
     positions[: len(seqs)] = starts
     metadata = group_metadata(

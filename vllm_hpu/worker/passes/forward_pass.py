@@ -23,6 +23,9 @@ class ForwardPass:
     # the requests' block tables; one for every layer otherwise.
     group_metadata: tuple[HpuAttentionMetadata, ...]
     first_token_indices: list[int]  # flat index of each seq's first scheduled token
+    # Data parallel MoE: [dp_size] num_tokens of the pass each rank runs with
+    # this one (worker/capabilities/data_parallel.py); None: vLLM asks the ranks.
+    num_tokens_across_dp: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,31 @@
+"""One rank of vLLM's offline data-parallel pattern (its
+examples/offline_inference/data_parallel.py): the rank's place in the group comes
+from VLLM_DP_* variables, it builds its own LLM and generates its own share of
+the prompts. Run by test_data_parallel.py as
+``python dp_rank.py MODEL_DIR REQUEST_JSON``; prints the tokens as JSON.
+
+REQUEST_JSON: {"engine": LLM keyword arguments, "prompts": [[token ids]],
+"max_tokens": [one per prompt]}.
+"""
+
+import json
+import sys
+
+
+def main(model_dir: str, request: dict) -> None:
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model_dir, **request["engine"])
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        for n in request["max_tokens"]
+    ]
+    prompts = [{"prompt_token_ids": p} for p in request["prompts"]]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    tokens = [list(output.outputs[0].token_ids) for output in outputs]
+    print("TOKENS " + json.dumps(tokens), flush=True)
+    llm.llm_engine.engine_core.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], json.loads(sys.argv[2]))

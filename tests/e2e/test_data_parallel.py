@@ -1,0 +1,212 @@
+"""Data and expert parallelism in emulation (issue 34): vLLM's offline
+data-parallel pattern (one process per rank) and ``vllm serve
+--data-parallel-size 2`` must answer as one replica does, greedy; a MoE model's
+ranks exchange tokens in every layer (distributed.py), a rank without requests
+joining with idle passes; with --enable-expert-parallel each rank holds half of
+the experts and the prompts route to both halves.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+from models import model_path
+
+from e2e.harness import (
+    KV_CACHE_BYTES,
+    engine_spec,
+    random_prompts,
+    uses_engines,
+    vllm_engine,
+    vllm_greedy,
+)
+from e2e.server import (
+    TINY_LLAMA_SERVER,
+    free_port,
+    group_members,
+    launch,
+    serve_command,
+    stop,
+    uses_servers,
+    wait_until_ready,
+)
+
+MOE_MODEL = "tiny-mixtral"  # 4 experts, top 2, 2 layers
+NUM_EXPERTS = 4
+VOCAB_SIZE = 1024
+MAX_TOKENS = 16
+# As test_parallel's: a 64-token step budget chunks the long prompt while the
+# short ones decode.
+ENGINE_KWARGS = {"block_size": 16, "max_num_batched_tokens": 64}
+PROMPTS = random_prompts([1, 17, 40, 100], VOCAB_SIZE, seed=3)
+# Rank 0 gets the long prompts, rank 1 one short request of few tokens: rank 1
+# has nothing to do for most steps and joins rank 0's passes idle.
+RANK_SHARES = ([0, 2, 3], [1])
+SHORT_MAX_TOKENS = 3
+# The single replica, shared with nothing else so far (float32, the harness's
+# KV cache and seed).
+SINGLE = engine_spec(MOE_MODEL, name="tiny-mixtral-b16", **ENGINE_KWARGS)
+RANK_TIMEOUT_S = 400
+SHUTDOWN_BOUND_S = 30.0
+
+
+def _max_tokens(rank: int) -> list[int]:
+    return [SHORT_MAX_TOKENS if rank else MAX_TOKENS] * len(RANK_SHARES[rank])
+
+
+def _rank_env(rank: int, port: int) -> dict[str, str]:
+    return {
+        "VLLM_DP_RANK": str(rank),
+        "VLLM_DP_RANK_LOCAL": str(rank),
+        "VLLM_DP_SIZE": "2",
+        "VLLM_DP_MASTER_IP": "127.0.0.1",
+        "VLLM_DP_MASTER_PORT": str(port),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+    }
+
+
+def offline_data_parallel(engine: dict, workdir: pathlib.Path) -> list[list[int]]:
+    """PROMPTS' tokens from two rank processes started together (each spends
+    seconds importing vLLM), in PROMPTS' order."""
+    port = free_port()
+    script = pathlib.Path(__file__).with_name("dp_rank.py")
+    engine = {"dtype": "float32", "kv_cache_memory_bytes": KV_CACHE_BYTES} | engine
+    ranks = []
+    for rank, share in enumerate(RANK_SHARES):
+        request = {
+            "engine": engine | {"max_model_len": 1024, "seed": 0},
+            "prompts": [PROMPTS[i] for i in share],
+            "max_tokens": _max_tokens(rank),
+        }
+        command = [sys.executable, str(script), model_path(MOE_MODEL)]
+        log = workdir / f"rank{rank}.log"
+        env = _rank_env(rank, port)
+        ranks.append((launch([*command, json.dumps(request)], env, log), log))
+    deadline = time.monotonic() + RANK_TIMEOUT_S
+    try:
+        for process, _ in ranks:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for process, _ in ranks:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    tokens: list[list[int]] = [[] for _ in PROMPTS]
+    for rank, (process, log) in enumerate(ranks):
+        text = log.read_text(errors="replace")
+        assert process.returncode == 0, f"rank {rank} failed:\n{text[-4000:]}"
+        line = next(ln for ln in text.splitlines() if ln.startswith("TOKENS "))
+        generated_tokens = json.loads(line.removeprefix("TOKENS "))
+        for index, generated in zip(RANK_SHARES[rank], generated_tokens, strict=True):
+            tokens[index] = generated
+    return tokens
+
+
+def expected_from(single: list[list[int]]) -> list[list[int]]:
+    """The single replica's tokens cut to what each rank asks for."""
+    expected = list(single)
+    for index in RANK_SHARES[1]:
+        expected[index] = single[index][:SHORT_MAX_TOKENS]
+    return expected
+
+
+def experts_hit() -> set[int]:
+    """Experts transformers routes PROMPTS' tokens to (any layer, top 2)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path(MOE_MODEL), dtype=torch.float32
+    )
+    hit: set[int] = set()
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            out = model(torch.tensor([prompt]), output_router_logits=True)
+            for logits in out.router_logits:
+                hit |= set(logits.topk(2, dim=-1).indices.flatten().tolist())
+    return hit
+
+
+def test_prompts_route_to_both_expert_halves():
+    """With two expert-parallel ranks, rank r owns experts 2r and 2r+1: the
+    prompts below reach experts of both, so each rank's share counts."""
+    hit = experts_hit()
+    assert hit & {0, 1} and hit & {2, 3}, hit
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["dp2", "dp2-ep"])
+@uses_engines(SINGLE)
+def test_offline_data_parallel_moe_matches_single_replica(
+    llm, expert_parallel, tmp_path
+):
+    """Without expert parallelism each rank holds half of every expert (vLLM
+    shards experts over the data-parallel ranks); with it, half of the experts."""
+    expected = expected_from(vllm_greedy(llm, PROMPTS, MAX_TOKENS))
+    engine = ENGINE_KWARGS | {"enable_expert_parallel": expert_parallel}
+    assert offline_data_parallel(engine, tmp_path) == expected
+
+
+@pytest.mark.timeout(600)
+@uses_engines(SINGLE)
+def test_tensor_parallel_expert_parallel_matches_single_replica(llm):
+    expected = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
+    with vllm_engine(
+        model_path(MOE_MODEL),
+        distributed_executor_backend="mp",
+        tensor_parallel_size=2,
+        enable_expert_parallel=True,
+        **ENGINE_KWARGS,
+    ) as tp_ep:
+        assert vllm_greedy(tp_ep, PROMPTS, MAX_TOKENS) == expected
+
+
+def _completions(url: str) -> list[list[int]]:
+    """PROMPTS' greedy tokens in one batch request (tokens as ids)."""
+    reply = httpx.post(
+        f"{url}/v1/completions",
+        json={
+            "model": "tiny-llama",
+            "prompt": PROMPTS,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+        timeout=120,
+    )
+    reply.raise_for_status()
+    choices = sorted(reply.json()["choices"], key=lambda c: c["index"])
+    return [c["token_ids"] for c in choices]
+
+
+@pytest.mark.timeout(600)
+@uses_servers(TINY_LLAMA_SERVER)
+def test_serve_data_parallel_matches_one_replica_and_shuts_down(server_url, tmp_path):
+    """Two engine cores behind one API server (vLLM's internal load balancing)
+    answer as one; SIGTERM stops every process within SHUTDOWN_BOUND_S."""
+    expected = _completions(server_url)
+    port = free_port()
+    # One API server process (vLLM would start one per rank): fewer processes
+    # to start on a 2-core machine; it still balances over both engine cores.
+    args = [*TINY_LLAMA_SERVER.args, "--data-parallel-size", "2"]
+    args += ["--api-server-count", "1"]
+    log = tmp_path / "server.log"
+    command = serve_command(model_path("tiny-llama"), port, args)
+    process = launch(command, dict(TINY_LLAMA_SERVER.env), log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_ready(process, url, log)
+        assert _completions(url) == expected
+        engines = [p for p in group_members(process.pid) if "EngineCore" in p.name()]
+        assert len(engines) == 2, [p.name() for p in group_members(process.pid)]
+    finally:
+        started = time.monotonic()
+        left = stop(process)  # SIGTERM; SIGKILL only past STOP_TIMEOUT_S
+        stopped = time.monotonic() - started
+    assert not left, f"processes left after shutdown: {left}"
+    assert stopped < SHUTDOWN_BOUND_S, f"shutdown took {stopped:.1f} s"

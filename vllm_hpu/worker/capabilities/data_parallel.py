@@ -1,0 +1,86 @@
+"""Data parallelism with a MoE model: each MoE layer exchanges tokens among the
+data-parallel ranks (distributed.py), so in every engine step each rank runs as
+many forward passes as the busiest one. A rank with fewer passes, or with none
+(vLLM's ``execute_dummy_batch``), adds idle ones: a padded decode pass of no
+request, whose writes land in the dummy block.
+
+Dense models need none of this: vLLM runs their data-parallel ranks as
+independent engines (``data_parallel_size`` is 1 in each).
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from vllm.config import VllmConfig
+from vllm.distributed import get_dp_group
+
+from vllm_hpu.attention.metadata import CacheGeometry
+from vllm_hpu.bucketing import HpuBucketManager
+from vllm_hpu.worker.passes.build import build_decode_pass
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+
+# An idle pass reads no request's tokens.
+NO_TOKEN_IDS = np.zeros((1, 1), dtype=np.int64)
+
+
+def exchanges_tokens(vllm_config: VllmConfig) -> bool:
+    """Whether the MoE layers exchange tokens among data-parallel ranks."""
+    parallel_config = vllm_config.parallel_config
+    return parallel_config.data_parallel_size > 1 and vllm_config.model_config.is_moe
+
+
+def unsupported_layouts(vllm_config: VllmConfig) -> dict[str, bool]:
+    """Layouts of experts over ranks that ops/fused_moe.py and the passes here
+    do not run, refused at start-up (platform.py) by name."""
+    parallel = vllm_config.parallel_config
+    model_config = vllm_config.model_config
+    moe_dp = (
+        model_config is not None
+        and model_config.is_moe
+        and parallel.data_parallel_size > 1
+    )
+    return {
+        "expert load balancing (--enable-eplb)": parallel.enable_eplb,
+        "expert parallelism with both tensor and data parallelism (sequence-"
+        "parallel experts; use one of the two with --enable-expert-parallel)": (
+            parallel.use_sequence_parallel_moe
+        ),
+        "pipeline parallelism with data parallelism for MoE models": bool(
+            moe_dp and parallel.pipeline_parallel_size > 1
+        ),
+    }
+
+
+class DataParallelPasses:
+    def __init__(self, buckets: HpuBucketManager, dp_rank: int, dp_size: int) -> None:
+        self.buckets = buckets
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+
+    def align(
+        self, passes: list[ForwardPass], cache: CacheGeometry
+    ) -> list[ForwardPass]:
+        """The step's passes, then idle ones up to the busiest rank's count,
+        each told every rank's token count for its exchanges. Two all-reduces
+        on the host side of the data-parallel group, here on the host thread:
+        the passes in the device stream then run no collective of their own
+        but the exchanges (vLLM's per-pass agreement would share the group
+        with this thread's)."""
+        group = get_dp_group().cpu_group
+        count = torch.tensor([len(passes)], dtype=torch.int64)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
+        num_passes = int(count.item())
+        if num_passes == 0:  # every rank idle: no exchange to join
+            return []
+        if num_passes > len(passes):
+            idle = build_decode_pass([], self.buckets, NO_TOKEN_IDS, cache)
+            passes = passes + [idle] * (num_passes - len(passes))
+        num_tokens = torch.zeros((num_passes, self.dp_size), dtype=torch.int32)
+        num_tokens[:, self.dp_rank] = torch.tensor([p.num_tokens for p in passes])
+        dist.all_reduce(num_tokens, group=group)
+        return [
+            replace(p, num_tokens_across_dp=across_dp)
+            for p, across_dp in zip(passes, num_tokens, strict=True)
+        ]
