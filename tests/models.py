@@ -42,7 +42,13 @@ TINY_MODELS = (
 # Built by the set-up too, but with a classification head: they do not generate.
 POOLING_MODELS = ("tiny-llama-classify",)
 # Built by the set-up too, with their processors: they take images.
-MULTIMODAL_MODELS = ("tiny-llava", "tiny-qwen2-vl")
+MULTIMODAL_MODELS = (
+    "tiny-llava",
+    "tiny-qwen2-vl",
+    "tiny-qwen2.5-vl",
+    "tiny-qwen3-vl",
+    "tiny-mistral3",
+)
 # Built by the set-up too: a target's first layer, its speculative draft.
 DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}
 # Built by the set-up too: EAGLE and EAGLE-3 heads for tiny-llama, as vLLM loads them.
