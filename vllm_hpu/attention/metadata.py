@@ -201,7 +201,7 @@ def decode_block_range(
     return start // block_size, _cdiv(position + 1, block_size), start
 
 
-def _window_capacity(
+def window_capacity(
     num_blocks: int, batch_size: int, sliding_window: int | None, block_size: int
 ) -> int:
     """Padded block count of a layout: the bucket's P, or for a window (or a
@@ -290,7 +290,7 @@ def build_decode_metadata(
         for i, seq in enumerate(seqs):
             flat.add_row(i, seq, block_size, window, chunk)
         span = window if chunk is None else chunk
-        capacity = _window_capacity(num_blocks, batch_size, span, block_size)
+        capacity = window_capacity(num_blocks, batch_size, span, block_size)
         if flat.num_blocks > capacity:
             raise ValueError(
                 f"decode batch needs {flat.num_blocks} blocks but "

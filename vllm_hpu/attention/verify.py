@@ -14,18 +14,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from vllm.utils.math_utils import cdiv
 
 from vllm_hpu.attention.metadata import (
     CacheGeometry,
     HpuAttentionMetadata,
     SeqLayout,
     first_visible_position,
+    window_capacity,
 )
 from vllm_hpu.ops.paged_attention import DecodeBlocks
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def query_positions(seq: SeqLayout, num_queries: int) -> np.ndarray:
@@ -65,7 +63,7 @@ class _VerifyBlocks:
         positions = query_positions(seq, self.num_queries)
         starts = _first_visible(positions, window, chunk)
         first = int(starts.min()) // self.block_size
-        end = _cdiv(int(positions.max()) + 1, self.block_size)
+        end = cdiv(int(positions.max()) + 1, self.block_size)
         keys = np.arange(first, end, dtype=np.int64)[:, None] * self.block_size
         self.block_list.append(np.asarray(seq.block_table[first:end], dtype=np.int64))
         self.block_groups.append(np.full(end - first, row, dtype=np.int64))
@@ -133,7 +131,7 @@ def build_verify_metadata(
         span = window if chunk is None else chunk
         if span is not None:  # the queries widen a window by Q - 1 keys
             span += num_queries - 1
-        capacity = _capacity(num_blocks, batch_size, span, cache.block_size)
+        capacity = window_capacity(num_blocks, batch_size, span, cache.block_size)
         if flat.num_blocks > capacity:
             raise ValueError(
                 f"verification batch needs {flat.num_blocks} blocks but "
@@ -150,16 +148,6 @@ def build_verify_metadata(
             chunk: layout(None, chunk) for chunk in cache.attention_chunks
         },
     )
-
-
-def _capacity(
-    num_blocks: int, batch_size: int, span: int | None, block_size: int
-) -> int:
-    """The padded block count: P, or fewer for a window of ``span`` keys
-    (see ``metadata._window_capacity``)."""
-    if span is None:
-        return num_blocks
-    return min(num_blocks, batch_size * (_cdiv(span - 1, block_size) + 1))
 
 
 def _verify_blocks(

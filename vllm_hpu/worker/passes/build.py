@@ -71,12 +71,9 @@ def build_prompt_pass(
     InputBatch.token_ids_cpu."""
     shape = pass_shape(seqs, False, cache.block_size)
     bucket = buckets.find_prompt_bucket(*shape)
-    input_ids = np.zeros((bucket.batch_size, bucket.query_len), dtype=np.int64)
-    positions = np.zeros_like(input_ids)
-    for i, seq in enumerate(seqs):
-        count = seq.layout.num_scheduled_tokens
-        input_ids[i, :count] = token_ids[seq.row, seq.start : seq.end]
-        positions[i, :count] = np.arange(seq.start, seq.end)
+    input_ids, positions = _padded_rows(
+        seqs, token_ids, bucket.batch_size, bucket.query_len
+    )
     metadata = group_metadata(
         seqs,
         cache,
@@ -180,12 +177,7 @@ def build_verify_pass(
     among themselves (``attention/verify.py``)."""
     num_blocks = flat_blocks(seqs, cache.block_size)
     bucket = buckets.find_decode_bucket(len(seqs), num_blocks, num_queries)
-    input_ids = np.zeros((bucket.batch_size, num_queries), dtype=np.int64)
-    positions = np.zeros_like(input_ids)
-    for i, seq in enumerate(seqs):
-        count = seq.layout.num_scheduled_tokens
-        input_ids[i, :count] = token_ids[seq.row, seq.start : seq.end]
-        positions[i, :count] = np.arange(seq.start, seq.end)
+    input_ids, positions = _padded_rows(seqs, token_ids, bucket.batch_size, num_queries)
     metadata = group_metadata(
         seqs,
         cache,
@@ -202,3 +194,16 @@ def build_verify_pass(
         group_metadata=metadata,
         first_token_indices=[i * num_queries for i in range(len(seqs))],
     )
+
+
+def _padded_rows(
+    seqs: list[ScheduledSeq], token_ids: np.ndarray, num_rows: int, width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and positions, one row of ``width`` per seq, zero-padded."""
+    input_ids = np.zeros((num_rows, width), dtype=np.int64)
+    positions = np.zeros_like(input_ids)
+    for i, seq in enumerate(seqs):
+        count = seq.layout.num_scheduled_tokens
+        input_ids[i, :count] = token_ids[seq.row, seq.start : seq.end]
+        positions[i, :count] = np.arange(seq.start, seq.end)
+    return input_ids, positions
