@@ -1,5 +1,6 @@
 """Test-wide set-up: emulation on, models from the local cache, no hub."""
 
+import collections
 import hashlib
 import logging
 import os
@@ -104,3 +105,22 @@ def xdist_group(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+
+
+# Seconds each test file took (set-up, call and teardown of its tests, summed
+# over the workers), printed after the run: where the suite's time goes.
+FILE_SECONDS: collections.Counter[str] = collections.Counter()
+FILES_SHOWN = 30
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    FILE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not FILE_SECONDS:
+        return
+    total = sum(FILE_SECONDS.values())
+    terminalreporter.section(f"seconds per test file (all workers: {total:.0f} s)")
+    for path, seconds in FILE_SECONDS.most_common(FILES_SHOWN):
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")

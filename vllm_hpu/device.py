@@ -5,19 +5,16 @@ function has a CPU-emulation counterpart, so the rest of the plugin runs the sam
 code paths on Gaudi and on a ``cpu`` torch device.
 """
 
-import ctypes
 import functools
 import importlib
 import importlib.metadata
 import importlib.util
-import platform
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from vllm_hpu import envs
+from vllm_hpu import emulated_memory, envs
 from vllm_hpu.device_stream import DeviceStream
 from vllm_hpu.envs import get_envs
 
@@ -195,96 +192,15 @@ def device_name() -> str:
     return torch.hpu.get_device_name() if hpu_available() else "HPU (CPU emulation)"  # type: ignore[attr-defined]
 
 
-class _EmulatedMemory:
-    """A device memory of a fixed size, used by what this process allocates.
-
-    Usage is the growth of the process's resident memory since the device was
-    initialised, so weights, activations and KV caches all count, as on Gaudi.
-    """
-
-    def __init__(self) -> None:
-        self.baseline = self._rss()
-        # Bytes of the tensors the plugin moved to the host (sleep mode): they
-        # live in the same process memory, but on Gaudi they would be host RAM.
-        self.on_host = 0
-
-    def restart(self) -> None:
-        """Count from now: a worker starting in a process that ran one before
-        (in-process engines, one after another) gets an empty device, as each
-        engine on Gaudi does."""
-        self.baseline = self._rss()
-
-    @staticmethod
-    def _rss() -> int:
-        import psutil
-
-        return psutil.Process().memory_info().rss
-
-    def total(self) -> int:
-        return int(get_envs().emulation_memory_gb * GiB)
-
-    def used(self) -> int:
-        return max(0, self._rss() - self.baseline - self.on_host)
-
-    def hold_on_host(self, tensor: torch.Tensor) -> None:
-        """Count ``tensor`` as host memory until it is freed."""
-        nbytes = tensor.untyped_storage().nbytes()
-        self.on_host += nbytes
-        weakref.finalize(tensor, self._release_host, nbytes)
-
-    def _release_host(self, nbytes: int) -> None:
-        self.on_host -= nbytes
-
-    def free(self) -> int:
-        import psutil
-
-        host_free = psutil.virtual_memory().available
-        return max(0, min(self.total() - self.used(), host_free))
-
-
-@functools.cache
-def _emulated_memory() -> _EmulatedMemory:
-    return _EmulatedMemory()
-
-
-# glibc's mallopt parameters, and the largest mmap threshold it accepts (64-bit).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_MAX = 32 << 20
-_NEVER_TRIM = (1 << 31) - 1
-
-
-def _pool_host_memory() -> None:
-    """Keep freed host memory for the next step, as a device allocator keeps its pool.
-
-    glibc maps a tensor above its mmap threshold afresh on every allocation (page
-    faults on every step) and hands the heap's free top back to the system; its
-    threshold adapts to the sizes freed so far, so how fast a step runs depended
-    on which kernels ran before it (docs/benchmarks.md). From here tensors up to
-    32 MiB come from the heap, which keeps what is freed (up to 2 GiB at its
-    top). vLLM's CPU backend preloads tcmalloc for the same reason. Left alone
-    off glibc or when GLIBC_TUNABLES sets malloc itself.
-    """
-    user_tuned = "glibc.malloc." in get_envs().glibc_tunables
-    if platform.libc_ver()[0] != "glibc" or user_tuned:
-        return
-    libc = ctypes.CDLL(None)
-    libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
-    libc.mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)
-    # What an engine before this one pooled goes back first: this device starts
-    # empty, and what its weights take shows as growth (not as pool reuse).
-    libc.malloc_trim(0)
-
-
 def init_device_memory() -> None:
     """At worker start, in emulation: pool host memory, then count emulated device
     memory from this point, less what the heap kept of earlier work (an earlier
     engine in this process), which the pool would hand out again uncounted."""
     if hpu_available():
         return
-    _pool_host_memory()
+    emulated_memory.pool_host_memory()
     release_freed_memory()
-    _emulated_memory().restart()
+    emulated_memory.meter().restart()
 
 
 def mem_get_info() -> tuple[int, int]:
@@ -292,7 +208,7 @@ def mem_get_info() -> tuple[int, int]:
     if hpu_available():
         free, total = torch.hpu.mem_get_info()  # type: ignore[attr-defined]
         return int(free), int(total)
-    memory = _emulated_memory()
+    memory = emulated_memory.meter()
     return memory.free(), memory.total()
 
 
@@ -302,7 +218,7 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
     if hpu_available():
         return tensor.to("cpu")
     copy = tensor.detach().clone()
-    _emulated_memory().hold_on_host(copy)
+    emulated_memory.meter().hold_on_host(copy)
     return copy
 
 
@@ -310,10 +226,10 @@ def release_freed_memory() -> None:
     """Hand what freed tensors held back to the device: on Gaudi the bridge's
     allocator takes freed blocks back itself once queued work completes; in
     emulation glibc returns the heap's free pages to the system, which the
-    pooling set by :func:`_pool_host_memory` otherwise keeps (malloc_trim)."""
+    pooling set by ``emulated_memory.pool_host_memory`` otherwise keeps."""
     synchronize()
-    if not hpu_available() and platform.libc_ver()[0] == "glibc":
-        ctypes.CDLL(None).malloc_trim(0)
+    if not hpu_available():
+        emulated_memory.trim_host_heap()
 
 
 def memory_used() -> int:

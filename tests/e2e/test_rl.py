@@ -118,7 +118,7 @@ def test_rl_loop(tp: int, transport: str) -> None:
 
 def _meter(worker: Any) -> dict[str, int]:
     """The worker's device meter, and what its weights and KV cache hold."""
-    from vllm_hpu import device
+    from vllm_hpu import device, emulated_memory
 
     runner = worker.model_runner
     params = runner.model.parameters()
@@ -127,7 +127,7 @@ def _meter(worker: Any) -> dict[str, int]:
     }
     return {
         "used": device.memory_used(),
-        "on_host": device._emulated_memory().on_host,
+        "on_host": emulated_memory.meter().on_host,
         "weights": sum(p.numel() * p.element_size() for p in params),
         "kv_cache": sum(t.untyped_storage().nbytes() for t in caches.values()),
     }

@@ -5,7 +5,7 @@ tensor objects, and that the weights and the KV cache wake separately."""
 import pytest
 import torch
 
-from vllm_hpu import device
+from vllm_hpu import emulated_memory
 from vllm_hpu.worker.capabilities.sleep import HpuSleepMode
 
 
@@ -36,11 +36,11 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_level_1_keeps_the_weights_on_the_host_and_wakes_by_tag() -> None:
     model, kv, sleep = _Model(), _KVCache(), HpuSleepMode([])
     state, weight = _state(model), model.proj.weight
-    on_host = device._emulated_memory().on_host
+    on_host = emulated_memory.meter().on_host
     sleep.sleep(1, [model], kv.release)
     assert not kv.bound and sleep.asleep == {"weights", "kv_cache"}
     assert all(t.numel() == 0 for t in [*model.parameters(), *model.buffers()])
-    assert device._emulated_memory().on_host - on_host >= 4 * (8 * 4 + 4 + 4 * 8 + 6)
+    assert emulated_memory.meter().on_host - on_host >= 4 * (8 * 4 + 4 + 4 * 8 + 6)
     with pytest.raises(RuntimeError, match="wake_up\\(tags=\\['weights'\\]\\)"):
         sleep.check_awake("update_weights")
 
@@ -51,7 +51,7 @@ def test_level_1_keeps_the_weights_on_the_host_and_wakes_by_tag() -> None:
         assert torch.equal(value, state[name]), name
     sleep.wake_up(["kv_cache"], kv.restore)
     assert kv.bound and not sleep.asleep
-    assert device._emulated_memory().on_host == on_host
+    assert emulated_memory.meter().on_host == on_host
 
 
 def test_level_2_drops_the_parameters_but_keeps_buffers_and_preserved() -> None:

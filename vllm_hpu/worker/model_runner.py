@@ -9,8 +9,6 @@ their passes' intermediate tensors from ``execute_model`` for the worker to send
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,10 +26,7 @@ from vllm.v1.outputs import (
     DraftTokenIds,
     ModelRunnerOutput,
 )
-from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
-from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
-from vllm.v1.structured_output.utils import apply_grammar_bitmask
 
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import CacheGeometry
@@ -55,31 +50,14 @@ from vllm_hpu.worker.passes.build import build_prompt_forward
 from vllm_hpu.worker.passes.forward_pass import ForwardPass, sampled_token_indices
 from vllm_hpu.worker.passes.planner import PassPlanner
 from vllm_hpu.worker.passes.synthetic import largest_prompt_bucket, profile_seqs
-from vllm_hpu.worker.state.async_output import (
-    HpuAsyncOutput,
-    SampledStep,
-    StepLogits,
-    keeping_generators,
-)
+from vllm_hpu.worker.state.async_output import HpuAsyncOutput, StepLogits
 from vllm_hpu.worker.state.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.state.request_states import RequestStates, make_input_batch
+from vllm_hpu.worker.state.sampling import PendingStep, StepSampler
 from vllm_hpu.worker.warmup.execution import pack_linear_weights, select_mode
 from vllm_hpu.worker.warmup.layer_split import split_graph_every
 
 logger = init_logger("vllm.hpu.model_runner")
-
-
-@dataclass
-class _PendingStep:
-    """What execute_model hands to sample_tokens."""
-
-    scheduler_output: SchedulerOutput
-    # The passes on the device stream; logits [num_sampled, vocab_size]: per
-    # row in InputBatch order, its draft positions (speculative decoding)
-    # then its last token.
-    device: "Future[StepLogits]"
-    discard_rows: list[int]  # rows inside a prompt: their sample is dropped
-    spec_metadata: SpecDecodeMetadata | None  # None: one token per row
 
 
 class HpuModelRunner:
@@ -112,6 +90,7 @@ class HpuModelRunner:
         is_async = bool(vllm_config.scheduler_config.async_scheduling)
         self.stream = device.device_stream(queued=is_async)
         self.caps = build_capabilities(self, self.sampler, self.stream)
+        self.step_sampler = StepSampler(self.states, self.sampler, self.caps)
         self.planner = PassPlanner(
             self.input_batch,
             self.states.requests,
@@ -130,7 +109,7 @@ class HpuModelRunner:
         # Set by warmup (warmup/warmup.py): what runs the buckets given graphs.
         self.graph_model: Any = None
         self.graphed_buckets: set[tuple[str, Bucket]] = set()
-        self._pending: _PendingStep | None = None
+        self._pending: PendingStep | None = None
         self.packed_weights = False  # repacked for the CPU by load_model
 
     # ---- lifecycle -------------------------------------------------------
@@ -274,7 +253,7 @@ class HpuModelRunner:
             passes_done = self.stream.submit(
                 self._run_passes, pairs, num_sampled, scheduler_output
             )
-        self._pending = _PendingStep(
+        self._pending = PendingStep(
             scheduler_output=scheduler_output,
             device=passes_done,
             discard_rows=self.states.rows_inside_prompt(scheduler_output),
@@ -398,7 +377,10 @@ class HpuModelRunner:
             # The forward passes are queued: now the host may wait for step N-1.
             self.caps.async_feed.record_on_host()
         sampled = self.stream.submit(
-            self._sample, pending, grammar_output, self.input_batch.sampling_metadata
+            self.step_sampler.sample,
+            pending,
+            grammar_output,
+            self.input_batch.sampling_metadata,
         )
         if self.caps.async_feed is not None:
             # The sampled tokens stay on the device for the next step; the
@@ -408,62 +390,7 @@ class HpuModelRunner:
                 req_id_to_index=dict(self.input_batch.req_id_to_index),
             )
             return self.caps.async_feed.launch(output, sampled, pending.discard_rows)
-        return self._make_output(pending, sampled.result())
-
-    def _sample(
-        self,
-        pending: _PendingStep,
-        grammar_output: GrammarOutput | None,
-        sampling_metadata: SamplingMetadata,
-    ) -> SampledStep:
-        """Device work, after the step's passes: the grammar mask, then each
-        row's token, or its accepted drafts plus one."""
-        step = pending.device.result()  # done: it was queued before
-        if grammar_output is not None:
-            apply_grammar_bitmask(
-                pending.scheduler_output,
-                grammar_output,
-                self.input_batch,
-                step.logits,
-            )
-        generators = self.input_batch.generators
-        with (
-            self.caps.profiler.span("sample"),
-            keeping_generators(generators, pending.discard_rows),
-        ):
-            if pending.spec_metadata is not None:
-                assert self.caps.spec is not None
-                sampled, logprobs = self.caps.spec.sample(
-                    pending.spec_metadata,
-                    step.logits,
-                    sampling_metadata,
-                    pending.discard_rows,
-                )
-                return SampledStep(sampled, logprobs, step.prompt_logprobs)
-            output = self.sampler(
-                logits=step.logits, sampling_metadata=sampling_metadata
-            )
-        return SampledStep(
-            output.sampled_token_ids, output.logprobs_tensors, step.prompt_logprobs
-        )
-
-    def _make_output(
-        self, pending: _PendingStep, step: SampledStep
-    ) -> ModelRunnerOutput:
-        sampled_token_ids, logprobs = step.on_host(pending.discard_rows)
-        for row, tokens in enumerate(sampled_token_ids):
-            for token_id in tokens:
-                self.states.append_sampled(row, token_id)
-        if self.caps.spec is not None:
-            self.caps.spec.propose(pending.scheduler_output, sampled_token_ids)
-        return ModelRunnerOutput(
-            req_ids=list(self.input_batch.req_ids),
-            req_id_to_index=dict(self.input_batch.req_id_to_index),
-            sampled_token_ids=sampled_token_ids,
-            logprobs=logprobs,
-            prompt_logprobs_dict=step.prompt_logprobs,
-            kv_connector_output=self.caps.kv_connector_output(),
-        )
+        return self.step_sampler.output(pending, sampled.result())
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The drafts proposed in the last step, for the scheduler's next."""
