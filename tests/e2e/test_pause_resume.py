@@ -6,7 +6,8 @@ AsyncLLM on the plugin, requests mid-generation at each pause:
   also when one of them is aborted meanwhile (the engine then steps once with
   nothing scheduled and the runner must keep the others' states); with
   clear_cache vLLM preempts them and the runner recomputes them on resume;
-  sleep(mode="keep") freezes them across a sleep and wake-up.
+  sleep(mode="keep") and release_kv_cache_memory() keep them across the
+  KV cache's release and return.
 - wait: they finish; a request arriving meanwhile waits for resume.
 - abort: they end "abort" with the unpaused run's first tokens and their KV
   blocks are freed; weights reloaded while paused (the prefix cache cleared)
@@ -15,7 +16,6 @@ AsyncLLM on the plugin, requests mid-generation at each pause:
 
 import asyncio
 import contextlib
-import gc
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -141,6 +141,18 @@ async def _sleep_keeping(engine: Any, reference: Tokens) -> None:
     assert await batch.results() == (reference, ["length"] * len(PROMPTS))
 
 
+async def _release_kv_keeping(engine: Any, reference: Tokens) -> None:
+    """The KV cache's memory released under a keep pause: the frozen requests
+    recompute once it is back."""
+    batch = Batch(engine, "released", PROMPTS)
+    await batch.reach(PAUSE_AT)
+    await engine.pause_generation(mode="keep", clear_cache=False)
+    await engine.release_kv_cache_memory()
+    await batch.assert_frozen()
+    assert await engine.wake_up(tags=["kv_cache"])  # fully awake: resumes
+    assert await batch.results() == (reference, ["length"] * len(PROMPTS))
+
+
 async def _wait(engine: Any, reference: Tokens) -> None:
     """In-flight requests finish before the pause returns; one sent during
     the pause gets no token until resume."""
@@ -221,10 +233,10 @@ def test_pause_modes_with_requests_in_flight(tmp_path: Path) -> None:
             await _keep(engine, reference)
             await _keep_clearing_cache(engine, reference)
             await _sleep_keeping(engine, reference)
+            await _release_kv_keeping(engine, reference)
             await _wait(engine, reference)
             return await _abort_and_reload(engine, reference, weights)
 
     reloaded = asyncio.run(scenario())
-    gc.collect()  # the engine's cycles, before its __del__ runs at exit
     assert reloaded == hf_greedy(weights, PROMPTS, MAX_TOKENS, torch.float32)
     assert reloaded != hf_greedy(model_path(MODEL), PROMPTS, MAX_TOKENS, torch.float32)
