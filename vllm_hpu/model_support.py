@@ -56,6 +56,9 @@ FED_MULTIMODAL_ARCHS = frozenset(
         "Qwen2_5_VLForConditionalGeneration",
         # Deepstack features: embed_input_ids keeps them for the next forward.
         "Qwen3VLForConditionalGeneration",
+        # Bidirectional attention among each image's tokens (vLLM's mm prefix
+        # ranges; attention/metadata.py's image spans).
+        "Gemma3ForConditionalGeneration",
     }
 )
 # Inputs a fed class takes that have not been validated: none per prompt.
