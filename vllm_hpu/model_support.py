@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
-    from vllm.config import ModelConfig
+    from vllm.config import ModelConfig, VllmConfig
     from vllm.model_executor.models.registry import _ModelInfo
 
 # Checked in this order: the first missing piece is the one named.
@@ -229,3 +229,21 @@ def limit_unvalidated_modalities(model_config: "ModelConfig") -> None:
         mm_config.limit_per_prompt[modality] = VideoDummyOptions(
             count=0, num_frames=None, width=None, height=None
         )
+
+
+def keep_bidirectional_items_whole(vllm_config: "VllmConfig") -> None:
+    """Schedule each image of a model whose image tokens attend both ways
+    (Gemma 3) within one step, as vLLM does on ROCm: an image cut between two
+    prompt chunks would have its first part attend to the first part only, and
+    differ from the model's own (transformers') attention."""
+    from vllm.logger import init_logger
+
+    model_config = vllm_config.model_config
+    scheduler_config = vllm_config.scheduler_config
+    if model_config.is_mm_prefix_lm and not scheduler_config.disable_chunked_mm_input:
+        init_logger("vllm.hpu.model_support").info(
+            "Scheduling each image of %s in one step (--disable-chunked-mm-input): "
+            "its image tokens attend to each other both ways.",
+            model_config.architecture,
+        )
+        scheduler_config.disable_chunked_mm_input = True
