@@ -44,10 +44,11 @@ _MISSING_PIECES = (
 )
 # Multimodal classes whose inputs the runner feeds
 # (worker/capabilities/multimodal.py): an encoder whose outputs replace
-# placeholder tokens, with plain causal attention, and 1-D positions or M-RoPE
-# positions (worker/capabilities/mrope.py). Others may need more
-# (bidirectional attention over image tokens, audio or video encoders, other
-# M-RoPE variants), so each is validated end to end before it is listed here.
+# placeholder tokens, causal attention (or vLLM's mm prefix ranges, where image
+# tokens attend both ways: worker/passes/seqs.py ImageSpans), and 1-D positions
+# or M-RoPE positions (worker/capabilities/mrope.py). Others may need more
+# (audio or video encoders, other M-RoPE variants, PrefixLM variants such as
+# PaliGemma's), so each is validated end to end before it is listed here.
 FED_MULTIMODAL_ARCHS = frozenset(
     {
         "LlavaForConditionalGeneration",
@@ -56,9 +57,10 @@ FED_MULTIMODAL_ARCHS = frozenset(
         "Qwen2_5_VLForConditionalGeneration",
         # Deepstack features: embed_input_ids keeps them for the next forward.
         "Qwen3VLForConditionalGeneration",
-        # Bidirectional attention among each image's tokens (vLLM's mm prefix
-        # ranges; attention/metadata.py's image spans).
+        # Bidirectional attention among each image's tokens.
         "Gemma3ForConditionalGeneration",
+        # Pixtral tower: images at their own size, row breaks between tokens.
+        "Mistral3ForConditionalGeneration",
     }
 )
 # Inputs a fed class takes that have not been validated: none per prompt.

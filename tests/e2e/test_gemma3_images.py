@@ -51,7 +51,9 @@ IMAGES = engine_spec(
 def test_gemma3_images_match_transformers(llm: LLM) -> None:
     gemma3 = processor(MODEL)
     ids = gemma3(text=SHORT, images=[image(1)])["input_ids"][0]
-    image_tokens = [i for i, t in enumerate(ids) if t == gemma3.tokenizer.image_token_id]
+    image_tokens = [
+        i for i, t in enumerate(ids) if t == gemma3.tokenizer.image_token_id
+    ]
     # The cached first block holds part of the first image only.
     assert image_tokens[0] < BLOCK <= image_tokens[-1] < CHUNK < len(ids)
     batches: list[Requests] = [
