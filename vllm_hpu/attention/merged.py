@@ -94,7 +94,7 @@ def build_merged_prompt_metadata(
     )
     to_device = cache.device
     span_end = None
-    if any(seq.bidirectional_spans for seq in seqs):
+    if cache.span_ends or any(seq.bidirectional_spans for seq in seqs):
         span_end = _padded_tensor(packing.query_span_end, num_tokens, 0)[None]
         span_end = span_end.to(to_device)
     mask = PromptMask(
