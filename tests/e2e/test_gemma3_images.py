@@ -3,8 +3,9 @@ text-only prompt in one batch, then two images in one prompt, equal transformers
 token for token (float32). Each image's tokens attend to each other both ways
 (vLLM's mm prefix ranges): prompts run in chunks of at most CHUNK tokens, with
 context, and the two-image prompt hits the cached first block of
-an earlier prompt, which ends inside its first image. The reference with causal
-image attention gives other tokens, so the test checks the bidirectional spans."""
+an earlier prompt, which ends inside its first image. The engine is compiled
+(dynamo's eager backend) and compiles nothing after warmup. The reference with
+causal image attention gives other tokens, so the test checks the spans."""
 
 from typing import Any
 
@@ -37,14 +38,30 @@ CHUNK = 40
 
 IMAGES = engine_spec(
     MODEL,
-    name="gemma3-images",
+    name="gemma3-images-compiled",
+    enforce_eager=False,
     block_size=BLOCK,
-    max_model_len=256,
+    max_model_len=96,
     enable_chunked_prefill=True,
     max_num_batched_tokens=CHUNK,
-    max_num_seqs=4,
+    max_num_seqs=3,
     limit_mm_per_prompt={"image": 2},
+    # Prompt passes of 64 tokens with up to 4 context blocks (chunks after the
+    # first, and the prefix hit), and decodes of 1 to 3 sequences.
+    env={
+        "VLLM_HPU_COMPILE_BACKEND": "eager",
+        "VLLM_PROMPT_SEQ_BUCKET_MIN": "64",
+        "VLLM_PROMPT_SEQ_BUCKET_STEP": "64",
+        "VLLM_PROMPT_SEQ_BUCKET_MAX": "64",
+        "VLLM_PROMPT_BLOCK_BUCKET_MAX": "4",
+    },
 )
+
+
+def compilations() -> int:
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    return int(dynamo_counters["stats"]["unique_graphs"])
 
 
 @uses_engines(IMAGES)
@@ -60,10 +77,12 @@ def test_gemma3_images_match_transformers(llm: LLM) -> None:
         [(SHORT, (1,)), (SHORT, (2,)), (TEXT_ONLY, ())],
         [(TWO_IMAGES, (1, 2))],
     ]
-    before = counters(llm)
+    before, warmed = counters(llm), compilations()
     outputs = [vllm_greedy(llm, requests) for requests in batches]
     assert outputs == [expected(MODEL, tuple(requests)) for requests in batches]
     assert counted(before, counters(llm), "vllm:prefix_cache_hits") >= BLOCK
+    # Span ends in every prompt pass: no graph of another input structure.
+    assert warmed > 0 and compilations() == warmed
 
 
 @torch.no_grad()

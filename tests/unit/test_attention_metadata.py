@@ -193,3 +193,17 @@ def test_metadata_prompt_span_sees_both_ways() -> None:
 def test_metadata_prompt_without_spans_has_no_span_ends() -> None:
     meta = build_prompt_metadata([SeqLayout([3, 5], 2, 4)], 1, 4, 1, CACHE)
     assert meta.prompt_mask is not None and meta.prompt_mask.query_span_end is None
+
+
+def test_metadata_span_ends_in_every_pass_when_the_cache_asks() -> None:
+    # A model with bidirectional spans: a span-free pass still carries span
+    # ends (each query's own position), so compiled graphs see one structure.
+    meta = build_prompt_metadata(
+        [SeqLayout([3, 5], 2, 2)], 1, 4, 1, CACHE.with_span_ends()
+    )
+    assert meta.prompt_mask is not None
+    assert meta.prompt_mask.query_span_end is not None
+    assert meta.prompt_mask.query_span_end.tolist() == [[2, 3, 2, 3]]
+    assert _visible(meta) == _visible(
+        build_prompt_metadata([SeqLayout([3, 5], 2, 2)], 1, 4, 1, CACHE)
+    )
