@@ -57,7 +57,7 @@ LLAVA_CHAT_TEMPLATE = (
 )
 
 
-def _restore_vision_model_prefix(weights: Path) -> None:
+def restore_vision_model_prefix(weights: Path) -> None:
     """transformers 5 saves the CLIP tower's weights without its ``vision_model.``
     level (and reads them either way); LLaVA-1.5 checkpoints, and vLLM, have it."""
     tensors = load_file(weights)
@@ -98,7 +98,7 @@ def build_llava(
     model = LlavaForConditionalGeneration(config).to(torch.float32)
     init(model)
     model.save_pretrained(out_dir)
-    _restore_vision_model_prefix(out_dir / "model.safetensors")
+    restore_vision_model_prefix(out_dir / "model.safetensors")
     image_processor = CLIPImageProcessor(
         size={"shortest_edge": IMAGE_SIZE},
         crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},

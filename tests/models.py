@@ -48,6 +48,7 @@ MULTIMODAL_MODELS = (
     "tiny-qwen2.5-vl",
     "tiny-qwen3-vl",
     "tiny-mistral3",
+    "tiny-gemma3",
 )
 # Built by the set-up too: a target's first layer, its speculative draft.
 DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}

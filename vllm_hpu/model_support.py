@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
-    from vllm.config import ModelConfig
+    from vllm.config import ModelConfig, VllmConfig
     from vllm.model_executor.models.registry import _ModelInfo
 
 # Checked in this order: the first missing piece is the one named.
@@ -44,10 +44,11 @@ _MISSING_PIECES = (
 )
 # Multimodal classes whose inputs the runner feeds
 # (worker/capabilities/multimodal.py): an encoder whose outputs replace
-# placeholder tokens, with plain causal attention, and 1-D positions or M-RoPE
-# positions (worker/capabilities/mrope.py). Others may need more
-# (bidirectional attention over image tokens, audio or video encoders, other
-# M-RoPE variants), so each is validated end to end before it is listed here.
+# placeholder tokens, causal attention (or vLLM's mm prefix ranges, where image
+# tokens attend both ways: worker/passes/seqs.py ImageSpans), and 1-D positions
+# or M-RoPE positions (worker/capabilities/mrope.py). Others may need more
+# (audio or video encoders, other M-RoPE variants, PrefixLM variants such as
+# PaliGemma's), so each is validated end to end before it is listed here.
 FED_MULTIMODAL_ARCHS = frozenset(
     {
         "LlavaForConditionalGeneration",
@@ -56,6 +57,10 @@ FED_MULTIMODAL_ARCHS = frozenset(
         "Qwen2_5_VLForConditionalGeneration",
         # Deepstack features: embed_input_ids keeps them for the next forward.
         "Qwen3VLForConditionalGeneration",
+        # Bidirectional attention among each image's tokens.
+        "Gemma3ForConditionalGeneration",
+        # Pixtral tower: images at their own size, row breaks between tokens.
+        "Mistral3ForConditionalGeneration",
     }
 )
 # Inputs a fed class takes that have not been validated: none per prompt.
@@ -226,3 +231,21 @@ def limit_unvalidated_modalities(model_config: "ModelConfig") -> None:
         mm_config.limit_per_prompt[modality] = VideoDummyOptions(
             count=0, num_frames=None, width=None, height=None
         )
+
+
+def keep_bidirectional_items_whole(vllm_config: "VllmConfig") -> None:
+    """Schedule each image of a model whose image tokens attend both ways
+    (Gemma 3) within one step, as vLLM does on ROCm: an image cut between two
+    prompt chunks would have its first part attend to the first part only, and
+    differ from the model's own (transformers') attention."""
+    from vllm.logger import init_logger
+
+    model_config = vllm_config.model_config
+    scheduler_config = vllm_config.scheduler_config
+    if model_config.is_mm_prefix_lm and not scheduler_config.disable_chunked_mm_input:
+        init_logger("vllm.hpu.model_support").info(
+            "Scheduling each image of %s in one step (--disable-chunked-mm-input): "
+            "its image tokens attend to each other both ways.",
+            model_config.architecture,
+        )
+        scheduler_config.disable_chunked_mm_input = True

@@ -469,6 +469,7 @@ def _reject_unsupported_model(vllm_config: "VllmConfig") -> None:
         raise ValueError(f"The HPU plugin cannot run this model: {reason}")
     if model_config is not None:
         model_support.limit_unvalidated_modalities(model_config)
+        model_support.keep_bidirectional_items_whole(vllm_config)
 
 
 def _reject_split_pooled_prompts(vllm_config: "VllmConfig") -> None:

@@ -1,7 +1,7 @@
-"""A multimodal architecture the plugin feeds no images to (Mistral 3: Pixtral
-tower) starts with every modality limited to 0 and runs as a text model: greedy
-tokens equal transformers' on the same checkpoint (float32), and an image is
-refused while the engine keeps serving."""
+"""A multimodal architecture (Mistral 3: Pixtral tower) started with every
+modality limited to 0 runs as a text model, as any multimodal class the plugin
+refuses images for would: greedy tokens equal transformers' on the same
+checkpoint (float32), and an image is refused while the engine keeps serving."""
 
 from functools import cache
 from typing import Any

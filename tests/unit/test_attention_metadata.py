@@ -160,3 +160,50 @@ def test_metadata_prompt_window_mask() -> None:
     ]
     assert meta.prompt_mask is not None
     assert meta.prompt_mask.key_position.tolist() == [[0, 1, 2, 3, 2, 3, 4]]
+
+
+def test_metadata_prompt_span_sees_both_ways() -> None:
+    # Two cached tokens (positions 0, 1), four new ones (2..5); positions 1..3
+    # are one bidirectional span (an image begun in the cached context): the
+    # span's new queries see up to position 3, the others stay causal. The
+    # window of 3 still hides position 0 from position 3 and later.
+    seqs = [SeqLayout([3, 5], 2, 4, bidirectional_spans=((1, 3),))]
+    meta = build_prompt_metadata(seqs, 2, 4, 1, CACHE)
+    rows = [
+        [1, 1, 0, 0, 1, 1, 0, 0],
+        [1, 1, 0, 0, 1, 1, 0, 0],
+        [1, 1, 0, 0, 1, 1, 1, 0],
+        [1, 1, 0, 0, 1, 1, 1, 1],
+    ]
+    assert _visible(meta)[0] == rows
+    assert _visible(meta, 3)[0] == [
+        [1, 1, 0, 0, 1, 1, 0, 0],
+        [0, 1, 0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 1, 1, 1],
+    ]
+    # The span-free row of the pass is as causal as without spans.
+    assert _visible(meta)[1] == [
+        [0] * 4 + [int(k == t) for k in range(4)] for t in range(4)
+    ]
+    assert meta.prompt_mask is not None
+    assert not PromptBias(meta.prompt_mask, torch.float32).causal  # no tile skipped
+
+
+def test_metadata_prompt_without_spans_has_no_span_ends() -> None:
+    meta = build_prompt_metadata([SeqLayout([3, 5], 2, 4)], 1, 4, 1, CACHE)
+    assert meta.prompt_mask is not None and meta.prompt_mask.query_span_end is None
+
+
+def test_metadata_span_ends_in_every_pass_when_the_cache_asks() -> None:
+    # A model with bidirectional spans: a span-free pass still carries span
+    # ends (each query's own position), so compiled graphs see one structure.
+    meta = build_prompt_metadata(
+        [SeqLayout([3, 5], 2, 2)], 1, 4, 1, CACHE.with_span_ends()
+    )
+    assert meta.prompt_mask is not None
+    assert meta.prompt_mask.query_span_end is not None
+    assert meta.prompt_mask.query_span_end.tolist() == [[2, 3, 2, 3]]
+    assert _visible(meta) == _visible(
+        build_prompt_metadata([SeqLayout([3, 5], 2, 2)], 1, 4, 1, CACHE)
+    )

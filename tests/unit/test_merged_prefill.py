@@ -25,7 +25,11 @@ from test_ops_reference import (
 
 from vllm_hpu import device, envs
 from vllm_hpu.attention.merged import build_merged_prompt_metadata
-from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
+from vllm_hpu.attention.metadata import (
+    CacheGeometry,
+    HpuAttentionMetadata,
+    SeqLayout,
+)
 from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager, ServingLimits
 from vllm_hpu.bucketing.buckets import Bucket
 from vllm_hpu.bucketing.merged import merged_prompt_buckets
@@ -73,6 +77,47 @@ def test_packed_mask_is_block_diagonal_causal() -> None:
         dtype=torch.bool,
     )
     assert torch.equal(allowed, expected)
+
+
+def _spans_pass() -> HpuAttentionMetadata:
+    """Prompt 0: positions 0..3, positions 1 and 2 one bidirectional span;
+    prompt 1: positions 0..2, causal; one padding query."""
+    geometry = CacheGeometry(4, 8, torch.float32, torch.device("cpu"))
+    seqs = [SeqLayout([0], 0, 4, bidirectional_spans=((1, 2),)), SeqLayout([1], 0, 3)]
+    return build_merged_prompt_metadata(seqs, 8, 0, geometry)
+
+
+def test_packed_mask_spans_stay_within_their_prompt() -> None:
+    mask = _spans_pass().prompt_mask
+    assert mask is not None
+    assert mask.allowed(slice(0, 8), slice(0, 8))[0].int().tolist() == [
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 0, 0, 1, 0, 0, 0],
+        [0, 0, 0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 0, 0, 1],
+    ]
+
+
+def test_sliced_attention_keeps_the_keys_a_span_sees_ahead() -> None:
+    """Tiles of 2 queries: query 1's tile ends before key 2, which its span
+    sees; the sliced pass must equal the whole one."""
+    metadata = _spans_pass()
+    assert metadata.prompt_mask is not None
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (
+        torch.randn(1, 8, 2, 16, generator=generator) for _ in range(3)
+    )
+    bias = PromptBias(metadata.prompt_mask, torch.float32)
+    scoring = Scoring(0.25, None, False, None)
+    keys = PassKeys(key, value, None)
+    whole = prompt_attention(query, keys, bias, scoring)
+    tiles = PromptSlicing(threshold=1, chunk_size=2)
+    sliced = prompt_attention(query, keys, bias, scoring, slicing=tiles)
+    torch.testing.assert_close(sliced, whole)
 
 
 # (context, query) per prompt: none, partial and whole cached blocks, one token.

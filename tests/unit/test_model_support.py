@@ -48,7 +48,6 @@ REFUSED = {
     "Qwen3NextForCausalLM": "mixes attention with Mamba or linear-attention",
     "PaliGemmaForConditionalGeneration": "image, audio or video inputs",
     "Phi3VForCausalLM": "image, audio or video inputs",
-    "Mistral3ForConditionalGeneration": "image, audio or video inputs",
     "Qwen2AudioForConditionalGeneration": "image, audio or video inputs",
     # Llama 4 Scout / Maverick as they ship: the vision encoder is not run.
     "Llama4ForConditionalGeneration": "image, audio or video inputs",
@@ -67,6 +66,8 @@ ALLOWED = (
     "BertModel",
     "Qwen2_5_VLForConditionalGeneration",  # windowed vision attention
     "Qwen3VLForConditionalGeneration",  # deepstack, interleaved M-RoPE
+    "Gemma3ForConditionalGeneration",  # image tokens attend both ways
+    "Mistral3ForConditionalGeneration",  # Pixtral tower
 )
 
 
@@ -159,14 +160,17 @@ def test_start_up_step_passes_a_decoder():
     platform._reject_unsupported_model(config)
 
 
-def test_start_up_refuses_a_multimodal_model_unless_every_limit_is_0():
-    """Mistral 3 (Pixtral tower) with images is refused in the platform's
-    config hook; with every modality at 0 it starts as a text model."""
+def test_start_up_refuses_a_multimodal_model_unless_every_limit_is_0(tmp_path):
+    """PaliGemma (tiny Gemma 3's checkpoint under its class) with images is
+    refused in the platform's config hook; with every modality at 0 it starts
+    as a text model."""
+    shutil.copytree(model_path("tiny-gemma3"), tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["architectures"] = ["PaliGemmaForConditionalGeneration"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="image, audio or video inputs"):
-        _engine_config(model_path("tiny-mistral3"))
-    config = _engine_config(
-        model_path("tiny-mistral3"), limit_mm_per_prompt={"image": 0}
-    )
+        _engine_config(tmp_path)
+    config = _engine_config(tmp_path, limit_mm_per_prompt={"image": 0})
     platform._reject_unsupported_model(config)
     assert not config.model_config.supports_multimodal_inputs
 

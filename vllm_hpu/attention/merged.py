@@ -39,6 +39,7 @@ class _Packing:
     def __init__(self, seqs: list[SeqLayout], block_size: int) -> None:
         self.query_owner: list[int] = []
         self.query_position: list[int] = []
+        self.query_span_end: list[int] = []
         self.slots: list[int] = []
         self.context_owner: list[int] = []
         self.context_position: list[int] = []
@@ -53,6 +54,7 @@ class _Packing:
             self.slots.append(block * block_size + position % block_size)
         self.query_owner += [owner] * seq.num_scheduled_tokens
         self.query_position += range(start, start + seq.num_scheduled_tokens)
+        self.query_span_end += seq.span_ends().tolist()
         num_blocks = _cdiv(start, block_size)
         self.context_blocks += seq.block_table[:num_blocks]
         # Slots of a partly cached last block past the context are hidden.
@@ -91,11 +93,16 @@ def build_merged_prompt_metadata(
         (_padded_tensor(packing.context_position, past_len, 0), query_position)
     )
     to_device = cache.device
+    span_end = None
+    if cache.span_ends or any(seq.bidirectional_spans for seq in seqs):
+        span_end = _padded_tensor(packing.query_span_end, num_tokens, 0)[None]
+        span_end = span_end.to(to_device)
     mask = PromptMask(
         query_owner=query_owner[None].to(to_device),
         query_position=query_position[None].to(to_device),
         key_owner=key_owner[None].to(to_device),
         key_position=key_position[None].to(to_device),
+        query_span_end=span_end,
     )
     block_list = None
     if num_context_blocks > 0:

@@ -5,7 +5,7 @@ keeps opaque_attention_op() False; no vllm._C needed), which reads
 forward_context.attn_metadata[layer_name]: the runner maps every layer to one object.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -20,6 +20,19 @@ class SeqLayout:
     block_table: list[int]  # physical block ids, covering every token incl. new ones
     num_computed_tokens: int  # tokens already in the KV cache (the context)
     num_scheduled_tokens: int  # tokens computed in this forward pass (query length)
+    # (first, last) positions of each span whose tokens see each other both ways
+    # (Gemma 3's image tokens: vLLM's mm prefix ranges); causal elsewhere.
+    bidirectional_spans: tuple[tuple[int, int], ...] = ()
+
+    def span_ends(self) -> np.ndarray:
+        """[num_scheduled_tokens]: the last position each scheduled token sees,
+        its own or the last of the bidirectional span holding it."""
+        start = self.num_computed_tokens
+        positions = np.arange(start, start + self.num_scheduled_tokens)
+        ends = positions.copy()
+        for first, last in self.bidirectional_spans:
+            ends[(positions >= first) & (positions <= last)] = last
+        return ends
 
 
 @dataclass(frozen=True)
@@ -40,9 +53,17 @@ class CacheGeometry:
     # (its layers' windows), in the order of the requests' block tables; empty:
     # one group, this geometry.
     groups: tuple["CacheGeometry", ...] = ()
+    # Every prompt mask carries its queries' span ends (a model whose image
+    # tokens attend both ways), spans or not: one input structure per bucket
+    # for a compiled graph.
+    span_ends: bool = False
 
     def group_geometries(self) -> tuple["CacheGeometry", ...]:
         return self.groups or (self,)
+
+    def with_span_ends(self) -> "CacheGeometry":
+        groups = tuple(group.with_span_ends() for group in self.groups)
+        return replace(self, span_ends=True, groups=groups)
 
 
 @dataclass
@@ -170,10 +191,28 @@ def build_prompt_metadata(
         slot_mapping=slot_mapping.to(cache.device),
         block_list=block_list,
         prompt_mask=padded_rows_mask(
-            context_lens, query_lens, query_len, num_context_blocks * cache.block_size
+            context_lens,
+            query_lens,
+            query_len,
+            num_context_blocks * cache.block_size,
+            query_span_end=_query_span_end(rows, query_len, cache),
         ),
         query_lens=query_lens,
     )
+
+
+def _query_span_end(
+    rows: list[SeqLayout], query_len: int, cache: CacheGeometry
+) -> torch.Tensor | None:
+    """[bs, q]: each query's last visible position (``SeqLayout.span_ends``;
+    padding queries: their offset, unused); None when no row has a span,
+    unless the cache asks for span ends in every pass."""
+    if not cache.span_ends and not any(row.bidirectional_spans for row in rows):
+        return None
+    ends = np.tile(np.arange(query_len, dtype=np.int64), (len(rows), 1))
+    for i, row in enumerate(rows):
+        ends[i, : row.num_scheduled_tokens] = row.span_ends()
+    return torch.from_numpy(ends).to(cache.device)
 
 
 def first_visible_position(

@@ -4,8 +4,9 @@ made per tile of queries x keys, so no pass ever holds a [q, K] mask at once.
 One form serves every layout: a padded batch (one prompt per row), a merged pass
 (several prompts packed into one row, block-diagonal) and encoder-only rows
 (bidirectional). A key is visible to a query of the same prompt (owner) that is
-not earlier in that prompt (when causal); padding has owner -1 and sees only
-itself, so padded rows come out finite.
+not earlier in that prompt (when causal), or that shares its bidirectional
+span (Gemma 3's image tokens see each other both ways); padding has owner -1 and
+sees only itself, so padded rows come out finite.
 """
 
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ class PromptMask:
     key_owner: torch.Tensor  # [bs, K] long: cached context keys, then the q queries
     key_position: torch.Tensor  # [bs, K] long
     causal: bool = True
+    # [bs, q] long: the last position each query sees when causal, past its own
+    # inside a bidirectional span (the span's last); None: its own position.
+    query_span_end: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -59,7 +63,8 @@ class PromptMask:
         Every key gets one code, ``owner * OWNER_STRIDE + position`` (hidden keys
         a negative code of their own), so that a query's visible keys are one
         range of codes: [its owner's first position, its window's or its
-        chunk's, its own position] (its owner's last when not causal). Two
+        chunk's, its own position or its span's last] (its owner's last when
+        not causal). Two
         comparisons per score, where owners, positions and the diagonal took
         five: the mask of a long pass is made once per tile and layer."""
         first, last = self._visible_codes(queries, sliding_window, attention_chunk)
@@ -81,7 +86,9 @@ class PromptMask:
         position = self.query_position[:, queries]
         base = owner * OWNER_STRIDE
         first = base
-        last = base + (position if self.causal else OWNER_STRIDE - 1)
+        last = base + (
+            self._last_positions(queries) if self.causal else OWNER_STRIDE - 1
+        )
         if sliding_window is not None:
             first = torch.maximum(first, base + position - sliding_window + 1)
         if attention_chunk is not None:
@@ -95,6 +102,11 @@ class PromptMask:
         return torch.where(padding, diagonal, first), torch.where(
             padding, diagonal, last
         )
+
+    def _last_positions(self, queries: slice) -> torch.Tensor:
+        if self.query_span_end is None:
+            return self.query_position[:, queries]
+        return self.query_span_end[:, queries]
 
     def distance(self, queries: slice, keys: slice) -> torch.Tensor:
         """[bs, len(queries), len(keys)]: key position minus query position."""
@@ -114,7 +126,9 @@ class PromptBias:
 
     @property
     def causal(self) -> bool:
-        return self.mask.causal
+        """Whether no query sees a key after its own (sliced attention then
+        skips those tiles): not with bidirectional spans."""
+        return self.mask.causal and self.mask.query_span_end is None
 
     def __call__(self, queries: slice, keys: slice) -> torch.Tensor:
         """[bs, 1, len(queries), len(keys)] (or [bs, num_heads, ...] with ALiBi).
@@ -157,11 +171,13 @@ def padded_rows_mask(
     query_len: int,
     past_len: int,
     causal: bool = True,
+    query_span_end: torch.Tensor | None = None,
 ) -> PromptMask:
     """The mask of a padded batch of one prompt per row: row i has
     ``context_lens[i]`` cached tokens (keys 0 .. past_len - 1, the rest of them
     padding) and ``query_lens[i]`` of its ``query_len`` queries real.
-    context_lens, query_lens: [bs] long, on the device the mask is wanted on."""
+    context_lens, query_lens: [bs] long, on the device the mask is wanted on;
+    query_span_end: see :class:`PromptMask`."""
     device = query_lens.device
     offsets = torch.arange(query_len, device=device)
     past = torch.arange(past_len, device=device)
@@ -175,6 +191,7 @@ def padded_rows_mask(
         key_owner=torch.cat((past_owner, query_owner), dim=1),
         key_position=torch.cat((past.expand(batch_size, -1), query_position), dim=1),
         causal=causal,
+        query_span_end=query_span_end,
     )
 
 

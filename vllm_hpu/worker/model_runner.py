@@ -161,6 +161,8 @@ class HpuModelRunner:
         self.cache = group_cache_geometry(
             layers, kv_cache_config, self.dtype, self.device
         )
+        if self.model_config.is_mm_prefix_lm:  # Gemma 3's image tokens
+            self.cache = self.cache.with_span_ends()
         block_size = self.cache.block_size
         assert block_size == self.block_size, (
             f"KV block size changed from {self.block_size} to {block_size} after "

@@ -26,6 +26,7 @@ from vllm_hpu.worker.passes.build import (
 )
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.passes.seqs import (
+    ImageSpans,
     ScheduledSeq,
     cdiv,
     scheduled_seqs,
@@ -79,10 +80,13 @@ class PassPlanner:
         self.min_prompt_tokens = 1 if is_pooling else 2
         self.step_trace = step_trace
         self.verify_queries = buckets.config.verify_queries
+        self.image_spans = ImageSpans.of_model(vllm_config.model_config)
 
     def plan(self, scheduler_output: SchedulerOutput, cache: CacheGeometry) -> StepPlan:
         """Prompt chunks in bucketed batches, then one decode batch."""
-        seqs = scheduled_seqs(scheduler_output, self.input_batch, self.requests)
+        seqs = scheduled_seqs(
+            scheduler_output, self.input_batch, self.requests, self.image_spans
+        )
         prompts, decodes = split_by_phase(
             seqs, self.min_prompt_tokens, self._drafted_rows()
         )

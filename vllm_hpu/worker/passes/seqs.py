@@ -5,6 +5,7 @@ chunks and decodes."""
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from vllm.config import ModelConfig
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
@@ -47,10 +48,39 @@ def context_blocks(seq: ScheduledSeq, block_size: int) -> int:
     return cdiv(seq.layout.num_computed_tokens, block_size)
 
 
+@dataclass(frozen=True)
+class ImageSpans:
+    """vLLM's PrefixLM ranges (``ModelConfig.is_mm_prefix_lm``: Gemma 3): the
+    embedding tokens of each image or video item see each other both ways.
+    As vLLM's GPU runner does, a span longer than ``max_length`` (the text
+    model's sliding window) stays causal."""
+
+    max_length: int | None
+
+    @classmethod
+    def of_model(cls, model_config: ModelConfig) -> "ImageSpans | None":
+        if not model_config.is_mm_prefix_lm:
+            return None
+        text_config = model_config.hf_text_config
+        return cls(getattr(text_config, "sliding_window", None))
+
+    def spans(self, state: CachedRequestState) -> tuple[tuple[int, int], ...]:
+        """(first, last) positions of the request's bidirectional spans."""
+        spans: list[tuple[int, int]] = []
+        for feature in state.mm_features:
+            if feature.modality == "audio":
+                continue
+            for first, last in feature.mm_position.extract_embeds_range():
+                if self.max_length is None or last - first < self.max_length:
+                    spans.append((first, last))
+        return tuple(spans)
+
+
 def scheduled_seqs(
     scheduler_output: SchedulerOutput,
     input_batch: InputBatch,
     requests: Mapping[str, CachedRequestState],
+    image_spans: ImageSpans | None = None,
 ) -> list[ScheduledSeq]:
     """Every batch row, in row order, with what this step computes of it."""
     seqs = []
@@ -60,6 +90,7 @@ def scheduled_seqs(
             block_table=state.block_ids[0],
             num_computed_tokens=state.num_computed_tokens,
             num_scheduled_tokens=scheduler_output.num_scheduled_tokens[req_id],
+            bidirectional_spans=image_spans.spans(state) if image_spans else (),
         )
         tables = tuple(state.block_ids) if len(state.block_ids) > 1 else ()
         seqs.append(ScheduledSeq(row=row, layout=layout, block_tables=tables))
