@@ -72,9 +72,10 @@ def _link_up(nodes: tuple[Node, Node]) -> None:
     _ip("link", "add", nodes[0].interface, "type", "veth", "peer", nodes[1].interface)
     for node in nodes:
         _ip("link", "set", node.interface, "netns", node.namespace)
-        _ip("-n", node.namespace, "addr", "add", f"{node.address}/24", "dev", node.interface)
-        _ip("-n", node.namespace, "link", "set", node.interface, "up")
-        _ip("-n", node.namespace, "link", "set", "lo", "up")
+        inside = ("-n", node.namespace)
+        _ip(*inside, "addr", "add", f"{node.address}/24", "dev", node.interface)
+        _ip(*inside, "link", "set", node.interface, "up")
+        _ip(*inside, "link", "set", "lo", "up")
 
 
 def _kill_all(node: Node) -> None:
@@ -124,7 +125,7 @@ def _ray_start(node: Node, head: Node, env: dict[str, str]) -> subprocess.Popen:
     command = node.command(
         ray, "start", *where,
         "--node-ip-address", node.address,
-        "--num-cpus", "1",
+        "--num-cpus", "0",
         "--resources", '{"HPU": 1}',
         "--object-store-memory", str(100 << 20),
         "--temp-dir", str(node.temp_dir),
@@ -165,3 +166,13 @@ def ray_workers(node: Node) -> list[psutil.Process]:
             if " ".join(proc.cmdline()).startswith("ray::RayWorker"):
                 found.append(proc)
     return found
+
+
+def wait_for_no_workers(nodes: tuple[Node, ...]) -> list[psutil.Process]:
+    """vLLM's Ray workers still alive on ``nodes`` after a short wait."""
+    deadline = time.monotonic() + KILL_WAIT_S
+    while (left := [p for node in nodes for p in ray_workers(node)]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(1)
+    return left
