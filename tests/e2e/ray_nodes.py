@@ -44,15 +44,18 @@ class Node:
         return ["ip", "netns", "exec", self.namespace, *args]
 
     def env(self, cluster_env: dict[str, str]) -> dict[str, str]:
-        """What a process on this node runs with: the node's own address for
-        vLLM (``VLLM_HOST_IP``) and for gloo (``GLOO_SOCKET_IFNAME``)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        """What a process on this node runs with: the node's own address
+        (``VLLM_HOST_IP``, whose interface the plugin hands gloo)."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("RAY_") and k != "GLOO_SOCKET_IFNAME"
+        }
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         return {
             **env,
             **cluster_env,
             "VLLM_HOST_IP": self.address,
-            "GLOO_SOCKET_IFNAME": self.interface,
         }
 
     def pids(self) -> list[int]:
