@@ -480,7 +480,7 @@ def unknown_vllm_variables(environ: Mapping[str, str], known: set[str]) -> list[
 def default_multiproc_method(method: str) -> str:
     """vLLM's own VLLM_WORKER_MULTIPROC_METHOD, set to ``method`` unless the user
     chose one; the method in force. vLLM reads it from the environment, so this
-    is the one variable the plugin writes (as vLLM's CPU and XPU platforms do)."""
+    is a variable the plugin writes (as vLLM's CPU and XPU platforms do)."""
     return os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", method)
 
 
@@ -489,6 +489,12 @@ def default_recipe_cache(config: str) -> str:
     one; the value in force. The bridge reads it from the environment when it
     loads, so it is written before that, like VLLM_WORKER_MULTIPROC_METHOD."""
     return os.environ.setdefault("PT_HPU_RECIPE_CACHE_CONFIG", config)
+
+
+def default_gloo_interface(interface: str) -> str:
+    """torch's GLOO_SOCKET_IFNAME, set to ``interface`` unless the user chose one;
+    the value in force. gloo reads it when a process group is created."""
+    return os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
 
 
 def process_environ() -> Mapping[str, str]:

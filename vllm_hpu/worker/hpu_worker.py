@@ -26,6 +26,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_hpu import device
 from vllm_hpu.envs import get_envs
+from vllm_hpu.host_network import choose_gloo_interface
 from vllm_hpu.kv_transfer.config import check_worker_config
 from vllm_hpu.metrics import HpuMetrics
 from vllm_hpu.worker.capabilities import kv_connector, pipeline
@@ -78,6 +79,7 @@ class HpuWorker(WorkerBase):
         self.device = torch.device(device.device_type())
         device.set_device(self.device)
         device.init_device_memory()
+        choose_gloo_interface()  # before gloo forms the process groups
         init_worker_distributed_environment(
             self.vllm_config,
             self.rank,

@@ -1,0 +1,44 @@
+"""The network interface gloo uses on this node: the one holding VLLM_HOST_IP.
+
+vLLM keeps a gloo group beside every device group (CPU-side coordination; in
+emulation every collective is gloo's). Without ``GLOO_SOCKET_IFNAME`` gloo binds
+to the address this host's name resolves to, and to the loopback address where
+that one is not the node's own; the other nodes reach neither, and the workers'
+process group never forms. A user who set ``VLLM_HOST_IP`` (the node's address
+the others reach, unique per node) has named the interface already.
+"""
+
+import psutil
+from vllm import envs as vllm_envs
+from vllm.logger import init_logger
+
+from vllm_hpu.envs import default_gloo_interface
+
+logger = init_logger("vllm.hpu.host_network")
+
+
+def interface_with_address(address: str) -> str | None:
+    """This node's interface holding ``address``; None if none does."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(entry.address == address for entry in addresses):
+            return name
+    return None
+
+
+def choose_gloo_interface(host_ip: str = "") -> str | None:
+    """Unless the user chose one, give gloo the interface of ``host_ip`` (by
+    default VLLM_HOST_IP); returns the interface in force (None: gloo picks)."""
+    host_ip = host_ip or vllm_envs.VLLM_HOST_IP
+    if not host_ip:
+        return None
+    interface = interface_with_address(host_ip)
+    if interface is None:
+        logger.warning(
+            "VLLM_HOST_IP=%s is not an address of this node's interfaces; gloo "
+            "picks its own interface (set GLOO_SOCKET_IFNAME to choose one).",
+            host_ip,
+        )
+        return None
+    chosen = default_gloo_interface(interface)
+    logger.info("gloo connects through %s (GLOO_SOCKET_IFNAME)", chosen)
+    return chosen
