@@ -1,6 +1,6 @@
 """Verification passes (speculative decoding): rows with drafts plan as decode
 rows, padded to a verification bucket (bs x k+1 queries x blocks) that sits
-beside each decode bucket, tokens laid out ``Q`` per row."""
+beside each decode bucket, rows' tokens packed into groups of ``Q`` slots."""
 
 import dataclasses
 
@@ -53,7 +53,7 @@ def test_rows_with_drafts_plan_as_decode_rows():
     assert prompts == [prompt] and decodes == [drafted, decode]
 
 
-def test_verification_pass_lays_out_q_tokens_per_row():
+def test_verification_pass_packs_short_rows_into_groups():
     manager = verify_manager()
     cache = CacheGeometry(BLOCK, NUM_KV_BLOCKS, torch.float32, torch.device("cpu"))
     seqs = [
@@ -66,18 +66,18 @@ def test_verification_pass_lays_out_q_tokens_per_row():
 
     bucket = forward_pass.bucket
     assert not forward_pass.is_prompt
-    assert bucket.query_len == QUERIES and bucket.batch_size >= 3
+    # Rows 2 and 3 share the second group of Q slots: two groups in all.
+    assert bucket.query_len == QUERIES and bucket.batch_size == 2
     assert bucket.num_blocks >= 2 + 1 + 3
     assert forward_pass.num_tokens == bucket.batch_size * QUERIES
     ids = forward_pass.input_ids.view(-1, QUERIES)
     positions = forward_pass.positions.view(-1, QUERIES)
     assert ids[0].tolist() == token_ids[0, 14:18].tolist()
-    assert ids[1].tolist() == [*token_ids[2, 3:5], 0, 0]
-    assert ids[2].tolist() == [token_ids[3, 40], 0, 0, 0]
+    assert ids[1].tolist() == [*token_ids[2, 3:5], token_ids[3, 40], 0]
     assert positions[0].tolist() == [14, 15, 16, 17]
-    assert positions[2].tolist() == [40, 0, 0, 0]
-    assert forward_pass.first_token_indices == [0, QUERIES, 2 * QUERIES]
-    assert forward_pass.last_token_indices == [3, QUERIES + 1, 2 * QUERIES]
+    assert positions[1].tolist() == [3, 4, 40, 0]
+    assert forward_pass.first_token_indices == [0, QUERIES, QUERIES + 2]
+    assert forward_pass.last_token_indices == [3, QUERIES + 1, QUERIES + 2]
     slots = forward_pass.attn_metadata.slot_mapping.view(-1, QUERIES)
     assert slots[0].tolist() == [
         5 * BLOCK + 14,
@@ -85,7 +85,14 @@ def test_verification_pass_lays_out_q_tokens_per_row():
         6 * BLOCK,
         6 * BLOCK + 1,
     ]
-    assert (slots[1, 2:] // BLOCK == NUM_KV_BLOCKS).all()  # padding: dummy block
+    assert slots[1, :3].tolist() == [7 * BLOCK + 3, 7 * BLOCK + 4, 10 * BLOCK + 8]
+    assert slots[1, 3] // BLOCK == NUM_KV_BLOCKS  # padding: dummy block
     blocks = forward_pass.attn_metadata.decode_blocks()
     assert blocks.block_list.shape == (bucket.num_blocks,)
     assert blocks.block_bias.shape == (bucket.num_blocks, QUERIES, 1, BLOCK)
+    # Row 3's blocks belong to group 1, and only its slot (and the free slot
+    # after it) sees them.
+    hidden = blocks.block_bias[..., 0, :] < 0  # [P, Q, B]
+    row3 = (blocks.block_list == 10).nonzero().item()
+    assert blocks.block_groups[row3] == 1
+    assert hidden[row3, :2].all() and not hidden[row3, 2:, :9].any()
