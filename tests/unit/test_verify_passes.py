@@ -9,6 +9,7 @@ import torch
 
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager, ServingLimits
+from vllm_hpu.bucketing.manager import verification_buckets
 from vllm_hpu.envs import read_envs
 from vllm_hpu.worker.passes.build import build_verify_pass
 from vllm_hpu.worker.passes.seqs import ScheduledSeq, split_by_phase
@@ -32,15 +33,35 @@ def test_each_decode_bucket_has_a_verification_twin():
     manager = verify_manager()
     decode = [b for b in manager.decode_buckets if b.query_len == 1]
     verify = [b for b in manager.decode_buckets if b.query_len != 1]
-    assert decode and verify == [
-        Bucket(b.batch_size, QUERIES, b.num_blocks) for b in decode
-    ]
+    twins = {Bucket(b.batch_size, QUERIES, b.num_blocks) for b in decode}
+    assert decode and twins <= set(verify)
     found = manager.find_decode_bucket(3, 5, QUERIES)
     assert found.query_len == QUERIES and found in verify
     assert found.batch_size >= 3 and found.num_blocks >= 5
     # A plain decode never pads into a verification bucket, nor the reverse.
     assert manager.find_decode_bucket(3, 5).query_len == 1
     assert manager.misses["decode"] == 0
+
+
+def test_verification_ladder_has_rungs_of_one_and_two_blocks_per_group():
+    """Below each batch size's lowest decode bucket: a group of Q queries
+    reads each padding block Q times, so short sequences get tight rungs."""
+    decode = [Bucket(1, 1, 4), Bucket(4, 1, 10), Bucket(4, 1, 16), Bucket(8, 1, 12)]
+    assert verification_buckets(decode, QUERIES) == [
+        Bucket(1, QUERIES, 1),
+        Bucket(1, QUERIES, 2),
+        Bucket(1, QUERIES, 4),
+        Bucket(4, QUERIES, 4),
+        Bucket(4, QUERIES, 8),
+        Bucket(4, QUERIES, 10),
+        Bucket(4, QUERIES, 16),
+        Bucket(8, QUERIES, 8),
+        Bucket(8, QUERIES, 12),
+    ]
+    manager = verify_manager()
+    manager.use_buckets([], decode)
+    assert manager.find_decode_bucket(4, 5, QUERIES) == Bucket(4, QUERIES, 8)
+    assert manager.find_decode_bucket(4, 5) == Bucket(4, 1, 10)
 
 
 def test_rows_with_drafts_plan_as_decode_rows():
