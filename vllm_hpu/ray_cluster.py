@@ -64,19 +64,37 @@ def check_hpu_resources(cluster_resources: dict[str, Any], num_needed: int) -> N
     )
 
 
+def _placement_group_given(parallel_config: "ParallelConfig") -> bool:
+    """Whether the caller handed vLLM a placement group (the config's, or the one
+    this process runs in); otherwise vLLM creates one for the engine."""
+    return (
+        parallel_config.placement_group is not None
+        or ray.util.get_current_placement_group() is not None
+    )
+
+
 class _HpuRay:
-    """Before vLLM's Ray start-up: the checks above. At shutdown, Ray is shut down
-    if this engine initialised it: a cluster it started would outlive it."""
+    """Before vLLM's Ray start-up: the checks above. At shutdown, what this engine
+    created goes with it: the placement group vLLM made for it (vLLM leaves it
+    holding the engine's HPUs, so the next engine of the process would wait 30
+    minutes for them), and Ray itself if this engine initialised it."""
 
     parallel_config: "ParallelConfig"
     owns_ray = False
+    owns_placement_group = False
 
     def _init_executor(self) -> None:
         self.owns_ray = init_ray_with_hpus(self.parallel_config)
+        self.owns_placement_group = not _placement_group_given(self.parallel_config)
         super()._init_executor()  # type: ignore[misc]
 
     def shutdown(self) -> None:
         super().shutdown()  # type: ignore[misc]
+        placement_group = self.parallel_config.placement_group
+        if self.owns_placement_group and placement_group is not None:
+            self.owns_placement_group = False
+            ray.util.remove_placement_group(placement_group)
+            self.parallel_config.placement_group = None
         if self.owns_ray:
             self.owns_ray = False
             logger.info("Shutting down the Ray this engine initialised")

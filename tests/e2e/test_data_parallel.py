@@ -2,8 +2,14 @@
 data-parallel pattern (one process per rank) and ``vllm serve
 --data-parallel-size 2`` must answer as one replica does, greedy; a MoE model's
 ranks exchange tokens in every layer (distributed.py), a rank without requests
-joining with idle passes; with --enable-expert-parallel each rank holds half of
-the experts and the prompts route to both halves.
+joining with idle passes. Without expert parallelism each rank holds half of
+every expert (vLLM shards experts over the data-parallel ranks); with
+--enable-expert-parallel, half of the experts, and the prompts route to both
+halves.
+
+Each data-parallel engine costs five to six processes, each importing vLLM: one
+offline run (expert parallel, one rank idle most steps) and one server (experts
+sharded) cover both ways of holding experts.
 """
 
 import json
@@ -27,13 +33,11 @@ from e2e.harness import (
     vllm_greedy,
 )
 from e2e.server import (
-    TINY_LLAMA_SERVER,
     free_port,
     group_members,
     launch,
     serve_command,
     stop,
-    uses_servers,
     wait_until_ready,
 )
 
@@ -139,15 +143,10 @@ def test_prompts_route_to_both_expert_halves():
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("expert_parallel", [False, True], ids=["dp2", "dp2-ep"])
 @uses_engines(SINGLE)
-def test_offline_data_parallel_moe_matches_single_replica(
-    llm, expert_parallel, tmp_path
-):
-    """Without expert parallelism each rank holds half of every expert (vLLM
-    shards experts over the data-parallel ranks); with it, half of the experts."""
+def test_offline_data_parallel_expert_parallel_matches_single_replica(llm, tmp_path):
     expected = expected_from(vllm_greedy(llm, PROMPTS, MAX_TOKENS))
-    engine = ENGINE_KWARGS | {"enable_expert_parallel": expert_parallel}
+    engine = ENGINE_KWARGS | {"enable_expert_parallel": True}
     assert offline_data_parallel(engine, tmp_path) == expected
 
 
@@ -165,12 +164,23 @@ def test_tensor_parallel_expert_parallel_matches_single_replica(llm):
         assert vllm_greedy(tp_ep, PROMPTS, MAX_TOKENS) == expected
 
 
+# tiny-mixtral served as SINGLE is configured, on two data-parallel ranks.
+SERVE_ARGS = [
+    *("--served-model-name", MOE_MODEL, "--dtype", "float32", "--seed", "0"),
+    *("--block-size", "16", "--max-num-batched-tokens", "64"),
+    *("--max-model-len", "1024", "--data-parallel-size", "2"),
+    # One API server process (vLLM would start one per rank): fewer processes
+    # to start on a 2-core machine; it still balances over both engine cores.
+    *("--api-server-count", "1"),
+]
+
+
 def _completions(url: str) -> list[list[int]]:
     """PROMPTS' greedy tokens in one batch request (tokens as ids)."""
     reply = httpx.post(
         f"{url}/v1/completions",
         json={
-            "model": "tiny-llama",
+            "model": MOE_MODEL,
             "prompt": PROMPTS,
             "max_tokens": MAX_TOKENS,
             "temperature": 0.0,
@@ -185,19 +195,15 @@ def _completions(url: str) -> list[list[int]]:
 
 
 @pytest.mark.timeout(600)
-@uses_servers(TINY_LLAMA_SERVER)
-def test_serve_data_parallel_matches_one_replica_and_shuts_down(server_url, tmp_path):
+@uses_engines(SINGLE)
+def test_serve_data_parallel_matches_one_replica_and_shuts_down(llm, tmp_path):
     """Two engine cores behind one API server (vLLM's internal load balancing)
     answer as one; SIGTERM stops every process within SHUTDOWN_BOUND_S."""
-    expected = _completions(server_url)
+    expected = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
     port = free_port()
-    # One API server process (vLLM would start one per rank): fewer processes
-    # to start on a 2-core machine; it still balances over both engine cores.
-    args = [*TINY_LLAMA_SERVER.args, "--data-parallel-size", "2"]
-    args += ["--api-server-count", "1"]
     log = tmp_path / "server.log"
-    command = serve_command(model_path("tiny-llama"), port, args)
-    process = launch(command, dict(TINY_LLAMA_SERVER.env), log)
+    command = serve_command(model_path(MOE_MODEL), port, SERVE_ARGS)
+    process = launch(command, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, log)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(process, url, log)

@@ -46,10 +46,13 @@ def single_worker_tokens() -> list[list[int]]:
         return vllm_greedy(llm, PROMPTS, MAX_TOKENS)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def local_ray():
     """A private Ray cluster whose two emulated HPUs are a declared resource:
-    Ray finds no Gaudi cards here, and vLLM asks Ray for "HPU" bundles."""
+    Ray finds no Gaudi cards here, and vLLM asks Ray for "HPU" bundles. One
+    cluster for this module's Ray engines, one after another in this process:
+    each engine must give its placement group back when it shuts down, or the
+    next would wait for the HPUs it holds."""
     ray.init(address="local", num_cpus=2, resources={"HPU": 2}, include_dashboard=False)
     try:
         yield
