@@ -1,8 +1,9 @@
 """Multi-query flat paged attention (verification of drafts, with its metadata
 builder) vs naive attention: each row's ``q <= Q`` new tokens after contexts of
 mixed lengths (empty, inside a block, on a block boundary), causal among
-themselves; plain, windowed, chunked, soft-capped, ALiBi and sinks; all blocks
-at once and 3 at a time."""
+themselves, short rows packed together into groups of ``Q`` slots; plain,
+windowed, chunked, soft-capped, ALiBi and sinks; all blocks at once and 3 at
+a time."""
 
 import random
 
@@ -20,7 +21,7 @@ from test_ops_reference import (
 )
 
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
-from vllm_hpu.attention.verify import build_verify_metadata
+from vllm_hpu.attention.verify import build_verify_metadata, num_groups, pack_rows
 from vllm_hpu.ops.kv_cache import write_to_cache
 from vllm_hpu.ops.paged_attention import ALL_BLOCKS, blocks_with_alibi, paged_attention
 from vllm_hpu.ops.score_mods import Scoring
@@ -71,7 +72,8 @@ def _check_verify(
         SeqLayout(table, c, q)
         for table, c, q in zip(layout.block_tables, contexts, query_lens, strict=True)
     ]
-    padded_batch = batch_size + 1
+    starts = pack_rows(query_lens, NUM_QUERIES)
+    padded_batch = num_groups(starts, NUM_QUERIES) + 1
     local = variant.sliding_window or variant.attention_chunk
     geometry = CacheGeometry(
         BLOCK_SIZE,
@@ -83,7 +85,7 @@ def _check_verify(
     )
     used_blocks = sum(len(t) for t in layout.block_tables)
     metadata = build_verify_metadata(
-        seqs, padded_batch, NUM_QUERIES, used_blocks + 2, geometry
+        seqs, starts, padded_batch, NUM_QUERIES, used_blocks + 2, geometry
     )
     assert not metadata.is_prompt
     assert metadata.slot_mapping.shape == (padded_batch * NUM_QUERIES,)
@@ -91,7 +93,7 @@ def _check_verify(
     shape = (padded_batch * NUM_QUERIES, num_kv_heads, head_size)
     new_kv = [torch.randn(shape).to(dtype) for _ in "kv"]
     for i, (c, q) in enumerate(zip(contexts, query_lens, strict=True)):
-        rows = slice(i * NUM_QUERIES, i * NUM_QUERIES + q)
+        rows = slice(starts[i], starts[i] + q)
         new_kv[0][rows], new_kv[1][rows] = layout.keys[i][c:], layout.values[i][c:]
     write_to_cache(layout.key_cache, metadata.slot_mapping, new_kv[0])
     write_to_cache(layout.value_cache, metadata.slot_mapping, new_kv[1])
@@ -112,7 +114,7 @@ def _check_verify(
 
     assert out.shape == query.shape and out.dtype == dtype
     for i, q in enumerate(query_lens):
-        rows = slice(i * NUM_QUERIES, i * NUM_QUERIES + q)
+        rows = slice(starts[i], starts[i] + q)
         expected = naive_attention(
             query[rows], layout.keys[i], layout.values[i], scale, variant
         )
@@ -131,4 +133,14 @@ def test_verify_metadata_refuses_rows_beyond_its_queries() -> None:
     geometry = CacheGeometry(BLOCK_SIZE, 4, torch.float32, torch.device("cpu"))
     seq = SeqLayout([0, 1], BLOCK_SIZE, NUM_QUERIES + 1)
     with pytest.raises(ValueError, match="do not fit 4 queries per row"):
-        build_verify_metadata([seq], 1, NUM_QUERIES, 4, geometry)
+        pack_rows([NUM_QUERIES + 1], NUM_QUERIES)
+    with pytest.raises(ValueError, match="do not fit the 4 slots"):
+        build_verify_metadata([seq], [0], 1, NUM_QUERIES, 4, geometry)
+
+
+def test_short_rows_share_query_groups() -> None:
+    """First fit in row order: a full row takes a group; short rows fill the
+    first group with room for all their tokens."""
+    assert pack_rows([4, 1, 4, 2, 1, 3, 1], 4) == [0, 4, 8, 5, 7, 12, 15]
+    assert num_groups([0, 4, 8, 5, 7, 12, 15], 4) == 4
+    assert pack_rows([1, 1, 1, 1, 1], 4) == [0, 1, 2, 3, 4]

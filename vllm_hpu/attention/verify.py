@@ -2,12 +2,16 @@
 sampled token and its drafts) against its cached blocks in the flat decode
 layout, causal among the row's own tokens.
 
-The pass is a decode pass of ``bs`` rows with ``Q`` query tokens each, row
-``i``'s token ``j`` at flat index ``i * Q + j``. Its keys and values are written
-first (``slot_mapping``, as decode does), so each query reads its own row's new
-tokens from the cache: query ``j`` of a row with context ``c`` sees key
-positions up to ``c + j`` (within its window or chunk). Padding queries of a
-short row repeat its last query; padding rows and blocks are decode's.
+The pass is a decode pass of ``bs`` query groups of ``Q`` slots each, slot
+``j`` of group ``g`` at flat index ``g * Q + j``. A row's tokens take
+consecutive slots of one group; rows with fewer than ``Q`` tokens (few or no
+drafts) share groups (:func:`pack_rows`), so a batch where some rows drafted
+nothing pads few tokens. A group's blocks are its rows' blocks, each biased
+per slot: a slot sees only its own row's keys. Keys and values are written
+first (``slot_mapping``, as decode does), so each query reads its own row's
+new tokens from the cache: query ``j`` of a row with context ``c`` sees key
+positions up to ``c + j`` (within its window or chunk). A group's free slots
+repeat its last row's last query; padding groups and blocks are decode's.
 """
 
 from dataclasses import dataclass, field
@@ -26,10 +30,43 @@ from vllm_hpu.attention.metadata import (
 from vllm_hpu.ops.paged_attention import DecodeBlocks
 
 
-def query_positions(seq: SeqLayout, num_queries: int) -> np.ndarray:
-    """[Q] the position each query of the row stands at (padding: the last)."""
+def pack_rows(query_lens: list[int], num_queries: int) -> list[int]:
+    """The flat index of each row's first token: rows in order, each in the
+    first group with room for all its tokens (first fit), else a new group."""
+    free: list[int] = []  # free slots per group
+    starts = []
+    for count in query_lens:
+        if count > num_queries:
+            raise ValueError(f"{count} tokens do not fit {num_queries} queries per row")
+        group = next((g for g, room in enumerate(free) if room >= count), len(free))
+        if group == len(free):
+            free.append(num_queries)
+        starts.append(group * num_queries + num_queries - free[group])
+        free[group] -= count
+    return starts
+
+
+def num_groups(starts: list[int], num_queries: int) -> int:
+    """The query groups a packing from :func:`pack_rows` fills."""
+    return max(starts, default=-1) // num_queries + 1
+
+
+def _owned_slots(starts: list[int], num_queries: int) -> list[int]:
+    """Slots each row owns: up to the next row's first in its group, or to the
+    group's end for its group's last row."""
+    ordered = sorted(starts)
+    owned = {}
+    for start, following in zip(ordered, [*ordered[1:], 2**62], strict=True):
+        group_end = (start // num_queries + 1) * num_queries
+        owned[start] = min(following, group_end) - start
+    return [owned[start] for start in starts]
+
+
+def query_positions(seq: SeqLayout, num_slots: int) -> np.ndarray:
+    """[num_slots] the position each of the row's slots queries at (past its
+    tokens: the last)."""
     last = seq.num_scheduled_tokens - 1
-    return seq.num_computed_tokens + np.minimum(np.arange(num_queries), last)
+    return seq.num_computed_tokens + np.minimum(np.arange(num_slots), last)
 
 
 def _first_visible(
@@ -40,8 +77,8 @@ def _first_visible(
 
 @dataclass
 class _VerifyBlocks:
-    """Per flat block: physical id, row, key offset; per block and query the
-    visible slot range [start, usage)."""
+    """Per flat block: physical id, group, key offset; per block and slot the
+    visible slot range [start, usage) (empty for other rows' slots)."""
 
     block_size: int
     num_queries: int
@@ -56,22 +93,35 @@ class _VerifyBlocks:
         return sum(len(ids) for ids in self.block_list)
 
     def add_row(
-        self, row: int, seq: SeqLayout, window: int | None, chunk: int | None
+        self,
+        seq: SeqLayout,
+        start: int,
+        num_slots: int,
+        window: int | None,
+        chunk: int | None,
     ) -> None:
-        """The blocks from the first query's first visible key to the last
-        query's own, each query seeing up to its own position."""
-        positions = query_positions(seq, self.num_queries)
+        """The row's blocks, from its first query's first visible key to its
+        last query's own, for its ``num_slots`` slots from flat index
+        ``start``: each of them sees up to its own position."""
+        positions = query_positions(seq, num_slots)
         starts = _first_visible(positions, window, chunk)
         first = int(starts.min()) // self.block_size
         end = cdiv(int(positions.max()) + 1, self.block_size)
         keys = np.arange(first, end, dtype=np.int64)[:, None] * self.block_size
-        self.block_list.append(np.asarray(seq.block_table[first:end], dtype=np.int64))
-        self.block_groups.append(np.full(end - first, row, dtype=np.int64))
-        self.block_offsets.append(keys[:, 0] - seq.num_computed_tokens)
-        self.block_start.append(np.maximum(starts[None, :] - keys, 0))
-        self.block_usage.append(
-            np.clip(positions[None, :] + 1 - keys, 0, self.block_size)
+        group, slot = divmod(start, self.num_queries)
+        slots = slice(slot, slot + num_slots)
+        block_start = np.zeros((end - first, self.num_queries), dtype=np.int64)
+        block_usage = np.zeros_like(block_start)  # other rows' slots see nothing
+        block_start[:, slots] = np.maximum(starts[None, :] - keys, 0)
+        block_usage[:, slots] = np.clip(
+            positions[None, :] + 1 - keys, 0, self.block_size
         )
+        self.block_list.append(np.asarray(seq.block_table[first:end], dtype=np.int64))
+        self.block_groups.append(np.full(end - first, group, dtype=np.int64))
+        # ALiBi: key position minus query position is offset + key slot - slot.
+        self.block_offsets.append(keys[:, 0] - seq.num_computed_tokens + slot)
+        self.block_start.append(block_start)
+        self.block_usage.append(block_usage)
 
     def pad(self, count: int, batch_size: int, dummy_block: int) -> None:
         """Padding blocks read the dummy block for the sink row, one token each."""
@@ -86,16 +136,15 @@ class _VerifyBlocks:
 
 
 def _verify_slots(
-    seqs: list[SeqLayout], batch_size: int, num_queries: int, cache: CacheGeometry
+    seqs: list[SeqLayout], starts: list[int], num_tokens: int, cache: CacheGeometry
 ) -> torch.Tensor:
-    """[bs * Q] cache slot of every token; padding spreads over the dummy block."""
+    """[num_tokens] cache slot of every token; padding spreads over the dummy
+    block."""
     block_size = cache.block_size
-    index = np.arange(batch_size * num_queries)
-    slots = cache.num_blocks * block_size + index % block_size
-    for i, seq in enumerate(seqs):
+    slots = cache.num_blocks * block_size + np.arange(num_tokens) % block_size
+    for seq, start in zip(seqs, starts, strict=True):
         table = np.asarray(seq.block_table, dtype=np.int64)
         positions = seq.num_computed_tokens + np.arange(seq.num_scheduled_tokens)
-        start = i * num_queries
         slots[start : start + len(positions)] = (
             table[positions // block_size] * block_size + positions % block_size
         )
@@ -104,34 +153,41 @@ def _verify_slots(
 
 def build_verify_metadata(
     seqs: list[SeqLayout],
+    starts: list[int],
     batch_size: int,
     num_queries: int,
     num_blocks: int,
     cache: CacheGeometry,
 ) -> HpuAttentionMetadata:
-    """Metadata of a verification pass of ``batch_size`` rows of
-    ``num_queries`` (Q) tokens over ``num_blocks`` (P) flat blocks, one layout
-    per sliding window and attention chunk size, as decode's."""
-    if len(seqs) > batch_size:
-        raise ValueError(f"{len(seqs)} sequences do not fit batch size {batch_size}")
-    too_long = [
-        s.num_scheduled_tokens for s in seqs if s.num_scheduled_tokens > num_queries
-    ]
-    if too_long:
+    """Metadata of a verification pass of ``batch_size`` groups of
+    ``num_queries`` (Q) slots over ``num_blocks`` (P) flat blocks, row ``i``'s
+    tokens from flat index ``starts[i]`` (:func:`pack_rows`), one layout per
+    sliding window and attention chunk size, as decode's."""
+    if num_groups(starts, num_queries) > batch_size:
         raise ValueError(
-            f"{too_long[0]} tokens do not fit {num_queries} queries per row"
+            f"{num_groups(starts, num_queries)} query groups do not fit "
+            f"batch size {batch_size}"
         )
+    owned = _owned_slots(starts, num_queries)
+    for seq, num_slots in zip(seqs, owned, strict=True):
+        if seq.num_scheduled_tokens > num_slots:
+            raise ValueError(
+                f"{seq.num_scheduled_tokens} tokens do not fit the {num_slots} "
+                f"slots their packing leaves ({num_queries} queries per group)"
+            )
     windows: list[int | None] = [None] if cache.full_attention else []
     windows += cache.sliding_windows
 
     def layout(window: int | None, chunk: int | None = None) -> DecodeBlocks:
         flat = _VerifyBlocks(cache.block_size, num_queries)
-        for i, seq in enumerate(seqs):
-            flat.add_row(i, seq, window, chunk)
+        for seq, start, num_slots in zip(seqs, starts, owned, strict=True):
+            flat.add_row(seq, start, num_slots, window, chunk)
+        # A group's rows need at most Q times a window's blocks in all (a row
+        # of q queries: its window widened by q - 1 keys).
         span = window if chunk is None else chunk
-        if span is not None:  # the queries widen a window by Q - 1 keys
-            span += num_queries - 1
-        capacity = window_capacity(num_blocks, batch_size, span, cache.block_size)
+        capacity = window_capacity(
+            num_blocks, batch_size * num_queries, span, cache.block_size
+        )
         if flat.num_blocks > capacity:
             raise ValueError(
                 f"verification batch needs {flat.num_blocks} blocks but "
@@ -142,7 +198,7 @@ def build_verify_metadata(
 
     return HpuAttentionMetadata(
         is_prompt=False,
-        slot_mapping=_verify_slots(seqs, batch_size, num_queries, cache),
+        slot_mapping=_verify_slots(seqs, starts, batch_size * num_queries, cache),
         decode_by_window={window: layout(window) for window in windows},
         decode_by_chunk={
             chunk: layout(None, chunk) for chunk in cache.attention_chunks

@@ -88,6 +88,23 @@ def padded_value(needed: int, values: list[int], bucket_range: BucketRange) -> i
     return max(round_beyond(needed, bucket_range), values[-1])
 
 
+def verification_buckets(decode: list[Bucket], num_queries: int) -> list[Bucket]:
+    """A twin (bs, Q, blocks) of each decode bucket, and per batch size the
+    rungs of one and two blocks per query group below the decode ladder's
+    lowest: each block is read by Q queries, so padding blocks cost Q times
+    what they cost in decode, and short sequences verify often."""
+    buckets = {Bucket(b.batch_size, num_queries, b.num_blocks) for b in decode}
+    lowest: dict[int, int] = {}
+    for bucket in decode:
+        size = bucket.batch_size
+        lowest[size] = min(lowest.get(size, bucket.num_blocks), bucket.num_blocks)
+    for size, blocks in lowest.items():
+        for per_group in (1, 2):
+            if size * per_group < blocks:
+                buckets.add(Bucket(size, num_queries, size * per_group))
+    return sorted(buckets)
+
+
 class HpuBucketManager:
     """Prompt buckets from the config; decode buckets once the KV cache is sized."""
 
@@ -155,9 +172,7 @@ class HpuBucketManager:
         self._decode = BucketIndex(buckets)
         queries = self.config.verify_queries
         self._verify = BucketIndex(
-            [Bucket(b.batch_size, queries, b.num_blocks) for b in buckets]
-            if queries > 1
-            else []
+            verification_buckets(buckets, queries) if queries > 1 else []
         )
         if from_ranges is None:
             from_ranges = self.config.decode_strategy in RANGE_STRATEGIES

@@ -5,7 +5,8 @@ sees only pre-compiled shapes, and carries the attention metadata the builders
 in ``attention/`` make for it (they are called, never call back). Prompt row
 ``i``'s token ``t`` sits at flat index ``i * query_len + t``; a merged pass
 packs its chunks one after another; decode row ``i`` sits at index ``i``, and
-a verification pass's (decode with drafts) token ``t`` at ``i * Q + t``.
+a verification pass (decode with drafts) packs its rows' tokens into groups of
+``Q`` slots (``attention/verify.py``).
 Padding tokens are id 0 at position 0 and write their KV into the dummy block
 (see ``attention/metadata.py``).
 """
@@ -23,7 +24,7 @@ from vllm_hpu.attention.metadata import (
     build_decode_metadata,
     build_prompt_metadata,
 )
-from vllm_hpu.attention.verify import build_verify_metadata
+from vllm_hpu.attention.verify import build_verify_metadata, num_groups, pack_rows
 from vllm_hpu.bucketing import HpuBucketManager
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.passes.seqs import ScheduledSeq, cdiv
@@ -71,8 +72,11 @@ def build_prompt_pass(
     InputBatch.token_ids_cpu."""
     shape = pass_shape(seqs, False, cache.block_size)
     bucket = buckets.find_prompt_bucket(*shape)
-    input_ids, positions = _padded_rows(
-        seqs, token_ids, bucket.batch_size, bucket.query_len
+    input_ids, positions = _placed_tokens(
+        seqs,
+        token_ids,
+        [i * bucket.query_len for i in range(len(seqs))],
+        bucket.batch_size * bucket.query_len,
     )
     metadata = group_metadata(
         seqs,
@@ -85,8 +89,8 @@ def build_prompt_pass(
         is_prompt=True,
         bucket=bucket,
         seqs=seqs,
-        input_ids=_to_device(input_ids.reshape(-1), cache.device),
-        positions=_to_device(positions.reshape(-1), cache.device),
+        input_ids=_to_device(input_ids, cache.device),
+        positions=_to_device(positions, cache.device),
         group_metadata=metadata,
         first_token_indices=[i * bucket.query_len for i in range(len(seqs))],
     )
@@ -100,15 +104,11 @@ def build_merged_pass(
 ) -> ForwardPass:
     """One packed prompt pass; ``token_ids`` is InputBatch.token_ids_cpu."""
     bucket = buckets.find_prompt_bucket(*pass_shape(seqs, True, cache.block_size))
-    input_ids = np.zeros(bucket.query_len, dtype=np.int64)
-    positions = np.zeros_like(input_ids)
-    first_token_indices, offset = [], 0
-    for seq in seqs:
-        end = offset + seq.layout.num_scheduled_tokens
-        input_ids[offset:end] = token_ids[seq.row, seq.start : seq.end]
-        positions[offset:end] = np.arange(seq.start, seq.end)
-        first_token_indices.append(offset)
-        offset = end
+    lengths = [seq.layout.num_scheduled_tokens for seq in seqs]
+    first_token_indices = np.cumsum([0, *lengths[:-1]]).tolist()
+    input_ids, positions = _placed_tokens(
+        seqs, token_ids, first_token_indices, bucket.query_len
+    )
     metadata = group_metadata(
         seqs,
         cache,
@@ -174,36 +174,43 @@ def build_verify_pass(
 ) -> ForwardPass:
     """A verification pass: each row's last token and its drafts (up to
     ``num_queries`` tokens) as decode queries over its paged blocks, causal
-    among themselves (``attention/verify.py``)."""
+    among themselves, rows packed into groups of ``num_queries`` slots
+    (``attention/verify.py``)."""
+    starts = pack_rows([s.layout.num_scheduled_tokens for s in seqs], num_queries)
     num_blocks = flat_blocks(seqs, cache.block_size)
-    bucket = buckets.find_decode_bucket(len(seqs), num_blocks, num_queries)
-    input_ids, positions = _padded_rows(seqs, token_ids, bucket.batch_size, num_queries)
+    bucket = buckets.find_decode_bucket(
+        num_groups(starts, num_queries), num_blocks, num_queries
+    )
+    input_ids, positions = _placed_tokens(
+        seqs, token_ids, starts, bucket.batch_size * num_queries
+    )
     metadata = group_metadata(
         seqs,
         cache,
         lambda layouts, group: build_verify_metadata(
-            layouts, bucket.batch_size, num_queries, bucket.num_blocks, group
+            layouts, starts, bucket.batch_size, num_queries, bucket.num_blocks, group
         ),
     )
     return ForwardPass(
         is_prompt=False,
         bucket=bucket,
         seqs=seqs,
-        input_ids=_to_device(input_ids.reshape(-1), cache.device),
-        positions=_to_device(positions.reshape(-1), cache.device),
+        input_ids=_to_device(input_ids, cache.device),
+        positions=_to_device(positions, cache.device),
         group_metadata=metadata,
-        first_token_indices=[i * num_queries for i in range(len(seqs))],
+        first_token_indices=starts,
     )
 
 
-def _padded_rows(
-    seqs: list[ScheduledSeq], token_ids: np.ndarray, num_rows: int, width: int
+def _placed_tokens(
+    seqs: list[ScheduledSeq], token_ids: np.ndarray, starts: list[int], size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and positions, one row of ``width`` per seq, zero-padded."""
-    input_ids = np.zeros((num_rows, width), dtype=np.int64)
+    """Token ids and positions of a pass of ``size`` tokens, each seq's from
+    flat index ``starts[i]`` on, zero-padded."""
+    input_ids = np.zeros(size, dtype=np.int64)
     positions = np.zeros_like(input_ids)
-    for i, seq in enumerate(seqs):
-        count = seq.layout.num_scheduled_tokens
-        input_ids[i, :count] = token_ids[seq.row, seq.start : seq.end]
-        positions[i, :count] = np.arange(seq.start, seq.end)
+    for seq, start in zip(seqs, starts, strict=True):
+        end = start + seq.layout.num_scheduled_tokens
+        input_ids[start:end] = token_ids[seq.row, seq.start : seq.end]
+        positions[start:end] = np.arange(seq.start, seq.end)
     return input_ids, positions

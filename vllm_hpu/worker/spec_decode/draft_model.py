@@ -11,16 +11,20 @@ position's draft KV sits in the same slot as its target KV, and prefix caching,
 preemption and freed blocks need nothing more. vLLM's proposer then drafts in
 CUDA-graph buffers with triton kernels; here the plugin's own passes do it:
 
-1. Every target pass (prompt chunks, decodes, verification) runs through the
-   draft too, with the same bucket and attention metadata
-   (``after_target_pass``), so the draft's KV holds every token the target
-   computed; the KV of rejected drafts is overwritten later, as the target's is.
-2. After sampling, each row that sampled drafts ``k`` tokens in ``k`` decode
+1. After sampling, each row that sampled drafts ``k`` tokens in ``k`` decode
    passes: its last sampled token at its position, then each draft after it,
-   greedily. A deterministic draft is verified as the n-gram's are (``q = 1``
-   at the draft token), which keeps the target's distribution. vLLM's
-   scheduler reserves ``k`` lookahead slots for these writes
+   greedily; one more decode writes the last draft's KV (where its slot is
+   allocated). A deterministic draft is verified as the n-gram's are
+   (``q = 1`` at the draft token), which keeps the target's distribution.
+   vLLM's scheduler reserves ``k`` lookahead slots for these writes
    (``VllmConfig.num_lookahead_tokens``).
+2. Every target pass (prompt chunks, decodes, verification) whose tokens the
+   draft has not written yet runs through the draft too, with the same bucket
+   and attention metadata (``after_target_pass``), so the draft's KV holds
+   every token the target computed. A verification pass of the drafts just
+   proposed holds only tokens the decodes of 1. wrote, at the same positions:
+   it needs no second pass. The KV of rejected drafts is overwritten later,
+   as the target's is.
 
 Decode and prompt passes come from the plugin's builders and buckets, so
 warmup (which mirrors every bucket through the draft) compiles the draft's
@@ -86,6 +90,9 @@ class HpuDraftModelProposer:
     # The first draft decode's position, counted back from the row's token
     # count: the draft model reads the last sampled token at its own position.
     first_decode_offset = 1
+    # The draft's decodes write the KV of the tokens it reads, as the target's
+    # passes do: a pass over tokens they wrote needs no mirroring.
+    decodes_write_target_tokens = True
 
     def __init__(self, runner: TargetRunner):
         spec = runner.vllm_config.speculative_config
@@ -97,6 +104,9 @@ class HpuDraftModelProposer:
         self.model: Any = None
         self.graph_model: Any = None
         self.layer_names: list[str] = []
+        # Per request: the positions [start, end) whose tokens the last
+        # proposal's decodes wrote into the draft's KV.
+        self._written: dict[str, tuple[int, int]] = {}
 
     def load_model(self) -> None:
         """Load the draft after the target: the layers it adds are its own."""
@@ -144,10 +154,19 @@ class HpuDraftModelProposer:
         return output if isinstance(output, tuple) else (output, None)
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
-        """Write the pass's tokens into the draft's KV cache; returns the
-        target's hidden states."""
-        self._forward(forward_pass)
+        """Write the pass's tokens into the draft's KV cache, unless the
+        draft's decodes wrote them all; returns the target's hidden states."""
+        if forward_pass.is_prompt or not self._wrote_all(forward_pass.seqs):
+            self._forward(forward_pass)
         return hidden
+
+    def _wrote_all(self, seqs: list[ScheduledSeq]) -> bool:
+        req_ids = self.runner.input_batch.req_ids
+        for seq in seqs:
+            start, end = self._written.get(req_ids[seq.row], (0, 0))
+            if not start <= seq.start < seq.end <= end:
+                return False
+        return True
 
     def _first_hidden(self, rows: list[int], first: np.ndarray) -> torch.Tensor | None:
         """What the first decode of each row reads besides its token."""
@@ -158,47 +177,70 @@ class HpuDraftModelProposer:
         batch = self.runner.input_batch
         rows = [row for row, tokens in enumerate(sampled) if tokens]
         drafts: list[list[int]] = [[] for _ in sampled]
+        self._written = {}
         if not rows or num_drafts == 0:
             return drafts
         # Row i's decode j runs at position first[i] + j, reading its last
         # sampled token, then its drafts; each needs a slot within the model.
         first = batch.num_tokens_no_spec[rows] - self.first_decode_offset
         tables = [self._block_table(row) for row in rows]
-        limits = [
-            min(self.max_model_len, len(t) * self.runner.block_size) for t in tables
-        ]
-        counts = np.clip(np.array(limits) - first, 0, num_drafts)
+        limits = np.array(
+            [min(self.max_model_len, len(t) * self.runner.block_size) for t in tables]
+        )
+        counts = np.clip(limits - first, 0, num_drafts)
+        num_decodes = counts
+        if self.decodes_write_target_tokens:  # and one writing the last draft
+            num_decodes = counts + ((counts > 0) & (first + counts < limits))
+            self._written = {
+                batch.req_ids[row]: (int(first[i]), int(first[i] + num_decodes[i]))
+                for i, row in enumerate(rows)
+            }
         tokens = torch.tensor(
             [sampled[row][-1] for row in rows], device=self.runner.device
         )
         carry = self._first_hidden(rows, first)
         steps: list[torch.Tensor] = []
-        for step in range(int(counts.max(initial=0))):
-            active = np.flatnonzero(counts > step)
+        for step in range(int(num_decodes.max(initial=0))):
+            active = np.flatnonzero(num_decodes > step)
             seqs = [
                 ScheduledSeq(rows[i], SeqLayout(tables[i], int(first[i]) + step, 1))
                 for i in active
             ]
-            forward_pass = build_decode_pass(
-                seqs, self.runner.buckets, batch.token_ids_cpu, self._cache()
-            )
-            index = torch.from_numpy(active).to(tokens.device)
-            forward_pass.input_ids[: len(seqs)] = tokens[index]
-            hidden_in = None
-            if carry is not None:
-                hidden_in = carry.new_zeros((forward_pass.num_tokens, carry.shape[1]))
-                hidden_in[: len(seqs)] = carry[index]
-            hidden, next_carry = self._forward(forward_pass, hidden_in)
-            logits = self.model.compute_logits(hidden[: len(seqs)])
-            tokens[index] = logits.argmax(dim=-1)
-            if carry is not None and next_carry is not None:
-                carry[index] = next_carry[: len(seqs)]
+            self._decode(seqs, torch.from_numpy(active), tokens, carry)
             steps.append(tokens.clone())
         if steps:
             by_row = torch.stack(steps, dim=1).tolist()
             for i, row in enumerate(rows):
                 drafts[row] = by_row[i][: counts[i]]
         return drafts
+
+    def _decode(
+        self,
+        seqs: list[ScheduledSeq],
+        index: torch.Tensor,
+        tokens: torch.Tensor,
+        carry: torch.Tensor | None,
+    ) -> None:
+        """One decode pass of ``seqs``, rows ``index`` of ``tokens`` (and of
+        ``carry``, the states EAGLE reads): each reads its token and leaves
+        the next one greedily there."""
+        forward_pass = build_decode_pass(
+            seqs,
+            self.runner.buckets,
+            self.runner.input_batch.token_ids_cpu,
+            self._cache(),
+        )
+        index = index.to(tokens.device)
+        forward_pass.input_ids[: len(seqs)] = tokens[index]
+        hidden_in = None
+        if carry is not None:
+            hidden_in = carry.new_zeros((forward_pass.num_tokens, carry.shape[1]))
+            hidden_in[: len(seqs)] = carry[index]
+        hidden, next_carry = self._forward(forward_pass, hidden_in)
+        logits = self.model.compute_logits(hidden[: len(seqs)])
+        tokens[index] = logits.argmax(dim=-1)
+        if carry is not None and next_carry is not None:
+            carry[index] = next_carry[: len(seqs)]
 
     def _block_table(self, row: int) -> list[int]:
         req_id = self.runner.input_batch.req_ids[row]

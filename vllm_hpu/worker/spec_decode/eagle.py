@@ -37,6 +37,9 @@ from vllm_hpu.worker.spec_decode.interface import TargetRunner
 class HpuEagleProposer(HpuDraftModelProposer):
     # The first decode reads the last sampled token at the position before it.
     first_decode_offset = 2
+    # The head's KV at a position comes from the target's states there, which
+    # only the target's passes give.
+    decodes_write_target_tokens = False
 
     def __init__(self, runner: TargetRunner):
         super().__init__(runner)
