@@ -51,8 +51,13 @@ def serve_command(model_dir: str, port: int, extra_args: list[str]) -> list[str]
     ]
 
 
-def wait_until_ready(process: subprocess.Popen, base_url: str, log: pathlib.Path):
-    deadline = time.monotonic() + READY_TIMEOUT_S
+def wait_until_ready(
+    process: subprocess.Popen,
+    base_url: str,
+    log: pathlib.Path,
+    timeout_s: float = READY_TIMEOUT_S,
+):
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"vllm serve exited early:\n{log_tail(log)}")
@@ -60,7 +65,7 @@ def wait_until_ready(process: subprocess.Popen, base_url: str, log: pathlib.Path
             if httpx.get(f"{base_url}/health", timeout=5).status_code == 200:
                 return
         time.sleep(1)
-    raise TimeoutError(f"vllm serve not ready in {READY_TIMEOUT_S} s:\n{log_tail(log)}")
+    raise TimeoutError(f"vllm serve not ready in {timeout_s} s:\n{log_tail(log)}")
 
 
 def log_tail(log: pathlib.Path, num_lines: int = 40) -> str:

@@ -57,6 +57,9 @@ SHORT_MAX_TOKENS = 3
 # KV cache and seed).
 SINGLE = engine_spec(MOE_MODEL, name="tiny-mixtral-b16", **ENGINE_KWARGS)
 RANK_TIMEOUT_S = 400
+# A DP=2 MoE server starts six processes, each importing vLLM, and its engine
+# cores wait for each other: CI measured 300 s beside another test worker.
+SERVE_READY_TIMEOUT_S = 600
 SHUTDOWN_BOUND_S = 30.0
 
 
@@ -194,7 +197,7 @@ def _completions(url: str) -> list[list[int]]:
     return [c["token_ids"] for c in choices]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @uses_engines(SINGLE)
 def test_serve_data_parallel_matches_one_replica_and_shuts_down(llm, tmp_path):
     """Two engine cores behind one API server (vLLM's internal load balancing)
@@ -206,7 +209,7 @@ def test_serve_data_parallel_matches_one_replica_and_shuts_down(llm, tmp_path):
     process = launch(command, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, log)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until_ready(process, url, log)
+        wait_until_ready(process, url, log, SERVE_READY_TIMEOUT_S)
         assert _completions(url) == expected
         engines = [p for p in group_members(process.pid) if "EngineCore" in p.name()]
         assert len(engines) == 2, [p.name() for p in group_members(process.pid)]
