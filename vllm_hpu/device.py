@@ -45,7 +45,9 @@ def _set_up_recipe_cache() -> None:
     folder = get_envs().cache_dir
     if folder:
         recipes = f"{folder}/gaudi-recipes-{importlib.metadata.version('vllm-hpu')}"
-        envs.default_recipe_cache(f"{recipes},False,{RECIPE_CACHE_MB}")
+        envs.set_default(
+            "PT_HPU_RECIPE_CACHE_CONFIG", f"{recipes},False,{RECIPE_CACHE_MB}"
+        )
 
 
 def is_emulation() -> bool:

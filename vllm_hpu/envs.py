@@ -477,24 +477,13 @@ def unknown_vllm_variables(environ: Mapping[str, str], known: set[str]) -> list[
     )
 
 
-def default_multiproc_method(method: str) -> str:
-    """vLLM's own VLLM_WORKER_MULTIPROC_METHOD, set to ``method`` unless the user
-    chose one; the method in force. vLLM reads it from the environment, so this
-    is a variable the plugin writes (as vLLM's CPU and XPU platforms do)."""
-    return os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", method)
-
-
-def default_recipe_cache(config: str) -> str:
-    """Gaudi's PT_HPU_RECIPE_CACHE_CONFIG, set to ``config`` unless the user chose
-    one; the value in force. The bridge reads it from the environment when it
-    loads, so it is written before that, like VLLM_WORKER_MULTIPROC_METHOD."""
-    return os.environ.setdefault("PT_HPU_RECIPE_CACHE_CONFIG", config)
-
-
-def default_gloo_interface(interface: str) -> str:
-    """torch's GLOO_SOCKET_IFNAME, set to ``interface`` unless the user chose one;
-    the value in force. gloo reads it when a process group is created."""
-    return os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+# Variables others read from the environment, which the plugin writes when the
+# user did not: vLLM's VLLM_WORKER_MULTIPROC_METHOD (as vLLM's CPU and XPU
+# platforms do), Gaudi's PT_HPU_RECIPE_CACHE_CONFIG (read when the bridge
+# loads), torch's GLOO_SOCKET_IFNAME (read when a process group is created).
+def set_default(name: str, value: str) -> str:
+    """``name`` set to ``value`` unless the user chose one; the value in force."""
+    return os.environ.setdefault(name, value)
 
 
 def process_environ() -> Mapping[str, str]:

@@ -12,7 +12,7 @@ import psutil
 from vllm import envs as vllm_envs
 from vllm.logger import init_logger
 
-from vllm_hpu.envs import default_gloo_interface
+from vllm_hpu.envs import set_default
 
 logger = init_logger("vllm.hpu.host_network")
 
@@ -39,6 +39,6 @@ def choose_gloo_interface(host_ip: str = "") -> str | None:
             host_ip,
         )
         return None
-    chosen = default_gloo_interface(interface)
+    chosen = set_default("GLOO_SOCKET_IFNAME", interface)
     logger.info("gloo connects through %s (GLOO_SOCKET_IFNAME)", chosen)
     return chosen

@@ -279,7 +279,7 @@ def _check_envs() -> None:
 def _spawn_processes() -> None:
     """Engine and worker processes start with spawn, as on vLLM's CPU backend: a
     process forked after torch ran work (a thread pool started) can hang."""
-    if envs.default_multiproc_method("spawn") != "spawn":
+    if envs.set_default("VLLM_WORKER_MULTIPROC_METHOD", "spawn") != "spawn":
         logger.warning_once(
             "VLLM_WORKER_MULTIPROC_METHOD is not spawn: an engine forked from a "
             "process that already ran torch work can hang at start-up."
