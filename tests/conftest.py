@@ -107,6 +107,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """A ``--dist loadgroup`` run must see its groups: pytest-xdist tags a grouped
+    test by rewriting its node id, which pytest 9.2 stopped reading, and the
+    groups were then ignored without a word (each shared engine started on both
+    workers, Ray clusters side by side)."""
+    if node.config.getoption("dist") == "loadgroup" and ids and "@" not in ids[0]:
+        raise pytest.UsageError(
+            "pytest-xdist's --dist loadgroup did not group the tests under "
+            f"pytest {pytest.__version__}: install the versions pinned in "
+            "requirements-test.txt."
+        )
+
+
 # Seconds each test file took (set-up, call and teardown of its tests, summed
 # over the workers), printed after the run: where the suite's time goes.
 FILE_SECONDS: collections.Counter[str] = collections.Counter()

@@ -7,9 +7,11 @@ every expert (vLLM shards experts over the data-parallel ranks); with
 --enable-expert-parallel, half of the experts, and the prompts route to both
 halves.
 
-Each data-parallel engine costs five to six processes, each importing vLLM: one
-offline run (expert parallel, one rank idle most steps) and one server (experts
-sharded) cover both ways of holding experts.
+Each process importing vLLM costs seconds: the offline ranks run their engines
+in-process (vLLM's LLMEngine joins the data-parallel group itself), the server
+starts its engine cores as users get them. One offline run (expert parallel, one
+rank idle most steps) and one server (experts sharded) cover both ways of
+holding experts.
 """
 
 import json
@@ -74,13 +76,13 @@ def _rank_env(rank: int, port: int) -> dict[str, str]:
         "VLLM_DP_SIZE": "2",
         "VLLM_DP_MASTER_IP": "127.0.0.1",
         "VLLM_DP_MASTER_PORT": str(port),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
 
 
 def offline_data_parallel(engine: dict, workdir: pathlib.Path) -> list[list[int]]:
-    """PROMPTS' tokens from two rank processes started together (each spends
-    seconds importing vLLM), in PROMPTS' order."""
+    """PROMPTS' tokens from two rank processes started together, in PROMPTS'
+    order."""
     port = free_port()
     script = pathlib.Path(__file__).with_name("dp_rank.py")
     engine = {"dtype": "float32", "kv_cache_memory_bytes": KV_CACHE_BYTES} | engine
