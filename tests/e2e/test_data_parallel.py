@@ -1,11 +1,11 @@
-"""Data and expert parallelism in emulation (issue 34): vLLM's offline
-data-parallel pattern (one process per rank) and ``vllm serve
+"""Data, expert and tensor parallelism of a MoE model in emulation (issue 34):
+vLLM's offline data-parallel pattern (one process per rank) and ``vllm serve
 --data-parallel-size 2`` must answer as one replica does, greedy; a MoE model's
 ranks exchange tokens in every layer (distributed.py), a rank without requests
 joining with idle passes. Without expert parallelism each rank holds half of
-every expert (vLLM shards experts over the data-parallel ranks); with
---enable-expert-parallel, half of the experts, and the prompts route to both
-halves.
+every expert (vLLM shards experts over the data-parallel ranks, or over the
+tensor-parallel ranks); with --enable-expert-parallel, half of the experts, and
+the prompts route to both halves.
 
 Each process importing vLLM costs seconds: the offline ranks run their engines
 in-process (vLLM's LLMEngine joins the data-parallel group itself), the server
@@ -167,6 +167,22 @@ def test_tensor_parallel_expert_parallel_matches_single_replica(llm):
         **ENGINE_KWARGS,
     ) as tp_ep:
         assert vllm_greedy(tp_ep, PROMPTS, MAX_TOKENS) == expected
+
+
+@pytest.mark.timeout(600)
+@uses_engines(SINGLE)
+def test_tensor_parallel_moe_matches_single_replica(llm):
+    """Without expert parallelism each rank holds half of every expert's
+    intermediate size; the MoE layer's partial sums are all-reduced into the
+    single replica's output."""
+    expected = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
+    with vllm_engine(
+        model_path(MOE_MODEL),
+        distributed_executor_backend="mp",
+        tensor_parallel_size=2,
+        **ENGINE_KWARGS,
+    ) as tp:
+        assert vllm_greedy(tp, PROMPTS, MAX_TOKENS) == expected
 
 
 # tiny-mixtral served as SINGLE is configured, on two data-parallel ranks.

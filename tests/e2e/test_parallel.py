@@ -1,8 +1,9 @@
 """Tensor and pipeline parallelism in emulation: two CPU worker processes talking
 gloo through HpuCommunicator must generate exactly the greedy tokens of a single
 worker (async scheduling off), under vLLM's multiprocessing executor (tensor
-parallelism with async scheduling on) and under Ray; a dead worker must fail the
-engine.
+parallelism with async scheduling on); a dead worker must fail the engine. The
+same layouts under Ray, on the same prompts, run in test_multinode.py (two Ray
+nodes) and test_gaudi_commands.py (Ray started by the engine).
 """
 
 import os
@@ -12,7 +13,6 @@ import time
 
 import psutil
 import pytest
-import ray
 from models import model_path
 
 from e2e.harness import (
@@ -28,7 +28,6 @@ pytestmark = pytest.mark.slow
 
 # 4 query heads, 2 KV heads, vocab 1024: every sharded dimension divides by 2.
 MODEL = "tiny-llama"
-MOE_MODEL = "tiny-mixtral"  # 4 experts of intermediate size 128
 VOCAB_SIZE = 1024
 MAX_TOKENS = 16
 # A 64-token step budget chunks the long prompt while the short ones decode, so
@@ -44,20 +43,6 @@ def single_worker_tokens() -> list[list[int]]:
     # Async scheduling off here: tp2 under mp runs it on, against this.
     with vllm_engine(model_path(MODEL), async_scheduling=False, **ENGINE_KWARGS) as llm:
         return vllm_greedy(llm, PROMPTS, MAX_TOKENS)
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """A private Ray cluster whose two emulated HPUs are a declared resource:
-    Ray finds no Gaudi cards here, and vLLM asks Ray for "HPU" bundles. One
-    cluster for this module's Ray engines, one after another in this process:
-    each engine must give its placement group back when it shuts down, or the
-    next would wait for the HPUs it holds."""
-    ray.init(address="local", num_cpus=2, resources={"HPU": 2}, include_dashboard=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 # Tensor parallelism shards every layer; pipeline parallelism gives each rank
@@ -87,37 +72,17 @@ def test_tensor_parallel_mp_matches_single_worker(llm, single_worker_tokens):
     assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == single_worker_tokens
 
 
-# Async scheduling where vLLM allows it: not under Ray, not with pipelines.
-@pytest.mark.parametrize(
-    ("layout", "backend"), [("tp2", "ray"), ("pp2", "mp"), ("pp2", "ray")]
-)
+# Async scheduling where vLLM allows it: not with pipelines.
 @pytest.mark.timeout(300)
-def test_parallel_matches_single_worker(layout, backend, single_worker_tokens, request):
-    if backend == "ray":
-        request.getfixturevalue("local_ray")
+def test_pipeline_parallel_mp_matches_single_worker(single_worker_tokens):
     with vllm_engine(
         model_path(MODEL),
-        distributed_executor_backend=backend,
+        distributed_executor_backend="mp",
         async_scheduling=False,
-        **LAYOUTS[layout],
+        **LAYOUTS["pp2"],
         **ENGINE_KWARGS,
     ) as llm:
         assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == single_worker_tokens
-
-
-@pytest.mark.timeout(300)
-def test_tensor_parallel_moe_matches_single_worker():
-    """Each rank holds half of every expert's intermediate size; the MoE layer's
-    partial sums are all-reduced into the single worker's output."""
-    with vllm_engine(model_path(MOE_MODEL), **ENGINE_KWARGS) as llm:
-        expected = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
-    with vllm_engine(
-        model_path(MOE_MODEL),
-        distributed_executor_backend="mp",
-        tensor_parallel_size=2,
-        **ENGINE_KWARGS,
-    ) as llm:
-        assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == expected
 
 
 def _worker_pids() -> list[int]:

@@ -114,9 +114,9 @@ def test_speculation_compiles_nothing_after_warmup(hpu_env, speculative_config: 
         model_dir("tiny-llama"),
         enforce_eager=False,
         block_size=16,
-        max_model_len=256,
+        max_model_len=128,
         max_num_seqs=2,
-        max_num_batched_tokens=256,
+        max_num_batched_tokens=128,
         enable_prefix_caching=False,
         speculative_config=speculative_config,
     ) as llm:
