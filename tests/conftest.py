@@ -20,6 +20,20 @@ from vllm_hpu.patches import allow_torchvision_import
 
 allow_torchvision_import()
 
+
+def _share_cores_between_workers() -> None:
+    """Under ``pytest -n N`` each worker's torch computes on its share of the
+    cores: N thread pools of every core would busy-wait for each other (as the
+    engine's own compute threads do, vllm_hpu.device.compute_threads)."""
+    import torch
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+_share_cores_between_workers()
+
 # Property tests run beside engine tests on a 2-core CI machine: input generation
 # can be slow there through no fault of the strategy, and a deadline measures the
 # machine's load, not the code.
