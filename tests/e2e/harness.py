@@ -136,6 +136,10 @@ def _engine(model_dir: str, kwargs: dict[str, Any]) -> Iterator[Any]:
     from vllm import LLM
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
+    # Dynamo's code cache outlives an engine in this process: without a reset an
+    # engine would replay graphs an earlier test's engine compiled, and a test
+    # counting compilations would depend on what ran before it on its worker.
+    torch._dynamo.reset()
     with _heap_frozen():
         llm = LLM(model=model_dir, **kwargs)
         try:
