@@ -14,6 +14,12 @@ PY := $(VENV)/bin/python
 PIP_INSTALL := $(PY) -m pip install --quiet --no-compile --no-warn-conflicts
 MODELS := .cache/models
 export VLLM_HPU_EMULATION ?= 1
+# Python writes each module's bytecode the first time it imports it (pip is told
+# --no-compile above). With PYTHONDONTWRITEBYTECODE set, as on CI, nothing would
+# ever be written: every engine, server and worker process would compile vLLM,
+# torch and transformers from source again (importing vllm.config: 81 s instead
+# of 47 s on a busy 2-core machine).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup test-setup run test test-unit test-e2e lint models clean
 
