@@ -155,31 +155,21 @@ def test_offline_data_parallel_expert_parallel_matches_single_replica(llm, tmp_p
     assert offline_data_parallel(engine, tmp_path) == expected
 
 
+# Without expert parallelism each rank holds half of every expert's intermediate
+# size and the MoE layer's partial sums are all-reduced; with it, half of the
+# experts.
+@pytest.mark.parametrize(
+    "expert_parallel", [False, True], ids=["experts-sharded", "expert-parallel"]
+)
 @pytest.mark.timeout(600)
 @uses_engines(SINGLE)
-def test_tensor_parallel_expert_parallel_matches_single_replica(llm):
+def test_tensor_parallel_moe_matches_single_replica(llm, expert_parallel):
     expected = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
     with vllm_engine(
         model_path(MOE_MODEL),
         distributed_executor_backend="mp",
         tensor_parallel_size=2,
-        enable_expert_parallel=True,
-        **ENGINE_KWARGS,
-    ) as tp_ep:
-        assert vllm_greedy(tp_ep, PROMPTS, MAX_TOKENS) == expected
-
-
-@pytest.mark.timeout(600)
-@uses_engines(SINGLE)
-def test_tensor_parallel_moe_matches_single_replica(llm):
-    """Without expert parallelism each rank holds half of every expert's
-    intermediate size; the MoE layer's partial sums are all-reduced into the
-    single replica's output."""
-    expected = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
-    with vllm_engine(
-        model_path(MOE_MODEL),
-        distributed_executor_backend="mp",
-        tensor_parallel_size=2,
+        enable_expert_parallel=expert_parallel,
         **ENGINE_KWARGS,
     ) as tp:
         assert vllm_greedy(tp, PROMPTS, MAX_TOKENS) == expected

@@ -2,8 +2,8 @@
 gloo through HpuCommunicator must generate exactly the greedy tokens of a single
 worker (async scheduling off), under vLLM's multiprocessing executor (tensor
 parallelism with async scheduling on); a dead worker must fail the engine. The
-same layouts under Ray, on the same prompts, run in test_multinode.py (two Ray
-nodes) and test_gaudi_commands.py (Ray started by the engine).
+same layouts under Ray run in test_multinode.py (two Ray nodes, TP and PP) and
+test_gaudi_commands.py (TP, Ray started by the engine).
 """
 
 import os
