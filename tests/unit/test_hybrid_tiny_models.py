@@ -81,3 +81,29 @@ def test_transformers_generates_from_hybrid(name: str) -> None:
     assert [len(tokens) for tokens in outputs] == [8, 8]
     assert outputs[0] != outputs[1]
     assert len(set(outputs[1])) >= 4, outputs
+
+
+@pytest.mark.parametrize("name", HYBRID_MODELS)
+def test_vllm_block_alignment_keeps_16_tokens_before_load(name: str) -> None:
+    """vLLM's own hybrid alignment on our backend, from the config alone (no layers
+    built yet, as in check_and_update_config): the block stays 16 tokens and the
+    state page is padded up to the attention page."""
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig
+
+    from vllm_hpu.attention.backend import HpuAttentionBackend
+    from vllm_hpu.platform import HpuPlatform
+
+    cache_config = CacheConfig(block_size=BLOCK_SIZE)
+    view = SimpleNamespace(
+        model_config=ModelConfig(
+            model=model_path(name), dtype="float32", max_model_len=MAX_MODEL_LEN
+        ),
+        cache_config=cache_config,
+        parallel_config=ParallelConfig(),
+        speculative_config=None,
+        num_speculative_tokens=0,
+        compilation_config=SimpleNamespace(static_forward_context={}),
+    )
+    HpuPlatform._align_hybrid_block_size(view, HpuAttentionBackend)
+    assert cache_config.block_size == BLOCK_SIZE
+    assert cache_config.mamba_page_size_padded == 2 * BLOCK_SIZE * 64 * FP32_BYTES
