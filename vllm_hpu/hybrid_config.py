@@ -41,6 +41,7 @@ def _unsupported_features(vllm_config: "VllmConfig") -> dict[str, bool]:
         ),
         "KV connectors or KV offloading": has_kv_connector(vllm_config),
         "LoRA adapters (--enable-lora)": vllm_config.lora_config is not None,
+        "sleep mode": vllm_config.model_config.enable_sleep_mode,
         "ReplaySSM (--use-replayssm)": vllm_config.cache_config.use_replayssm,
         "the DS conv state layout (VLLM_SSM_CONV_STATE_LAYOUT=DS)": (
             is_conv_state_dim_first()

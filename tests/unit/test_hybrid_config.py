@@ -51,6 +51,7 @@ REFUSED = [
     ({"mamba_cache_mode": "align"}, "Mamba cache mode"),
     ({"mamba_block_size": 64}, "--mamba-block-size"),
     ({"enable_lora": True}, "LoRA"),
+    ({"enable_sleep_mode": True}, "sleep mode"),
     ({"disable_hybrid_kv_cache_manager": True}, "--disable-hybrid-kv-cache-manager"),
     (
         {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},

@@ -17,6 +17,7 @@ from vllm.config import VllmConfig, get_layers_from_vllm_config, set_current_vll
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.model_loader import get_model
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
@@ -143,14 +144,18 @@ class HpuModelRunner:
         assert self.model is not None, "load_model() first"
         return self.model
 
-    def _attention_layers(self) -> dict[str, AttentionLayerBase]:
+    def _cache_layers(self) -> dict[str, AttentionLayerBase]:
+        """Every layer that caches: attention and a hybrid's state layers."""
         layer_type: Any = AttentionLayerBase  # abstract: mypy wants a concrete one
         return get_layers_from_vllm_config(self.vllm_config, layer_type)
 
+    def _attention_layers(self) -> dict[str, AttentionLayerBase]:
+        """The layers with a KV cache (not a hybrid's state layers)."""
+        layers = self._cache_layers().items()
+        return {n: layer for n, layer in layers if not isinstance(layer, MambaBase)}
+
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        return kv_cache_specs(
-            self._attention_layers(), self.vllm_config, self.block_size
-        )
+        return kv_cache_specs(self._cache_layers(), self.vllm_config, self.block_size)
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the flat KV caches (plus the dummy block) and bind them."""
@@ -158,6 +163,8 @@ class HpuModelRunner:
         self.kv_cache_config = kv_cache_config
         layers = self._attention_layers()
         self.kv_caches = bind_kv_caches(layers, kv_cache_config, self.device)
+        if self.caps.state_cache is not None:
+            self.caps.state_cache.allocate()
         self.cache = group_cache_geometry(
             layers, kv_cache_config, self.dtype, self.device
         )
@@ -215,6 +222,8 @@ class HpuModelRunner:
         bind_scratch_kv_caches(
             self._attention_layers(), self.get_kv_cache_spec(), self.device
         )
+        if self.caps.state_cache is not None:  # every row on the dummy slot
+            self.caps.state_cache.allocate()
         token_ids = torch.zeros((1, bucket.query_len), dtype=torch.int64).numpy()
         forward_pass = build_prompt_forward(
             seqs, self.buckets, token_ids, self._geometry(1)
@@ -222,6 +231,8 @@ class HpuModelRunner:
         self._forward(forward_pass, *self._stage_inputs([forward_pass], None))
         device.synchronize()
         unbind_kv_caches(self._attention_layers())
+        if self.caps.state_cache is not None:
+            self.caps.state_cache.free()
 
     # ---- one engine step -------------------------------------------------
 
