@@ -15,6 +15,7 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
 )
 
+from vllm_hpu.attention.metadata import SeqLayout
 from vllm_hpu.worker.capabilities.state_cache import HpuStateCache, StateSlots
 from vllm_hpu.worker.kv_caches import (
     bind_kv_caches,
@@ -23,6 +24,7 @@ from vllm_hpu.worker.kv_caches import (
     layer_groups,
     reachable_decode_blocks,
 )
+from vllm_hpu.worker.passes.seqs import ScheduledSeq
 
 CONV, SSM = (3, 144), (8, 16, 8)  # tiny-granite4-h's state shapes
 STATE = MambaSpec(
@@ -143,3 +145,42 @@ def test_kv_cache_helpers_pass_state_groups_by() -> None:
     assert cache.block_size == 16  # state groups' 256-token blocks ignored
     assert [g.holds_states for g in cache.group_geometries()] == [True, False, True]
     assert reachable_decode_blocks(config, 8, 256) == 6
+
+
+def _pass(is_prompt: bool, seqs: list[ScheduledSeq], batch_size: int) -> Any:
+    return SimpleNamespace(
+        is_prompt=is_prompt,
+        seqs=seqs,
+        bucket=SimpleNamespace(batch_size=batch_size),
+        state_metadata=None,
+    )
+
+
+def _seq(row: int, num_computed: int, num_scheduled: int) -> ScheduledSeq:
+    return ScheduledSeq(row=row, layout=SeqLayout([0], num_computed, num_scheduled))
+
+
+def test_planned_passes_carry_each_rows_slot() -> None:
+    cache, batch = _state_cache(max_num_seqs=4)
+    batch.req_ids = ["a", "b", "c"]
+    cache.after_update()
+    batch.req_ids = ["c", "a", "b"]  # the batch condensed: rows moved
+    prompt = _pass(True, [_seq(1, 0, 7), _seq(0, 16, 5)], 4)
+    decode = _pass(False, [_seq(2, 33, 1)], 2)
+    cache.add_metadata([prompt, decode])
+    meta = prompt.state_metadata
+    assert meta.is_prompt
+    assert meta.state_slots.tolist() == [0, 2, 4, 4]  # a, c, dummy, dummy
+    assert meta.has_initial_state.tolist() == [False, True, False, False]
+    assert meta.query_lens.tolist() == [7, 5, 0, 0]
+    assert decode.state_metadata.state_slots.tolist() == [1, 4]  # b, dummy
+    assert cache.metadata_by_layer(decode) == dict.fromkeys(
+        ["m0", "m2"], decode.state_metadata
+    )
+
+
+def test_unplanned_pass_runs_every_row_on_the_dummy_slot() -> None:
+    cache, _ = _state_cache(max_num_seqs=4)
+    meta = cache.metadata_by_layer(_pass(True, [_seq(0, 0, 64)], 2))["m0"]
+    assert meta.state_slots.tolist() == [4, 4]
+    assert not meta.has_initial_state.any()

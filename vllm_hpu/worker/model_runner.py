@@ -323,6 +323,8 @@ class HpuModelRunner:
         """The step's padded passes (worker/passes/): prompts, then decodes."""
         assert self.cache is not None, "initialize_kv_cache() first"
         plan = self.planner.plan(scheduler_output, self.cache)
+        if self.caps.state_cache is not None:
+            self.caps.state_cache.add_metadata(plan.passes)
         if self.caps.async_feed is not None and plan.decode is not None:
             self.caps.async_feed.feed(plan.decode)
         if self.caps.data_parallel is not None:
@@ -349,6 +351,9 @@ class HpuModelRunner:
         attn_metadata = forward_pass.metadata_by_layer(groups)
         # MLA layers write their cache before attending, from this mapping.
         slot_mapping = {name: m.slot_mapping for name, m in attn_metadata.items()}
+        layer_metadata: dict[str, Any] = dict(attn_metadata)
+        if self.caps.state_cache is not None:
+            layer_metadata |= self.caps.state_cache.metadata_by_layer(forward_pass)
         phase = "prompt" if forward_pass.is_prompt else "decode"
         graphed = (phase, forward_pass.bucket) in self.graphed_buckets
         model = self.graph_model if graphed else self.get_model()
@@ -357,7 +362,7 @@ class HpuModelRunner:
         with (
             self.caps.profiler.span("forward", phase=phase, bucket=forward_pass.bucket),
             set_forward_context(
-                attn_metadata,
+                layer_metadata,
                 self.vllm_config,
                 num_tokens=forward_pass.num_tokens,
                 num_tokens_across_dp=forward_pass.num_tokens_across_dp,

@@ -18,6 +18,13 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
+from vllm_hpu.attention.state_metadata import (
+    HpuStateMetadata,
+    StateRow,
+    build_state_metadata,
+)
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+
 
 class StateSlots:
     """``req_id -> slot`` among ``num_slots`` slots; slot ``num_slots`` is the
@@ -105,3 +112,37 @@ class HpuStateCache:
         """Slots for the requests in the batch (its rows are exactly the step's
         scheduled requests)."""
         self.slots.assign(self.input_batch.req_ids)
+
+    def add_metadata(self, passes: list[ForwardPass]) -> None:
+        """Each planned pass's state metadata, read from the batch now: with
+        async scheduling the pass runs after the host moved on."""
+        req_ids = self.input_batch.req_ids
+        for forward_pass in passes:
+            rows = [
+                StateRow(
+                    self.slots[req_ids[seq.row]],
+                    seq.start,
+                    seq.layout.num_scheduled_tokens,
+                )
+                for seq in forward_pass.seqs
+            ]
+            forward_pass.state_metadata = self._metadata(forward_pass, rows)
+
+    def metadata_by_layer(
+        self, forward_pass: ForwardPass
+    ) -> dict[str, HpuStateMetadata]:
+        """Each state layer's metadata for the pass; a pass not planned from a
+        step (the memory profile's) runs every row on the dummy slot."""
+        metadata = forward_pass.state_metadata or self._metadata(forward_pass, [])
+        return dict.fromkeys(self.layers, metadata)
+
+    def _metadata(
+        self, forward_pass: ForwardPass, rows: list[StateRow]
+    ) -> HpuStateMetadata:
+        return build_state_metadata(
+            forward_pass.is_prompt,
+            rows,
+            forward_pass.bucket.batch_size,
+            self.slots.dummy_slot,
+            self.device,
+        )
