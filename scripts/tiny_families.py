@@ -128,12 +128,13 @@ def build_granite4_h(
     init: Init,
     out_dir: Path,
 ) -> None:
-    """Mamba2, attention (NoPE), Mamba2, Mamba2; eight Mamba heads of 16 in one
-    group, state 8, conv width 4; four experts of which two per token beside the
-    shared MLP; Granite's embedding, attention, residual and logits multipliers."""
+    """Mamba2, attention (NoPE, two heads of 32: the HPU attention's smallest
+    head size), Mamba2, Mamba2; eight Mamba heads of 16 in one group, state 8,
+    conv width 4; four experts of which two per token beside the shared MLP;
+    Granite's embedding, attention, residual and logits multipliers."""
     config = GraniteMoeHybridConfig(
-        **_hybrid_shape(shape, GRANITE_LAYERS),
-        num_key_value_heads=4,
+        **_hybrid_shape(shape, GRANITE_LAYERS) | {"num_attention_heads": 2},
+        num_key_value_heads=2,
         num_local_experts=4,
         num_experts_per_tok=2,
         shared_intermediate_size=HYBRID_HIDDEN,
@@ -231,6 +232,6 @@ def _text_shape(shape: dict[str, Any]) -> dict[str, Any]:
 FAMILY_BUILDERS = {
     "tiny-gpt-oss": build_gpt_oss,
     "tiny-llama4": build_llama4,
-    "tiny-granite4-h": build_granite4_h,
+    "tiny-granite-4.0-h": build_granite4_h,
     "tiny-qwen3-next": build_qwen3_next,
 }

@@ -18,13 +18,13 @@ MAX_MODEL_LEN = 256  # "none" mode: one state block spans the whole sequence
 # name -> (conv state shape, recurrent state shape): Granite's conv runs over
 # x, B and C (128 + 2 * 1 * 8), Qwen3-Next's over q, k and v (2*16 + 2*16 + 4*16).
 EXPECTED_SHAPES = {
-    "tiny-granite4-h": ((3, 144), (8, 16, 8)),
+    "tiny-granite-4.0-h": ((3, 144), (8, 16, 8)),
     "tiny-qwen3-next": ((3, 128), (4, 16, 16)),
 }
 
 
 def _model_class(name: str) -> Any:
-    if name == "tiny-granite4-h":
+    if name == "tiny-granite-4.0-h":
         from vllm.model_executor.models.granitemoehybrid import (
             GraniteMoeHybridForCausalLM,
         )
@@ -69,7 +69,7 @@ def test_state_page_fits_one_attention_block(name: str) -> None:
         head_size=head_dim,
         dtype=torch.float32,
     ).page_size_bytes
-    assert state_page == {"tiny-granite4-h": 5824, "tiny-qwen3-next": 5632}[name]
+    assert state_page == {"tiny-granite-4.0-h": 5824, "tiny-qwen3-next": 5632}[name]
     assert attention_page == 2 * BLOCK_SIZE * 64 * FP32_BYTES  # 64 = kv heads * head
     assert state_page <= attention_page
 

@@ -26,7 +26,7 @@ from vllm_hpu.worker.kv_caches import (
 )
 from vllm_hpu.worker.passes.seqs import ScheduledSeq
 
-CONV, SSM = (3, 144), (8, 16, 8)  # tiny-granite4-h's state shapes
+CONV, SSM = (3, 144), (8, 16, 8)  # tiny-granite-4.0-h's state shapes
 STATE = MambaSpec(
     block_size=256, shapes=(CONV, SSM), dtypes=(torch.float32, torch.float32)
 )

@@ -119,6 +119,10 @@ class HpuModelRunner:
         started = time.perf_counter()
         used_before = device.memory_used()
         with set_current_vllm_config(self.vllm_config):
+            if self.model_config.is_hybrid:
+                from vllm_hpu.ops.state_layers import register_state_layers
+
+                register_state_layers()  # before vLLM builds the layers
             self.model = get_model(vllm_config=self.vllm_config)
             if self.caps.lora is not None:
                 self.model = self.caps.lora.wrap(self.model, self.device)
