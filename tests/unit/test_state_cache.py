@@ -184,3 +184,13 @@ def test_unplanned_pass_runs_every_row_on_the_dummy_slot() -> None:
     meta = cache.metadata_by_layer(_pass(True, [_seq(0, 0, 64)], 2))["m0"]
     assert meta.state_slots.tolist() == [4, 4]
     assert not meta.has_initial_state.any()
+
+
+def test_worker_leaves_the_state_slots_out_of_the_kv_cache_budget() -> None:
+    from vllm_hpu.worker.hpu_worker import HpuWorker
+
+    cache, _ = _state_cache(max_num_seqs=3)
+    worker = HpuWorker.__new__(HpuWorker)
+    worker.cache_config = SimpleNamespace(kv_cache_memory_bytes=1 << 20)
+    worker.model_runner = SimpleNamespace(caps=SimpleNamespace(state_cache=cache))
+    assert worker.determine_available_memory() == (1 << 20) - cache.num_bytes
