@@ -23,8 +23,8 @@ VARIANT_MODELS = (
 # Llama 4 (text), scripts/tiny_families.py.
 FAMILY_MODELS = ("tiny-gpt-oss", "tiny-llama4")
 # Hybrid state-space families (issue 33, design_hybrid), same script: Granite-4.0-H
-# (Mamba2, run by the plugin: tests/e2e/test_hybrid_families.py) and Qwen3-Next
-# (gated delta-net, refused until its state layer exists); transformers runs both.
+# (Mamba2) and Qwen3-Next (gated delta-net), run by the plugin
+# (tests/e2e/test_hybrid_families.py) and by transformers.
 HYBRID_MODELS = ("tiny-granite-4.0-h", "tiny-qwen3-next")
 TINY_MODELS = (
     "tiny-llama",

@@ -47,7 +47,9 @@ _MISSING_PIECES = (
 # transformers: the state-cache refusals above do not apply to them. Granite-4.0-H
 # and Qwen3-Next are the candidates (design_hybrid); each is listed once its
 # layer runs.
-RUNNABLE_HYBRID_ARCHS = frozenset({"GraniteMoeHybridForCausalLM"})
+RUNNABLE_HYBRID_ARCHS = frozenset(
+    {"GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM"}
+)
 _STATE_FLAGS = ("is_hybrid", "has_inner_state")
 # Multimodal classes whose inputs the runner feeds
 # (worker/capabilities/multimodal.py): an encoder whose outputs replace

@@ -53,12 +53,6 @@ def test_hybrid_refuses_unsupported_options(kwargs, feature):
         _engine_config(model_path(GRANITE), **kwargs)
 
 
-def test_hybrid_architecture_refused_until_its_layer_runs():
-    """Qwen3-Next's gated delta-net layer has no HPU version yet."""
-    with pytest.raises(ValueError, match="mixes attention with Mamba"):
-        _engine_config(model_path("tiny-qwen3-next"))
-
-
 def test_block_grows_to_hold_a_larger_state_page(tmp_path):
     """A state page larger than a 16-token block (d_state 64: 35 KB): the block
     grows before the runner exists, and vLLM's own post-load alignment, run

@@ -49,7 +49,6 @@ REFUSED = {
     "MambaForCausalLM": "state-space",
     "Mamba2ForCausalLM": "state-space",
     "JambaForCausalLM": "mixes attention with Mamba",
-    "Qwen3NextForCausalLM": "mixes attention with Mamba or linear-attention",
     "PaliGemmaForConditionalGeneration": "image, audio or video inputs",
     "Phi3VForCausalLM": "image, audio or video inputs",
     "Qwen2AudioForConditionalGeneration": "image, audio or video inputs",
@@ -73,6 +72,7 @@ ALLOWED = (
     "Gemma3ForConditionalGeneration",  # image tokens attend both ways
     "Mistral3ForConditionalGeneration",  # Pixtral tower
     "GraniteMoeHybridForCausalLM",  # Mamba2 layers: a state cache
+    "Qwen3NextForCausalLM",  # gated delta-net layers: a state cache
 )
 
 

@@ -1,19 +1,31 @@
 """HPU versions of vLLM's state-space layers, registered out of tree.
 
-vLLM's ``MambaMixer2`` runs its convolution and selective scan as Triton (or
-``vllm._C``) kernels over varlen batches, reading ``Mamba2AttentionMetadata``.
-``HpuMambaMixer2`` keeps everything else of the layer (projections, gated norm,
-weight loading, state spec) and replaces only that core with the plain-torch ops
-of ``ops/mamba.py`` over the runner's padded passes, reading
-``HpuStateMetadata`` (attention/state_metadata.py) from the forward context.
+vLLM's ``MambaMixer2`` and ``QwenGatedDeltaNetAttention`` run their convolution
+and scan as Triton (or ``vllm._C``) kernels over varlen batches, reading vLLM's
+Mamba2 / GDN metadata. The subclasses here keep everything else of the layers
+(projections, gated norms, weight loading, state specs) and replace only that
+core with the plain-torch ops of ``ops/mamba.py`` and ``ops/gated_delta.py``
+over the runner's padded passes, reading ``HpuStateMetadata``
+(attention/state_metadata.py) from the forward context.
 """
+
+from typing import cast
 
 import torch
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.custom_op import op_registry_oot
+from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
+    QwenGatedDeltaNetAttention,
+)
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
 from vllm_hpu.attention.state_metadata import HpuStateMetadata
+from vllm_hpu.ops.gated_delta import (
+    chunk_gated_delta_rule,
+    gated_delta_step,
+    gdn_gating,
+    normalize_qk,
+)
 from vllm_hpu.ops.mamba import (
     causal_conv1d_decode,
     causal_conv1d_prompt,
@@ -30,10 +42,7 @@ class HpuMambaMixer2(MambaMixer2):
     ) -> None:
         """Conv and scan of one pass; fills ``output [num_tokens, H * P]`` and
         updates each row's conv and SSM state in its slot."""
-        layer_metadata = get_forward_context().attn_metadata
-        assert isinstance(layer_metadata, dict), "the runner maps layers"
-        metadata = layer_metadata[self.prefix]
-        assert isinstance(metadata, HpuStateMetadata), type(metadata)
+        metadata = _state_metadata(self.prefix)
         xbc, dt = torch.split(
             projected_states[..., self.tped_intermediate_size :],
             [self.tped_conv_size, self.tped_dt_size],
@@ -114,8 +123,95 @@ class HpuMambaMixer2(MambaMixer2):
         return min(self.model_config.get_mamba_chunk_size(), query_len)
 
 
+class HpuQwenGatedDeltaNet(QwenGatedDeltaNetAttention):
+    def _forward_core(
+        self,
+        mixed_qkv: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        core_attn_out: torch.Tensor,
+    ) -> None:
+        """Conv and gated delta rule of one pass on ``mixed_qkv [num_tokens,
+        q | k | v]`` and the gates ``b``/``a [num_tokens, v_heads]``; fills
+        ``core_attn_out [num_tokens, v_heads, dv]`` and updates each row's
+        conv and recurrent state in its slot."""
+        metadata = _state_metadata(self.prefix)
+        num_rows = metadata.state_slots.shape[0]
+        # Prompt rows [B, Q]; decode rows [B].
+        rows: tuple[int, ...] = (num_rows, mixed_qkv.shape[0] // num_rows)
+        if not metadata.is_prompt:
+            rows = rows[:1]
+        conv_state, state = self.kv_cache[0], self.kv_cache[1]
+        mixed_qkv = self._conv(mixed_qkv.view(*rows, -1), conv_state, metadata)
+        query, key, value = torch.split(
+            mixed_qkv,
+            [self.key_dim // self.tp_size] * 2 + [self.value_dim // self.tp_size],
+            dim=-1,
+        )
+        num_v_heads = self.num_v_heads // self.tp_size
+        q, k = normalize_qk(
+            query.unflatten(-1, (-1, self.head_k_dim)),
+            key.unflatten(-1, (-1, self.head_k_dim)),
+            num_v_heads,
+        )
+        v = value.unflatten(-1, (-1, self.head_v_dim))
+        g, beta = gdn_gating(
+            a.view(*rows, -1), b.view(*rows, -1), self.A_log, self.dt_bias
+        )
+        slots, initial = metadata.state_slots, metadata.has_initial_state
+        if metadata.is_prompt:
+            out = chunk_gated_delta_rule(
+                q, k, v, g, beta, state, slots, initial, metadata.query_lens
+            )
+        else:
+            out = gated_delta_step(q, k, v, g, beta, state, slots, initial)
+        core_attn_out.copy_(out.reshape(core_attn_out.shape))
+
+    def _conv(
+        self,
+        mixed_qkv: torch.Tensor,
+        conv_state: torch.Tensor,
+        metadata: HpuStateMetadata,
+    ) -> torch.Tensor:
+        """The causal conv over ``[B, Q, C]`` prompt rows or ``[B, C]`` decode
+        rows (vLLM keeps the conv weight ``[C, 1, K]``)."""
+        weight = cast(torch.Tensor, self.conv1d.weight).flatten(1)
+        if metadata.is_prompt:
+            return causal_conv1d_prompt(
+                mixed_qkv,
+                conv_state,
+                weight,
+                self.conv1d.bias,
+                metadata.state_slots,
+                metadata.has_initial_state,
+                metadata.query_lens,
+                self.activation,
+            )
+        return causal_conv1d_decode(
+            mixed_qkv,
+            conv_state,
+            weight,
+            self.conv1d.bias,
+            metadata.state_slots,
+            metadata.has_initial_state,
+            self.activation,
+        )
+
+
+def _state_metadata(layer_name: str) -> HpuStateMetadata:
+    layer_metadata = get_forward_context().attn_metadata
+    assert isinstance(layer_metadata, dict), "the runner maps each layer"
+    metadata = layer_metadata[layer_name]
+    assert isinstance(metadata, HpuStateMetadata), type(metadata)
+    return metadata
+
+
 def register_state_layers() -> None:
     """vLLM then builds these classes in place of its own (PluggableLayer);
     register_oot asserts on duplicates, and plugins load more than once."""
-    if MambaMixer2.__name__ not in op_registry_oot:
-        MambaMixer2.register_oot(HpuMambaMixer2)
+    for base, layer in (
+        (MambaMixer2, HpuMambaMixer2),
+        (QwenGatedDeltaNetAttention, HpuQwenGatedDeltaNet),
+    ):
+        if base.__name__ not in op_registry_oot:
+            base.register_oot(layer)
