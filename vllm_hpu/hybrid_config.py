@@ -17,17 +17,25 @@ from vllm_hpu.kv_transfer.config import has_kv_connector
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.platforms.interface import Platform
 
 logger = init_logger("vllm.hpu.hybrid_config")
 
 
-def configure_hybrid(vllm_config: "VllmConfig") -> None:
-    """Refuse what hybrids cannot use yet; keep one state per request."""
+def configure_hybrid(vllm_config: "VllmConfig", platform: "type[Platform]") -> None:
+    """Refuse what hybrids cannot use yet; keep one state per request; size
+    the attention block to hold a state page now, with vLLM's own alignment
+    (``Platform._align_hybrid_block_size``): vLLM runs it again after loading
+    the model, with the same result, but the runner is built before that and
+    keeps the block size it starts with."""
     model_config = vllm_config.model_config
     if model_config is None or not model_config.is_hybrid:
         return
     _reject_unsupported_features(vllm_config)
     _keep_one_state_per_request(vllm_config)
+    from vllm_hpu.attention.backend import HpuAttentionBackend
+
+    platform._align_hybrid_block_size(vllm_config, HpuAttentionBackend)
 
 
 def _unsupported_features(vllm_config: "VllmConfig") -> dict[str, bool]:

@@ -268,8 +268,7 @@ class HpuPlatform(Platform):
         _use_hpu_ray_executor(vllm_config)  # 8.
         _reject_split_pooled_prompts(vllm_config)  # 9.
         _reject_unsupported_model(vllm_config)  # 10.
-        configure_hybrid(vllm_config)  # 10b. one state per request
-        _align_hybrid_block_size(cls, vllm_config)  # 10c. before the runner
+        configure_hybrid(vllm_config, cls)  # 10b. one state per request
         apply_fp8_options(vllm_config)  # 11.
 
 
@@ -473,20 +472,6 @@ def _reject_unsupported_model(vllm_config: "VllmConfig") -> None:
     if model_config is not None:
         model_support.limit_unvalidated_modalities(model_config)
         model_support.keep_bidirectional_items_whole(vllm_config)
-
-
-def _align_hybrid_block_size(
-    platform: type[Platform], vllm_config: "VllmConfig"
-) -> None:
-    """vLLM's own alignment for hybrids (an attention block holds a state page,
-    padded to it), now: vLLM runs it again after loading the model, with the
-    same result, but the runner is built before and keeps its block size."""
-    model_config = vllm_config.model_config
-    if model_config is None or not model_config.is_hybrid:
-        return
-    from vllm_hpu.attention.backend import HpuAttentionBackend
-
-    platform._align_hybrid_block_size(vllm_config, HpuAttentionBackend)
 
 
 def _reject_split_pooled_prompts(vllm_config: "VllmConfig") -> None:
