@@ -49,8 +49,6 @@ REFUSED = {
     "PaliGemmaForConditionalGeneration": "image, audio or video inputs",
     "Phi3VForCausalLM": "image, audio or video inputs",
     "Qwen2AudioForConditionalGeneration": "image, audio or video inputs",
-    # Llama 4 Scout / Maverick as they ship: the vision encoder is not run.
-    "Llama4ForConditionalGeneration": "image, audio or video inputs",
     "WhisperForConditionalGeneration": "speech-to-text",
 }
 ALLOWED = (
@@ -68,6 +66,7 @@ ALLOWED = (
     "Qwen3VLForConditionalGeneration",  # deepstack, interleaved M-RoPE
     "Gemma3ForConditionalGeneration",  # image tokens attend both ways
     "Mistral3ForConditionalGeneration",  # Pixtral tower
+    "Llama4ForConditionalGeneration",  # tiled tower, buckets of tiles
 )
 
 
