@@ -79,9 +79,9 @@ class MultimodalInputs:
         }
         # Per modality whose items are tiles (Llama 4).
         self.tile_buckets = {
-            modality: buckets
+            modality: tiles
             for modality in self.budget.mm_max_items_per_batch
-            if (buckets := self._tile_buckets(modality)) is not None
+            if (tiles := self._tile_buckets(modality)) is not None
         }
         self.encoder_cache: dict[str, torch.Tensor] = {}
 
