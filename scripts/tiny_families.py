@@ -100,7 +100,17 @@ def build_llama4(
 ) -> None:
     """Layer 0: rotary, chunked, dense MLP; layer 1: NoPE (global, temperature
     tuned), four experts of which one per token, and the shared expert."""
-    config = Llama4TextConfig(
+    model = Llama4ForCausalLM(llama4_text_config(shape))
+    init(model)
+    # vLLM reads the switch from the generation config (off below 32k tokens).
+    generation_config.attn_temperature_tuning = True
+    model.generation_config = generation_config
+    model.save_pretrained(out_dir)
+
+
+def llama4_text_config(shape: dict[str, Any]) -> Llama4TextConfig:
+    """tiny-llama4's decoder (also the tiny Llama 4 with images')."""
+    return Llama4TextConfig(
         **_text_shape(shape),
         intermediate_size_mlp=shape["intermediate_size"],
         num_local_experts=4,
@@ -114,12 +124,6 @@ def build_llama4(
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         dtype="float32",
     )
-    model = Llama4ForCausalLM(config)
-    init(model)
-    # vLLM reads the switch from the generation config (off below 32k tokens).
-    generation_config.attn_temperature_tuning = True
-    model.generation_config = generation_config
-    model.save_pretrained(out_dir)
 
 
 def build_granite4_h(

@@ -54,6 +54,7 @@ MULTIMODAL_MODELS = (
     "tiny-qwen3-vl",
     "tiny-mistral3",
     "tiny-gemma3",
+    "tiny-llama4-vision",
 )
 # Built by the set-up too: a target's first layer, its speculative draft.
 DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}

@@ -70,6 +70,9 @@ FED_MULTIMODAL_ARCHS = frozenset(
         "Gemma3ForConditionalGeneration",
         # Pixtral tower: images at their own size, row breaks between tokens.
         "Mistral3ForConditionalGeneration",
+        # Tiled tower with a 2-D rotary embedding and pixel shuffle: passes
+        # bucketed by tiles (worker/capabilities/tile_buckets.py).
+        "Llama4ForConditionalGeneration",
     }
 )
 # Inputs a fed class takes that have not been validated: none per prompt.

@@ -52,8 +52,6 @@ REFUSED = {
     "PaliGemmaForConditionalGeneration": "image, audio or video inputs",
     "Phi3VForCausalLM": "image, audio or video inputs",
     "Qwen2AudioForConditionalGeneration": "image, audio or video inputs",
-    # Llama 4 Scout / Maverick as they ship: the vision encoder is not run.
-    "Llama4ForConditionalGeneration": "image, audio or video inputs",
     "WhisperForConditionalGeneration": "speech-to-text",
 }
 ALLOWED = (
@@ -73,6 +71,7 @@ ALLOWED = (
     "Mistral3ForConditionalGeneration",  # Pixtral tower
     "GraniteMoeHybridForCausalLM",  # Mamba2 layers: a state cache
     "Qwen3NextForCausalLM",  # gated delta-net layers: a state cache
+    "Llama4ForConditionalGeneration",  # tiled tower, buckets of tiles
 )
 
 
