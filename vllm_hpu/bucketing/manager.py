@@ -118,7 +118,7 @@ def verification_buckets(
     and the rungs of one and two blocks per query group below its lowest:
     each block is read by Q queries, so padding blocks cost Q times what they
     cost in decode, and short sequences verify often."""
-    buckets = set()
+    buckets: set[Bucket] = set()
     for size, counts in verification_batch_rungs(decode, max_groups).items():
         buckets.update(Bucket(size, num_queries, count) for count in counts)
         for per_group in (1, 2):
