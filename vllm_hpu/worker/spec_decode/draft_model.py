@@ -162,10 +162,17 @@ class HpuDraftModelProposer:
         the target's hidden states."""
         if forward_pass.is_prompt or not self._wrote_all(forward_pass.seqs):
             self._forward(forward_pass)
-            req_ids = self.runner.input_batch.req_ids
-            for seq in forward_pass.seqs:  # nothing left to catch up
-                self._written.pop(req_ids[seq.row], None)
+            self._caught_up(forward_pass.seqs)
         return hidden
+
+    def _caught_up(self, seqs: list[ScheduledSeq]) -> None:
+        """The draft's KV holds every token of ``seqs``' rows (a profile
+        run's rows, in no batch, were never proposed for)."""
+        if not self._written:
+            return
+        req_ids = self.runner.input_batch.req_ids
+        for seq in seqs:
+            self._written.pop(req_ids[seq.row], None)
 
     def _wrote_all(self, seqs: list[ScheduledSeq]) -> bool:
         req_ids = self.runner.input_batch.req_ids
