@@ -9,9 +9,14 @@ import json
 import pytest
 import torch
 from models import model_path as model_dir
-from torch._dynamo.utils import counters
 
-from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
+from e2e.harness import (
+    compiled_graphs,
+    hf_greedy,
+    random_prompts,
+    vllm_engine,
+    vllm_greedy,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -31,15 +36,11 @@ ENGINE = dict(
 )
 
 
-def compilations() -> int:
-    return int(counters["stats"]["unique_graphs"])
-
-
 def serve(llm, prompts):
     """Greedy tokens and the number of graphs torch compiled meanwhile."""
-    before = compilations()
+    before = compiled_graphs()
     tokens = vllm_greedy(llm, prompts, MAX_TOKENS)
-    return tokens, compilations() - before
+    return tokens, compiled_graphs() - before
 
 
 def greedy(name: str, prompts: list[list[int]]) -> list[list[int]]:
@@ -68,9 +69,9 @@ def test_warmup_leaves_nothing_to_compile_and_equals_transformers(
     expected_batches = [greedy(name, batch) for batch in workload()]
     beyond = random_prompts([110, 110], 1024, 5)
     beyond_expected = greedy(name, beyond)
-    before_warmup = compilations()
+    before_warmup = compiled_graphs()
     with vllm_engine(model_dir(name), enforce_eager=False, **ENGINE) as llm:
-        assert compilations() > before_warmup
+        assert compiled_graphs() > before_warmup
         for batch, expected in zip(workload(), expected_batches, strict=True):
             tokens, compiled = serve(llm, batch)
             assert compiled == 0
@@ -124,9 +125,9 @@ def test_compact_default_buckets_leave_nothing_to_compile(hpu_env, vllm_log):
     """The default (compact) buckets, no range variables: warmup covers the
     workload's passes, prompt chunks with cached context included."""
     hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
-    before_warmup = compilations()
+    before_warmup = compiled_graphs()
     with vllm_engine(model_dir("tiny-llama"), enforce_eager=False, **ENGINE) as llm:
-        assert compilations() > before_warmup
+        assert compiled_graphs() > before_warmup
         for batch in workload():
             _, compiled = serve(llm, batch)
             assert compiled == 0
