@@ -1,27 +1,40 @@
 """Tokens per second with and without speculative decoding (n-gram, a draft
-model), the acceptance rate from vLLM's spec-decode metrics, and whether the
-greedy outputs equal those without speculation (SmolLM2 by default, drafting
-for itself unless --draft-model names a smaller model sharing its tokenizer).
+model), the acceptance rate from vLLM's spec-decode metrics, the padding of
+the passes, and whether the greedy outputs equal those without speculation.
+
+SmolLM2-135M-Instruct by default; the draft model is its first layers
+(``scripts/smollm2_draft.py``, built by ``make models``). Each configuration
+runs in an engine of its own, in a child process; once all have started and
+generated the batch once, the parent has them generate it in turn, round
+after round (A/B interleaved), so a shared machine's changing load hits
+every configuration alike: the ratios to no speculation are per round, and
+their median is the figure. The load average is printed with each round.
 
 Run: VLLM_HPU_EMULATION=1 PYTHONPATH=$PWD python -m benchmarks.spec_decode
 """
 
 import argparse
 import dataclasses
-import gc
 import json
+import multiprocessing
 import os
+import statistics
 import time
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 DEFAULT_MODEL = ".cache/models/smollm2-135m-instruct"
-# Repetitive text, where prompt lookup has something to find.
+DEFAULT_DRAFT = ".cache/models/smollm2-135m-instruct-draft"
+# Repetitive text, where prompt lookup has something to find: counting, a
+# repeated sentence, a list, code that repeats its own pattern. (A list of
+# fruit, in earlier versions, was continued in prose: SmolLM2 stops repeating.)
 PROMPTS = [
     "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
     "The cat sat on the mat. The cat sat on the mat. The cat",
-    "apple banana cherry apple banana cherry apple banana",
+    "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday,",
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef",
 ]
 
@@ -37,17 +50,39 @@ def parse_args() -> argparse.Namespace:
         default="ngram,draft_model",
         help="comma-separated proposers to compare with no speculation",
     )
+    parser.add_argument("--draft-model", default=DEFAULT_DRAFT)
     parser.add_argument(
-        "--draft-model", help="the draft_model proposer's model (default: --model)"
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        help="generate the batch this many times per engine; tokens/s of the "
-        "fastest (a shared machine's load only slows runs down)",
+        "--rounds", type=int, default=5, help="timed generations per engine"
     )
     return parser.parse_args()
+
+
+def speculative_configs(args: argparse.Namespace) -> dict[str, dict | None]:
+    """Each configuration the run compares, no speculation first."""
+    k = args.num_speculative_tokens
+    known: dict[str, dict] = {
+        "ngram": {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        },
+        "draft_model": {
+            "method": "draft_model",
+            "model": args.draft_model,
+            "num_speculative_tokens": k,
+        },
+    }
+    methods = args.methods.split(",")
+    unknown = sorted(set(methods) - set(known))
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}; choose from {sorted(known)}")
+    if "draft_model" in methods and not Path(args.draft_model).is_dir():
+        raise SystemExit(
+            f"--draft-model {args.draft_model} does not exist: build it with "
+            "`python scripts/smollm2_draft.py .cache/models` (or `make models`)"
+        )
+    return {"none": None, **{method: known[method] for method in methods}}
 
 
 def padding_ratios(worker: Any) -> dict[str, float]:
@@ -57,75 +92,117 @@ def padding_ratios(worker: Any) -> dict[str, float]:
     return {name: round(counter.ratio, 3) for name, counter in counters.items()}
 
 
-def run(
-    args: argparse.Namespace, speculative_config: dict | None
-) -> tuple[dict, list[list[int]]]:
-    """One engine: output tokens per second of the greedy batch, and the
-    spec-decode counters (absent without speculative decoding); its tokens."""
-    from vllm import LLM, SamplingParams
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+def spec_counters(llm: Any) -> tuple[float, float]:
+    """(draft tokens, accepted tokens) since the engine started."""
+    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+    drafted = metrics.get("vllm:spec_decode_num_draft_tokens") or 0
+    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens") or 0
+    return drafted, accepted
 
+
+def serve(
+    conn: Connection, args: argparse.Namespace, speculative_config: dict | None
+) -> None:
+    """A child's engine: generate the batch once (first-run costs), then once
+    per "run" from the parent, answering seconds and tokens; on "stop",
+    the spec-decode counters and padding of every generation."""
+    from vllm import LLM, SamplingParams
+
+    from vllm_hpu.patches import allow_torchvision_import
+
+    allow_torchvision_import()
     llm = LLM(
         model=args.model,
         dtype=args.dtype,
         max_model_len=512,
         seed=0,
-        # Sized explicitly: a second engine in this process cannot profile memory.
-        kv_cache_memory_bytes=256 << 20,
+        kv_cache_memory_bytes=128 << 20,
         disable_log_stats=False,
         speculative_config=speculative_config,
     )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    seconds = float("inf")
-    for _ in range(args.repeats):
+    llm.generate(PROMPTS, params, use_tqdm=False)
+    conn.send("ready")
+    while conn.recv() == "run":
         started = time.perf_counter()
         outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-        seconds = min(seconds, time.perf_counter() - started)
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    num_tokens = sum(len(t) for t in tokens)
-    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
-    padding = llm.collective_rpc(padding_ratios)[0]
-    drafted = metrics.get("vllm:spec_decode_num_draft_tokens") or 0
-    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens") or 0
+        seconds = time.perf_counter() - started
+        conn.send((seconds, [list(o.outputs[0].token_ids) for o in outputs]))
+    drafted, accepted = spec_counters(llm)
+    conn.send(
+        {
+            "draft_tokens": drafted,
+            "accepted_tokens": accepted,
+            "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+            "padding": llm.collective_rpc(padding_ratios)[0],
+        }
+    )
     llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
-    cleanup_dist_env_and_memory()
-    config = speculative_config or {}
-    result = {
-        "method": config.get("method", "none"),
-        "draft": config.get("model"),
-        "tokens_per_s": round(num_tokens / seconds, 2),
-        "draft_tokens": drafted,
-        "accepted_tokens": accepted,
-        "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
-        "padding": padding,
-    }
-    return result, tokens
+
+
+def start_engines(
+    args: argparse.Namespace, configs: dict[str, dict | None]
+) -> dict[str, tuple[Any, Connection]]:
+    """One child per configuration, started together; returns once all are
+    ready."""
+    context = multiprocessing.get_context("spawn")
+    children = {}
+    for name, config in configs.items():
+        parent_end, child_end = context.Pipe()
+        process = context.Process(target=serve, args=(child_end, args, config))
+        process.start()
+        children[name] = (process, parent_end)
+    for name, (_, conn) in children.items():
+        if conn.recv() != "ready":
+            raise RuntimeError(f"the {name} engine did not start")
+    return children
+
+
+def timed_rounds(
+    children: dict[str, tuple[Any, Connection]], args: argparse.Namespace
+) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
+    """Tokens/s of each configuration per round, in turn; the last tokens."""
+    rates: dict[str, list[float]] = {name: [] for name in children}
+    tokens: dict[str, list[list[int]]] = {}
+    for index in range(args.rounds):
+        for name, (_, conn) in children.items():
+            conn.send("run")
+            seconds, tokens[name] = conn.recv()
+            rates[name].append(sum(len(t) for t in tokens[name]) / seconds)
+        ratios = {
+            name: round(values[-1] / rates["none"][-1], 3)
+            for name, values in rates.items()
+            if name != "none"
+        }
+        load = [round(value, 2) for value in os.getloadavg()]
+        print(json.dumps({"round": index, "load_average": load, "ratios": ratios}))
+    return rates, tokens
 
 
 def main() -> None:
-    from vllm_hpu.patches import allow_torchvision_import
-
-    allow_torchvision_import()
     args = parse_args()
-    ngram = {
-        "method": "ngram",
-        "num_speculative_tokens": args.num_speculative_tokens,
-        "prompt_lookup_min": 1,
-        "prompt_lookup_max": 3,
-    }
-    draft_model = {
-        "method": "draft_model",
-        "model": args.draft_model or args.model,
-        "num_speculative_tokens": args.num_speculative_tokens,
-    }
-    result, reference = run(args, None)
-    print(json.dumps(result))
-    configs = {"ngram": ngram, "draft_model": draft_model}
-    for method in args.methods.split(","):
-        result, tokens = run(args, configs[method])
-        print(json.dumps({**result, "same_tokens_as_none": tokens == reference}))
+    configs = speculative_configs(args)
+    children = start_engines(args, configs)
+    try:
+        rates, tokens = timed_rounds(children, args)
+    finally:
+        for _, conn in children.values():
+            conn.send("stop")
+    counters = {name: conn.recv() for name, (_, conn) in children.items()}
+    for process, _ in children.values():
+        process.join()
+    for name, config in configs.items():
+        summary = {
+            "method": name,
+            "draft": (config or {}).get("model"),
+            "tokens_per_s_median": round(statistics.median(rates[name]), 2),
+            **counters[name],
+        }
+        if name != "none":
+            ratios = [a / b for a, b in zip(rates[name], rates["none"], strict=True)]
+            summary["ratio_to_none_median"] = round(statistics.median(ratios), 3)
+            summary["same_tokens_as_none"] = tokens[name] == tokens["none"]
+        print(json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":

@@ -121,10 +121,43 @@ def test_speculation_compiles_nothing_after_warmup(hpu_env, speculative_config: 
         speculative_config=speculative_config,
     ) as llm:
         warmed = int(counters["stats"]["unique_graphs"])
+        drafting_for_itself = speculative_config.get("model") == model_dir("tiny-llama")
+        if drafting_for_itself:
+            llm.collective_rpc(_count_draft_passes)
         assert vllm_greedy(llm, prompts, 24) == expected
         assert int(counters["stats"]["unique_graphs"]) == warmed
         drafted = counter(llm, "vllm:spec_decode_num_draft_tokens")
         assert drafted > 0
-        if speculative_config.get("model") == model_dir("tiny-llama"):
+        if drafting_for_itself:
             accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
             assert accepted >= 0.9 * drafted
+            # k passes per proposal, no more: a row whose drafts were all
+            # accepted writes its last draft's KV in its first pass (two
+            # queries), with no decode of its own.
+            ((proposals, passes, catch_ups),) = llm.collective_rpc(_draft_passes)
+            assert proposals > 0 and passes == 3 * proposals
+            assert catch_ups > 0
+
+
+def _count_draft_passes(worker) -> None:
+    """From now on, count the draft model's proposals (with drafts), its
+    passes, and the passes where a row reads two tokens."""
+    proposer = worker.model_runner.caps.spec.proposer
+    counts = proposer.counted = [0, 0, 0]
+    propose, decode = proposer.propose, proposer._decode
+
+    def counted_propose(*args):
+        drafts = propose(*args)
+        counts[0] += any(drafts)
+        return drafts
+
+    def counted_decode(seqs, *args):
+        counts[1] += 1
+        counts[2] += any(seq.layout.num_scheduled_tokens > 1 for seq in seqs)
+        return decode(seqs, *args)
+
+    proposer.propose, proposer._decode = counted_propose, counted_decode
+
+
+def _draft_passes(worker) -> list[int]:
+    return worker.model_runner.caps.spec.proposer.counted

@@ -47,7 +47,7 @@ def test_verification_ladder_has_rungs_of_one_and_two_blocks_per_group():
     """Below each batch size's lowest decode bucket: a group of Q queries
     reads each padding block Q times, so short sequences get tight rungs."""
     decode = [Bucket(1, 1, 4), Bucket(4, 1, 10), Bucket(4, 1, 16), Bucket(8, 1, 12)]
-    assert verification_buckets(decode, QUERIES) == [
+    assert verification_buckets(decode, QUERIES, max_groups=1) == [
         Bucket(1, QUERIES, 1),
         Bucket(1, QUERIES, 2),
         Bucket(1, QUERIES, 4),
@@ -62,6 +62,35 @@ def test_verification_ladder_has_rungs_of_one_and_two_blocks_per_group():
     manager.use_buckets([], decode)
     assert manager.find_decode_bucket(4, 5, QUERIES) == Bucket(4, QUERIES, 8)
     assert manager.find_decode_bucket(4, 5) == Bucket(4, 1, 10)
+
+
+def test_verification_ladder_has_batch_rungs_between_decode_sizes():
+    """Halfway between two decode batch sizes (up to max_num_seqs), with the
+    upper size's block counts scaled down: five query groups pad to six, not
+    eight, while plain decodes keep the decode ladder."""
+    decode = [Bucket(1, 1, 4), Bucket(4, 1, 10), Bucket(4, 1, 16), Bucket(8, 1, 12)]
+    rungs = verification_buckets(decode, QUERIES, max_groups=8)
+    middle = sorted({b for b in rungs if b.batch_size not in (1, 4, 8)})
+    # 2: 10 and 16 blocks halved, with rungs of 1 and 2 blocks per group
+    # below; 6: 12 blocks times 6/8, and 6 blocks (one per group) below.
+    assert middle == [
+        Bucket(2, QUERIES, 2),
+        Bucket(2, QUERIES, 4),
+        Bucket(2, QUERIES, 5),
+        Bucket(2, QUERIES, 8),
+        Bucket(6, QUERIES, 6),
+        Bucket(6, QUERIES, 9),
+    ]
+    assert not {b.batch_size for b in verification_buckets(decode, QUERIES, 5)} & {6}
+    manager = verify_manager()  # 8 sequences at most
+    manager.use_buckets([], decode)
+    assert manager.find_decode_bucket(3, 5, QUERIES) == Bucket(4, QUERIES, 8)
+    assert manager.find_decode_bucket(5, 9, QUERIES) == Bucket(6, QUERIES, 9)
+    assert manager.find_decode_bucket(2, 5, QUERIES) == Bucket(2, QUERIES, 5)
+    # More blocks than the rung holds: the next batch size's buckets.
+    assert manager.find_decode_bucket(5, 10, QUERIES) == Bucket(8, QUERIES, 12)
+    assert manager.find_decode_bucket(2, 5) == Bucket(4, 1, 10)
+    assert manager.misses["decode"] == 0
 
 
 def test_rows_with_drafts_plan_as_decode_rows():

@@ -1,5 +1,6 @@
 """Warmup's synthetic requests land exactly on their buckets; execution modes."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -102,6 +103,26 @@ def test_warmup_decode_requests_land_on_their_bucket(limits, environ):
         assert all(s.num_tokens - s.num_computed == 1 for s in seqs)
         num_blocks = sum(cdiv(s.num_tokens, limits.block_size) for s in seqs)
         assert manager.find_decode_bucket(len(seqs), num_blocks) == bucket
+
+
+@pytest.mark.parametrize("limits", LIMITS)
+def test_warmup_verification_requests_land_on_their_bucket(limits):
+    """k = 3: each request verifies 3 drafts, one query group of 4 each;
+    the batch-size rungs between decode sizes (3, 6) included."""
+    config = BucketingConfig.from_limits(limits, read_envs({}))
+    manager = HpuBucketManager(dataclasses.replace(config, verify_queries=4))
+    manager.set_num_kv_blocks(64)
+    warmup = HpuWarmup(fake_runner(limits, manager), graph_mem=0)  # type: ignore[arg-type]
+    verify = [b for b in manager.decode_buckets if b.query_len == 4]
+    assert verify
+    for bucket in verify:
+        seqs = warmup.decode_seqs(bucket)
+        assert all(s.num_tokens - s.num_computed == 1 for s in seqs)
+        assert all(s.num_drafts == 3 for s in seqs)
+        ends = [s.num_tokens + s.num_drafts for s in seqs]
+        assert max(ends) <= limits.max_model_len
+        num_blocks = sum(cdiv(end, limits.block_size) for end in ends)
+        assert manager.find_decode_bucket(len(seqs), num_blocks, 4) == bucket
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ every bucket still gets one, rounded up past the range, with a one-time warning.
 """
 
 import bisect
+import itertools
 
 from vllm.logger import init_logger
 
@@ -88,19 +89,40 @@ def padded_value(needed: int, values: list[int], bucket_range: BucketRange) -> i
     return max(round_beyond(needed, bucket_range), values[-1])
 
 
-def verification_buckets(decode: list[Bucket], num_queries: int) -> list[Bucket]:
-    """A twin (bs, Q, blocks) of each decode bucket, and per batch size the
-    rungs of one and two blocks per query group below the decode ladder's
-    lowest: each block is read by Q queries, so padding blocks cost Q times
-    what they cost in decode, and short sequences verify often."""
-    buckets = {Bucket(b.batch_size, num_queries, b.num_blocks) for b in decode}
-    lowest: dict[int, int] = {}
+def verification_batch_rungs(
+    decode: list[Bucket], max_groups: int
+) -> dict[int, list[int]]:
+    """Each decode batch size's block counts, and a rung halfway between two
+    batch sizes more than one apart (up to ``max_groups``, and to the blocks
+    the size above holds) with the size above's block counts scaled to it.
+    A verification pass's query groups come in any number (rows without
+    drafts share them), so on a doubling ladder three groups would pad to
+    four, a quarter of the pass's tokens (each padding group is Q tokens)."""
+    blocks: dict[int, set[int]] = {}
     for bucket in decode:
-        size = bucket.batch_size
-        lowest[size] = min(lowest.get(size, bucket.num_blocks), bucket.num_blocks)
-    for size, blocks in lowest.items():
+        blocks.setdefault(bucket.batch_size, set()).add(bucket.num_blocks)
+    sizes = sorted(blocks)
+    for low, high in itertools.pairwise(sizes):
+        middle = (low + high) // 2
+        if low < middle <= min(max_groups, max(blocks[high])):
+            blocks[middle] = {
+                max(middle, -(-count * middle // high)) for count in blocks[high]
+            }
+    return {size: sorted(counts) for size, counts in blocks.items()}
+
+
+def verification_buckets(
+    decode: list[Bucket], num_queries: int, max_groups: int
+) -> list[Bucket]:
+    """Per batch size rung (``verification_batch_rungs``) its block counts
+    and the rungs of one and two blocks per query group below its lowest:
+    each block is read by Q queries, so padding blocks cost Q times what they
+    cost in decode, and short sequences verify often."""
+    buckets: set[Bucket] = set()
+    for size, counts in verification_batch_rungs(decode, max_groups).items():
+        buckets.update(Bucket(size, num_queries, count) for count in counts)
         for per_group in (1, 2):
-            if size * per_group < blocks:
+            if size * per_group < counts[0]:
                 buckets.add(Bucket(size, num_queries, size * per_group))
     return sorted(buckets)
 
@@ -172,7 +194,9 @@ class HpuBucketManager:
         self._decode = BucketIndex(buckets)
         queries = self.config.verify_queries
         self._verify = BucketIndex(
-            verification_buckets(buckets, queries) if queries > 1 else []
+            verification_buckets(buckets, queries, self.config.max_num_seqs)
+            if queries > 1
+            else []
         )
         if from_ranges is None:
             from_ranges = self.config.decode_strategy in RANGE_STRATEGIES

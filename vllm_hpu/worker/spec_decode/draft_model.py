@@ -13,8 +13,7 @@ CUDA-graph buffers with triton kernels; here the plugin's own passes do it:
 
 1. After sampling, each row that sampled drafts ``k`` tokens in ``k`` decode
    passes: its last sampled token at its position, then each draft after it,
-   greedily; one more decode writes the last draft's KV (where its slot is
-   allocated). A deterministic draft is verified as the n-gram's are
+   greedily. A deterministic draft is verified as the n-gram's are
    (``q = 1`` at the draft token), which keeps the target's distribution.
    vLLM's scheduler reserves ``k`` lookahead slots for these writes
    (``VllmConfig.num_lookahead_tokens``).
@@ -22,9 +21,12 @@ CUDA-graph buffers with triton kernels; here the plugin's own passes do it:
    draft has not written yet runs through the draft too, with the same bucket
    and attention metadata (``after_target_pass``), so the draft's KV holds
    every token the target computed. A verification pass of the drafts just
-   proposed holds only tokens the decodes of 1. wrote, at the same positions:
-   it needs no second pass. The KV of rejected drafts is overwritten later,
-   as the target's is.
+   proposed holds only tokens the decodes of 1. wrote, at the same positions,
+   but the last draft (no decode read it): it needs no second pass. Where
+   the target accepted every draft, the row's first decode of the next
+   proposal reads that last draft too (two queries, in a verification
+   bucket), instead of one more decode over every row. The KV of rejected
+   drafts is overwritten later, as the target's is.
 
 Decode and prompt passes come from the plugin's builders and buckets, so
 warmup (which mirrors every bucket through the draft) compiles the draft's
@@ -48,7 +50,7 @@ from vllm.model_executor.model_loader import get_model
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import SeqLayout
 from vllm_hpu.ops.fused_moe import check_moe_layers
-from vllm_hpu.worker.passes.build import build_decode_pass
+from vllm_hpu.worker.passes.build import build_decode_pass, build_verify_pass
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.passes.seqs import ScheduledSeq
 from vllm_hpu.worker.spec_decode.interface import TargetRunner
@@ -155,16 +157,28 @@ class HpuDraftModelProposer:
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
         """Write the pass's tokens into the draft's KV cache, unless the
-        draft's decodes wrote them all; returns the target's hidden states."""
+        draft's decodes wrote them all (but perhaps the last draft of a row,
+        which the next proposal writes if the target accepted it); returns
+        the target's hidden states."""
         if forward_pass.is_prompt or not self._wrote_all(forward_pass.seqs):
             self._forward(forward_pass)
+            self._caught_up(forward_pass.seqs)
         return hidden
+
+    def _caught_up(self, seqs: list[ScheduledSeq]) -> None:
+        """The draft's KV holds every token of ``seqs``' rows (a profile
+        run's rows, in no batch, were never proposed for)."""
+        if not self._written:
+            return
+        req_ids = self.runner.input_batch.req_ids
+        for seq in seqs:
+            self._written.pop(req_ids[seq.row], None)
 
     def _wrote_all(self, seqs: list[ScheduledSeq]) -> bool:
         req_ids = self.runner.input_batch.req_ids
         for seq in seqs:
-            start, end = self._written.get(req_ids[seq.row], (0, 0))
-            if not start <= seq.start < seq.end <= end:
+            start, end = self._written.get(req_ids[seq.row], (0, -1))
+            if not start <= seq.start < seq.end <= end + 1:
                 return False
         return True
 
@@ -172,13 +186,26 @@ class HpuDraftModelProposer:
         """What the first decode of each row reads besides its token."""
         return None
 
+    def _pass_starts(self, rows: list[int], first: np.ndarray) -> np.ndarray:
+        """Where each row's first pass starts: at ``first``, or where the
+        last proposal's decodes stopped writing, when the target accepted
+        every draft (the last one's KV is not written yet: a row catches up
+        in its first pass instead of the draft running one more decode over
+        every row's last draft)."""
+        req_ids = self.runner.input_batch.req_ids
+        ends = [self._written.get(req_ids[row], (0, -1))[1] for row in rows]
+        starts = np.minimum(first, np.where(np.array(ends) >= 0, ends, first))
+        most = self.runner.buckets.config.verify_queries
+        assert (first - starts < most).all(), "the draft's KV lags beyond a pass"
+        return starts
+
     def propose(self, num_drafts: int, sampled: list[list[int]]) -> list[list[int]]:
         """Up to ``num_drafts`` greedy drafts per row that sampled tokens."""
         batch = self.runner.input_batch
         rows = [row for row, tokens in enumerate(sampled) if tokens]
         drafts: list[list[int]] = [[] for _ in sampled]
-        self._written = {}
         if not rows or num_drafts == 0:
+            self._written = {}
             return drafts
         # Row i's decode j runs at position first[i] + j, reading its last
         # sampled token, then its drafts; each needs a slot within the model.
@@ -188,23 +215,27 @@ class HpuDraftModelProposer:
             [min(self.max_model_len, len(t) * self.runner.block_size) for t in tables]
         )
         counts = np.clip(limits - first, 0, num_drafts)
-        num_decodes = counts
-        if self.decodes_write_target_tokens:  # and one writing the last draft
-            num_decodes = counts + ((counts > 0) & (first + counts < limits))
+        starts = self._pass_starts(rows, first)
+        self._written = {}
+        if self.decodes_write_target_tokens:
             self._written = {
-                batch.req_ids[row]: (int(first[i]), int(first[i] + num_decodes[i]))
+                batch.req_ids[row]: (int(starts[i]), int(first[i] + counts[i]))
                 for i, row in enumerate(rows)
+                if counts[i] > 0
             }
         tokens = torch.tensor(
             [sampled[row][-1] for row in rows], device=self.runner.device
         )
         carry = self._first_hidden(rows, first)
         steps: list[torch.Tensor] = []
-        for step in range(int(num_decodes.max(initial=0))):
-            active = np.flatnonzero(num_decodes > step)
+        for step in range(int(counts.max(initial=0))):
+            active = np.flatnonzero(counts > step)
+            # Step 0 starts where each row catches up; later steps read one token.
+            begin = starts if step == 0 else first + step
+            lengths = first[active] + step - begin[active] + 1
             seqs = [
-                ScheduledSeq(rows[i], SeqLayout(tables[i], int(first[i]) + step, 1))
-                for i in active
+                ScheduledSeq(rows[i], SeqLayout(tables[i], int(begin[i]), int(n)))
+                for i, n in zip(active, lengths, strict=True)
             ]
             self._decode(seqs, torch.from_numpy(active), tokens, carry)
             steps.append(tokens.clone())
@@ -221,26 +252,35 @@ class HpuDraftModelProposer:
         tokens: torch.Tensor,
         carry: torch.Tensor | None,
     ) -> None:
-        """One decode pass of ``seqs``, rows ``index`` of ``tokens`` (and of
-        ``carry``, the states EAGLE reads): each reads its token and leaves
-        the next one greedily there."""
-        forward_pass = build_decode_pass(
-            seqs,
-            self.runner.buckets,
-            self.runner.input_batch.token_ids_cpu,
-            self._cache(),
-        )
+        """One pass of ``seqs``, rows ``index`` of ``tokens`` (and of
+        ``carry``, the states EAGLE reads): each reads its token (a row
+        catching up, its known tokens before it too) and leaves the next one
+        greedily there."""
+        forward_pass = self._draft_pass(seqs)
         index = index.to(tokens.device)
-        forward_pass.input_ids[: len(seqs)] = tokens[index]
+        last = torch.tensor(forward_pass.last_token_indices, device=tokens.device)
+        forward_pass.input_ids[last] = tokens[index]
         hidden_in = None
         if carry is not None:
             hidden_in = carry.new_zeros((forward_pass.num_tokens, carry.shape[1]))
-            hidden_in[: len(seqs)] = carry[index]
+            hidden_in[last] = carry[index]
         hidden, next_carry = self._forward(forward_pass, hidden_in)
-        logits = self.model.compute_logits(hidden[: len(seqs)])
+        logits = self.model.compute_logits(hidden[last])
         tokens[index] = logits.argmax(dim=-1)
         if carry is not None and next_carry is not None:
-            carry[index] = next_carry[: len(seqs)]
+            carry[index] = next_carry[last]
+
+    def _draft_pass(self, seqs: list[ScheduledSeq]) -> ForwardPass:
+        """A decode pass, or a verification-shaped one where a row catches up."""
+        token_ids = self.runner.input_batch.token_ids_cpu
+        if all(seq.layout.num_scheduled_tokens == 1 for seq in seqs):
+            return build_decode_pass(
+                seqs, self.runner.buckets, token_ids, self._cache()
+            )
+        queries = self.runner.buckets.config.verify_queries
+        return build_verify_pass(
+            seqs, self.runner.buckets, token_ids, self._cache(), queries
+        )
 
     def _block_table(self, row: int) -> list[int]:
         req_id = self.runner.input_batch.req_ids[row]
