@@ -35,8 +35,9 @@ $(VENV)/.installed: requirements-emulation.txt requirements-vllm.txt pyproject.t
 	@$(PY) scripts/check_no_cuda.py
 	touch $@
 
-$(VENV)/.test-installed: $(VENV)/.installed requirements-test.txt
+$(VENV)/.test-installed: $(VENV)/.installed requirements-test.txt requirements-test-nodeps.txt
 	$(PIP_INSTALL) -r requirements-test.txt
+	$(PIP_INSTALL) --no-deps -r requirements-test-nodeps.txt
 	@$(PY) scripts/check_no_cuda.py
 	touch $@
 

@@ -23,6 +23,7 @@ from vllm_hpu.patches import allow_torchvision_import
 allow_torchvision_import()
 from tiny_families import FAMILY_BUILDERS  # noqa: E402  (beside this script)
 from tiny_gemma3 import build_gemma3  # noqa: E402
+from tiny_llama4_vision import build_llama4_vision  # noqa: E402
 from tiny_multimodal import build_llava, build_mistral3  # noqa: E402
 from tiny_qwen2_vl import build_qwen2_vl  # noqa: E402
 from tiny_qwen_vl import build_qwen2_5_vl, build_qwen3_vl  # noqa: E402
@@ -381,7 +382,9 @@ MODEL_SPECS.update(SEQUENCE_CLASSIFIERS)
 # LLaVA-1.5 style around the tiny Llama (scripts/tiny_multimodal.py), and
 # Qwen2-VL with M-RoPE (scripts/tiny_qwen2_vl.py), Qwen2.5-VL and Qwen3-VL
 # (scripts/tiny_qwen_vl.py), Mistral 3 (scripts/tiny_multimodal.py) and Gemma 3
-# (scripts/tiny_gemma3.py); each written with its processor and chat template.
+# (scripts/tiny_gemma3.py), Llama 4 with its tiled vision tower
+# (scripts/tiny_llama4_vision.py); each written with its processor and chat
+# template.
 MULTIMODAL_MODELS = {
     "tiny-llava": ("llava", GQA_SHAPE),
     "tiny-qwen2-vl": ("qwen2_vl", GQA_SHAPE),
@@ -389,6 +392,7 @@ MULTIMODAL_MODELS = {
     "tiny-qwen3-vl": ("qwen3_vl", GQA_SHAPE),
     "tiny-mistral3": ("mistral3", GQA_SHAPE),
     "tiny-gemma3": ("gemma3", GQA_SHAPE),
+    "tiny-llama4-vision": ("llama4", GQA_SHAPE),
 }
 MULTIMODAL_BUILDERS = {
     "llava": build_llava,
@@ -397,6 +401,7 @@ MULTIMODAL_BUILDERS = {
     "qwen3_vl": build_qwen3_vl,
     "mistral3": build_mistral3,
     "gemma3": build_gemma3,
+    "llama4": build_llama4_vision,
 }
 MODEL_SPECS.update(MULTIMODAL_MODELS)
 

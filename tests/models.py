@@ -22,6 +22,10 @@ VARIANT_MODELS = (
 # Model families with their own attention and MoE pieces (issue 33): gpt-oss and
 # Llama 4 (text), scripts/tiny_families.py.
 FAMILY_MODELS = ("tiny-gpt-oss", "tiny-llama4")
+# Hybrid state-space families (issue 33, design_hybrid), same script: Granite-4.0-H
+# (Mamba2) and Qwen3-Next (gated delta-net), run by the plugin
+# (tests/e2e/test_hybrid_families.py) and by transformers.
+HYBRID_MODELS = ("tiny-granite-4.0-h", "tiny-qwen3-next")
 TINY_MODELS = (
     "tiny-llama",
     "tiny-qwen2",
@@ -38,6 +42,7 @@ TINY_MODELS = (
     "tiny-deepseek-v2-q192",
     *VARIANT_MODELS,
     *FAMILY_MODELS,
+    *HYBRID_MODELS,
 )
 # Built by the set-up too, but with a classification head: they do not generate.
 POOLING_MODELS = ("tiny-llama-classify",)
@@ -49,6 +54,7 @@ MULTIMODAL_MODELS = (
     "tiny-qwen3-vl",
     "tiny-mistral3",
     "tiny-gemma3",
+    "tiny-llama4-vision",
 )
 # Built by the set-up too: a target's first layer, its speculative draft.
 DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}

@@ -42,6 +42,15 @@ _MISSING_PIECES = (
         "which the HPU plugin does not feed: use a text-only model",
     ),
 )
+# Hybrid classes whose state layers (Mamba2, gated delta-net) have HPU versions
+# (ops/state_layers.py) and whose generations were validated end to end against
+# transformers: the state-cache refusals above do not apply to them. Granite-4.0-H
+# and Qwen3-Next are the candidates (design_hybrid); each is listed once its
+# layer runs.
+RUNNABLE_HYBRID_ARCHS = frozenset(
+    {"GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM"}
+)
+_STATE_FLAGS = ("is_hybrid", "has_inner_state")
 # Multimodal classes whose inputs the runner feeds
 # (worker/capabilities/multimodal.py): an encoder whose outputs replace
 # placeholder tokens, causal attention (or vLLM's mm prefix ranges, where image
@@ -61,6 +70,9 @@ FED_MULTIMODAL_ARCHS = frozenset(
         "Gemma3ForConditionalGeneration",
         # Pixtral tower: images at their own size, row breaks between tokens.
         "Mistral3ForConditionalGeneration",
+        # Tiled tower with a 2-D rotary embedding and pixel shuffle: passes
+        # bucketed by tiles (worker/capabilities/tile_buckets.py).
+        "Llama4ForConditionalGeneration",
     }
 )
 # Inputs a fed class takes that have not been validated: none per prompt.
@@ -77,7 +89,10 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
     ``info`` is vLLM's registry entry (``ModelRegistry.inspect_model_cls``);
     decoders, MoE, MLA and pooling models pass.
     """
+    runnable_hybrid = info.architecture in RUNNABLE_HYBRID_ARCHS
     for flag, missing in _MISSING_PIECES:
+        if runnable_hybrid and flag in _STATE_FLAGS:
+            continue
         if getattr(info, flag):
             return f"{info.architecture} {missing}."
     if info.supports_multimodal and info.architecture not in FED_MULTIMODAL_ARCHS:

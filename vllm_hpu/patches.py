@@ -137,19 +137,26 @@ def _patch_engine_args(arg_utils: ModuleType) -> None:
     )
 
 
-# Why: vLLM resolves two options before the platform sees them, keeping no trace of
+# Why: vLLM resolves some options before the platform sees them, keeping no trace of
 # whether the user set them: VLLM_DELAYED_SAMPLING must apply only when
-# --(no-)async-scheduling was not given, and emulation picks the model's dtype only
-# when --dtype was left at "auto" (ModelConfig replaces "auto" by a dtype).
+# --(no-)async-scheduling was not given, emulation picks the model's dtype only
+# when --dtype was left at "auto" (ModelConfig replaces "auto" by a dtype), and a
+# hybrid model's prefix caching and Mamba cache options are switched off only
+# where vLLM defaulted them (MambaModelConfig turns "none" into "align").
 # How: EngineArgs still holds the user's values when create_engine_config starts.
 # The variable fills in an unset async_scheduling (None), and the source is recorded
 # for the start-up log; True stays None: vLLM's default is on, and it switches async
-# off itself (with its reason) where it cannot run. The asked dtype is recorded for
-# the platform's config hook, which runs inside that call; outside it (a VllmConfig
-# built directly, or rebuilt in the engine process) it is None: nothing to decide.
+# off itself (with its reason) where it cannot run. The asked dtype and state-cache
+# options are recorded for the platform's config hook, which runs inside that
+# call; outside it (a VllmConfig built directly, or rebuilt in the engine process)
+# they are None (empty): nothing to decide.
 # Upstream change that removes it: a platform hook before those options resolve.
 async_scheduling_source = "vLLM's default"
 requested_dtype: Any = None
+# What the user asked of a hybrid model's state cache (hybrid_config.py): option
+# name -> value, None where left to vLLM (enable_prefix_caching, mamba_block_size)
+# or at vLLM's default (mamba_cache_mode "none"); empty outside create_engine_config.
+requested_state_options: dict[str, Any] = {}
 
 
 def _with_requested_options(create: Callable[..., Any]) -> Callable[..., Any]:
@@ -157,7 +164,7 @@ def _with_requested_options(create: Callable[..., Any]) -> Callable[..., Any]:
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
         from vllm_hpu.envs import get_envs
 
-        global async_scheduling_source, requested_dtype
+        global async_scheduling_source, requested_dtype, requested_state_options
         delayed_sampling = get_envs().delayed_sampling
         if self.async_scheduling is not None:
             async_scheduling_source = "--async-scheduling / --no-async-scheduling"
@@ -168,10 +175,16 @@ def _with_requested_options(create: Callable[..., Any]) -> Callable[..., Any]:
         else:  # per engine: a process may create several
             async_scheduling_source = "vLLM's default"
         requested_dtype = self.dtype
+        requested_state_options = {
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "mamba_cache_mode": self.mamba_cache_mode,
+            "mamba_block_size": self.mamba_block_size,
+        }
         try:
             return create(self, *args, **kwargs)
         finally:
             requested_dtype = None
+            requested_state_options = {}
 
     return wrapped
 

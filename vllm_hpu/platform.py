@@ -12,6 +12,7 @@ from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from vllm_hpu import device, envs, model_support, patches
+from vllm_hpu.hybrid_config import configure_hybrid
 from vllm_hpu.kv_transfer import blocks
 from vllm_hpu.kv_transfer.config import (
     HOST_BUFFER_DEVICE,
@@ -267,6 +268,7 @@ class HpuPlatform(Platform):
         _use_hpu_ray_executor(vllm_config)  # 8.
         _reject_split_pooled_prompts(vllm_config)  # 9.
         _reject_unsupported_model(vllm_config)  # 10.
+        configure_hybrid(vllm_config, cls)  # 10b. one state per request
         apply_fp8_options(vllm_config)  # 11.
 
 

@@ -27,7 +27,12 @@ def init_ray_with_hpus(parallel_config: "ParallelConfig") -> bool:
     initialised = not ray.is_initialized()
     if initialised:
         _connect_or_start(parallel_config)
-    check_hpu_resources(ray.cluster_resources(), parallel_config.world_size)
+    try:
+        check_hpu_resources(ray.cluster_resources(), parallel_config.world_size)
+    except RuntimeError:
+        if initialised:  # no engine will shut it down
+            ray.shutdown()
+        raise
     return initialised
 
 

@@ -191,6 +191,14 @@ def counted(
     return after.get(name, 0.0) - before.get(name, 0.0)
 
 
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far (dynamo's own
+    counter; engines in this process compile here)."""
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    return int(dynamo_counters["stats"]["unique_graphs"])
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineSpec:
     """What a shared engine is keyed by: equal specs share one engine."""

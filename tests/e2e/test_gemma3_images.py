@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from vllm import LLM
 
-from e2e.harness import counted, counters, engine_spec, uses_engines
+from e2e.harness import compiled_graphs, counted, counters, engine_spec, uses_engines
 from e2e.test_qwen_vl import (
     MAX_TOKENS,
     Requests,
@@ -58,12 +58,6 @@ IMAGES = engine_spec(
 )
 
 
-def compilations() -> int:
-    from torch._dynamo.utils import counters as dynamo_counters
-
-    return int(dynamo_counters["stats"]["unique_graphs"])
-
-
 @uses_engines(IMAGES)
 def test_gemma3_images_match_transformers(llm: LLM) -> None:
     gemma3 = processor(MODEL)
@@ -77,12 +71,12 @@ def test_gemma3_images_match_transformers(llm: LLM) -> None:
         [(SHORT, (1,)), (SHORT, (2,)), (TEXT_ONLY, ())],
         [(TWO_IMAGES, (1, 2))],
     ]
-    before, warmed = counters(llm), compilations()
+    before, warmed = counters(llm), compiled_graphs()
     outputs = [vllm_greedy(llm, requests) for requests in batches]
     assert outputs == [expected(MODEL, tuple(requests)) for requests in batches]
     assert counted(before, counters(llm), "vllm:prefix_cache_hits") >= BLOCK
     # Span ends in every prompt pass: no graph of another input structure.
-    assert warmed > 0 and compilations() == warmed
+    assert warmed > 0 and compiled_graphs() == warmed
 
 
 @torch.no_grad()

@@ -222,17 +222,6 @@ def test_unit_scale_runs_without_calibration(tmp_path, bf16_run, hpu_env):
     assert len(tokens[0]) == 4 and not list(tmp_path.glob("none*"))
 
 
-def test_measure_files_written_when_the_engine_shuts_down(tmp_path, hpu_env):
-    """No explicit shutdown_inc: the worker's shutdown writes them."""
-    config = {"mode": "MEASURE", "dump_stats_path": str(tmp_path / "measure")}
-    (tmp_path / "measure.json").write_text(json.dumps(config))
-    hpu_env(QUANT_CONFIG=str(tmp_path / "measure.json"))
-    with vllm_engine(model_dir("tiny-llama"), **ENGINE) as llm:
-        vllm_greedy(llm, [[5, 6, 7]], 2)
-        assert not list(tmp_path.glob("measure_hooks_maxabs*"))
-    assert (tmp_path / "measure_hooks_maxabs_0_1.npz").exists()
-
-
 # -- Mixture of experts: INC's own MoE modules measure and quantize each expert.
 MOE_MODEL = "tiny-mixtral"
 MOE_PROMPT_LENGTHS = [5, 9, 14, 20, 27, 33]
@@ -248,9 +237,11 @@ def _inc_json(path: Path, mode: str, dump: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def moe_measured(tmp_path_factory) -> tuple[Path, list, list[torch.Tensor]]:
+def moe_measured(tmp_path_factory) -> tuple[Path, list, list[torch.Tensor], list]:
     """The MEASURE pass over the prompts (its outputs are bf16's): the folder of
-    its files, its greedy tokens, layer outputs and logits."""
+    its files, its greedy tokens, layer outputs and logits, and the files found
+    before the engine shut down (none: no explicit shutdown_inc, the worker's
+    shutdown writes them)."""
     from vllm_hpu import envs
 
     folder = tmp_path_factory.mktemp("inc_moe")
@@ -261,12 +252,14 @@ def moe_measured(tmp_path_factory) -> tuple[Path, list, list[torch.Tensor]]:
         envs.get_envs.cache_clear()
         with vllm_engine(model_dir(MOE_MODEL), **ENGINE) as llm:
             tokens, store = _first_pass(llm, prompts, MOE_MODEL)
+            written_while_running = list(folder.glob("moe_hooks_maxabs*"))
     envs.get_envs.cache_clear()
-    return folder, tokens, store
+    return folder, tokens, store, written_while_running
 
 
 def test_moe_measurements_name_every_expert(moe_measured):
-    folder = moe_measured[0]
+    folder, _, _, written_while_running = moe_measured
+    assert not written_while_running  # the engine's shutdown writes them
     nodes = json.loads((folder / "moe_hooks_maxabs_0_1.json").read_text())["Nodes"]
     config = _config(MOE_MODEL)
     experts = [
@@ -306,7 +299,7 @@ def test_moe_fp8_serving_quantizes_the_experts(moe_measured, hpu_env, vllm_log):
     """Only the experts in fp8: on a random tiny model, fp8 everywhere else moves
     the logits by 0.27 already (0.22 on tiny-llama; the dense test above holds
     that part to the bound on real weights), which would hide the experts'."""
-    folder, want_tokens, want_store = moe_measured
+    folder, want_tokens, want_store, _ = moe_measured
     config = folder / "quant.json"
     _inc_json(config, "QUANTIZE", folder / "moe")
     only_experts = {

@@ -15,7 +15,7 @@ from models import model_path as model_dir
 from vllm import SamplingParams
 from vllm.lora.request import LoRARequest
 
-from e2e.harness import hf_greedy, random_prompts, vllm_engine
+from e2e.harness import compiled_graphs, hf_greedy, random_prompts, vllm_engine
 from e2e.lora_adapters import (
     ATTENTION,
     ATTENTION_MLP,
@@ -25,7 +25,6 @@ from e2e.lora_adapters import (
     rename_target,
 )
 from e2e.server import vllm_server
-from e2e.test_warmup import compilations
 
 pytestmark = pytest.mark.slow
 
@@ -141,10 +140,10 @@ def test_lora_after_warmup_compiles_nothing(cases, hpu_env):
     # only, so requests of both adapters and none take the warmed graphs.
     engine = ENGINE | dict(max_model_len=64, max_num_seqs=1, block_size=16)
     with vllm_engine(case.base, enforce_eager=False, **engine) as llm:
-        warmed = compilations()
+        warmed = compiled_graphs()
         assert warmed > 0
         actual = lora_greedy(llm, case)
-        assert compilations() == warmed
+        assert compiled_graphs() == warmed
     check(case, actual)
 
 

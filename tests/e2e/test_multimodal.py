@@ -13,7 +13,7 @@ from models import model_path
 from PIL import Image
 from vllm import LLM, SamplingParams
 
-from e2e.harness import vllm_engine
+from e2e.harness import compiled_graphs, vllm_engine
 
 MODEL = "tiny-llava"
 MAX_TOKENS = 8
@@ -140,13 +140,7 @@ def test_compiled_warmup_leaves_nothing_to_compile_for_images(hpu_env) -> None:
     engine = dict(block_size=16, max_model_len=96, max_num_seqs=1)
     requests = [(SHORT, 2), (SPLIT, 3)]
     with vllm_engine(str(model_path(MODEL)), enforce_eager=False, **engine) as llm:
-        warmed = _compilations()
+        warmed = compiled_graphs()
         outputs = vllm_greedy(llm, requests)
-        assert warmed > 0 and _compilations() == warmed
+        assert warmed > 0 and compiled_graphs() == warmed
     assert outputs == [hf_greedy(p, s) for p, s in requests]
-
-
-def _compilations() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])

@@ -12,10 +12,9 @@ import shutil
 import pytest
 import torch
 from models import model_path
-from torch._dynamo.utils import counters
 from transformers import AutoModel, AutoModelForSequenceClassification
 
-from e2e.harness import random_prompts, vllm_engine
+from e2e.harness import compiled_graphs, random_prompts, vllm_engine
 
 MODEL = "tiny-llama"
 CLASSIFIER = "tiny-llama-classify"
@@ -216,18 +215,18 @@ def test_classify_equals_transformers() -> None:
 
 
 def test_warmup_covers_the_pooling_path(hpu_env, vllm_log) -> None:
-    hpu_env(**SMALL_BUCKETS)
     """Warmup runs every prompt bucket through the pooler and no decode bucket
     (pooling models never decode); serving inside the ranges compiles nothing."""
+    hpu_env(**SMALL_BUCKETS)
     prompts = random_prompts([1, 5, 31, 60, 90], VOCAB_SIZE, seed=4)
-    before_warmup = counters["stats"]["unique_graphs"]
+    before_warmup = compiled_graphs()
     with vllm_engine(
         model_path(MODEL), runner="pooling", enforce_eager=False, **SMALL_ENGINE
     ) as llm:
-        before = counters["stats"]["unique_graphs"]
+        before = compiled_graphs()
         assert before > before_warmup
         outputs = llm.embed([{"prompt_token_ids": p} for p in prompts])
-        assert counters["stats"]["unique_graphs"] == before
+        assert compiled_graphs() == before
     actual = [o.outputs.embedding for o in outputs]
     assert_embeddings_match(actual, hf_embeddings(prompts, "LAST"))
     steps = [m for m in vllm_log.messages() if m.startswith("[Warmup][")]

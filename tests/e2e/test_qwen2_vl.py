@@ -16,7 +16,7 @@ from PIL import Image
 from vllm import LLM, SamplingParams
 from vllm.exceptions import VLLMValidationError
 
-from e2e.harness import vllm_engine
+from e2e.harness import compiled_graphs, vllm_engine
 
 MODEL = "tiny-qwen2-vl"
 MAX_TOKENS = 8
@@ -184,15 +184,9 @@ def test_compiled_warmup_covers_every_encoder_and_decoder_shape(hpu_env) -> None
         **engine,
     ) as llm:
         (warmed_shapes,) = llm.collective_rpc(_record_encoder_shapes)
-        warmed = _compilations()
+        warmed = compiled_graphs()
         outputs = vllm_greedy(llm, requests)
-        assert warmed > 0 and _compilations() == warmed
+        assert warmed > 0 and compiled_graphs() == warmed
         (seen,) = llm.collective_rpc(_encoder_shapes_seen)
     assert seen and all(shape in warmed_shapes for shape in seen)
     assert outputs == expected(requests)
-
-
-def _compilations() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])

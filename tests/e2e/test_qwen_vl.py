@@ -19,7 +19,7 @@ from models import model_path
 from PIL import Image
 from vllm import LLM, SamplingParams
 
-from e2e.harness import engine_spec, uses_engines
+from e2e.harness import compiled_graphs, engine_spec, uses_engines
 from e2e.server import ServerSpec, uses_servers
 from e2e.test_serve_multimodal import data_url
 
@@ -136,26 +136,20 @@ def vllm_greedy(llm: LLM, requests: Requests) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-def _compilations() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 @uses_engines(COMPILED)
 def test_qwen2_5_vl_compiled_matches_transformers_and_compiles_nothing_new(
     llm: LLM,
 ) -> None:
     """Images of two sizes and a text-only prompt in one batch, then two images
     in one prompt: equal to transformers, and no graph compiled after warmup."""
-    warmed = _compilations()
+    warmed = compiled_graphs()
     batches: list[Requests] = [
         [(SHORT, (1,)), (SHORT, (2,)), (TEXT_ONLY, ())],
         [(TWO_IMAGES, (1, 2))],
     ]
     for requests in batches:
         assert vllm_greedy(llm, requests) == expected(QWEN2_5, tuple(requests))
-    assert warmed > 0 and _compilations() == warmed
+    assert warmed > 0 and compiled_graphs() == warmed
 
 
 def _full_attention_everywhere(hf: Any) -> None:

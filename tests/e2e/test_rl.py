@@ -16,7 +16,7 @@ import pytest
 import torch
 from models import model_path
 
-from e2e.harness import random_prompts, vllm_engine, vllm_greedy
+from e2e.harness import compiled_graphs, random_prompts, vllm_engine, vllm_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -166,8 +166,6 @@ def test_compiled_graphs_survive_sleep(hpu_env) -> None:
     """Compiled mode: the graphs warmup compiled serve again after both sleep
     levels without a new compilation (dynamo guards on the tensors' shapes,
     strides and dtypes, which waking keeps), and generate as before."""
-    from torch._dynamo.utils import counters
-
     hpu_env(
         VLLM_HPU_COMPILE_BACKEND="eager",
         VLLM_PROMPT_SEQ_BUCKET_MIN="16",
@@ -180,7 +178,7 @@ def test_compiled_graphs_survive_sleep(hpu_env) -> None:
         model_path(MODEL), enable_sleep_mode=True, enforce_eager=False, **engine
     ) as llm:
         before = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
-        compiled = int(counters["stats"]["unique_graphs"])
+        compiled = compiled_graphs()
         assert compiled > 0  # warmup compiled the buckets
         for level in (1, 2):
             llm.sleep(level=level)
@@ -189,4 +187,4 @@ def test_compiled_graphs_survive_sleep(hpu_env) -> None:
                 llm.collective_rpc("reload_weights")
             llm.wake_up(tags=["kv_cache"])
             assert vllm_greedy(llm, PROMPTS, MAX_TOKENS) == before, level
-        assert int(counters["stats"]["unique_graphs"]) == compiled
+        assert compiled_graphs() == compiled

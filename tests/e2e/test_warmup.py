@@ -9,9 +9,14 @@ import json
 import pytest
 import torch
 from models import model_path as model_dir
-from torch._dynamo.utils import counters
 
-from e2e.harness import random_prompts, vllm_engine, vllm_greedy
+from e2e.harness import (
+    compiled_graphs,
+    hf_greedy,
+    random_prompts,
+    vllm_engine,
+    vllm_greedy,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -31,15 +36,16 @@ ENGINE = dict(
 )
 
 
-def compilations() -> int:
-    return int(counters["stats"]["unique_graphs"])
-
-
 def serve(llm, prompts):
     """Greedy tokens and the number of graphs torch compiled meanwhile."""
-    before = compilations()
+    before = compiled_graphs()
     tokens = vllm_greedy(llm, prompts, MAX_TOKENS)
-    return tokens, compilations() - before
+    return tokens, compiled_graphs() - before
+
+
+def greedy(name: str, prompts: list[list[int]]) -> list[list[int]]:
+    """Transformers' greedy tokens (cached on disk)."""
+    return hf_greedy(model_dir(name), prompts, MAX_TOKENS, torch.float32)
 
 
 def workload() -> list[list[list[int]]]:
@@ -53,32 +59,30 @@ def workload() -> list[list[list[int]]]:
 
 
 # MoE routing and experts, and MLA layers on the latent cache, keep static
-# shapes too: they warm up and replay alike.
+# shapes too: they warm up and replay alike, and equal transformers as eager
+# engines do (test_generate).
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral", "tiny-deepseek-v2-moe"])
-def test_warmup_leaves_nothing_to_compile_and_matches_eager(name, hpu_env, vllm_log):
-    hpu_env(**SMALL_BUCKETS)
-    with vllm_engine(model_dir(name), enforce_eager=True, **ENGINE) as llm:
-        eager = [vllm_greedy(llm, batch, MAX_TOKENS) for batch in workload()]
-        beyond = random_prompts([110, 110], 1024, 5)
-        beyond_eager = [vllm_greedy(llm, [p], MAX_TOKENS)[0] for p in beyond]
-    assert not any("[Warmup]" in m for m in vllm_log.take())
-
-    hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
-    before_warmup = compilations()
+def test_warmup_leaves_nothing_to_compile_and_equals_transformers(
+    name, hpu_env, vllm_log
+):
+    hpu_env(**SMALL_BUCKETS, VLLM_HPU_COMPILE_BACKEND="eager")
+    expected_batches = [greedy(name, batch) for batch in workload()]
+    beyond = random_prompts([110, 110], 1024, 5)
+    beyond_expected = greedy(name, beyond)
+    before_warmup = compiled_graphs()
     with vllm_engine(model_dir(name), enforce_eager=False, **ENGINE) as llm:
-        assert compilations() > before_warmup
-        for batch, expected in zip(workload(), eager, strict=True):
+        assert compiled_graphs() > before_warmup
+        for batch, expected in zip(workload(), expected_batches, strict=True):
             tokens, compiled = serve(llm, batch)
             assert compiled == 0
             assert tokens == expected
         # 110-token prompts are beyond the 96-token prompt range: they run on a
         # bucket rounded past the range, compiled once, with one warning.
-        beyond = random_prompts([110, 110], 1024, 5)
         tokens, compiled = serve(llm, beyond[:1])
-        assert tokens == beyond_eager[:1]
+        assert tokens == beyond_expected[:1]
         assert compiled > 0
         tokens, compiled = serve(llm, beyond[1:])
-        assert tokens == beyond_eager[1:]
+        assert tokens == beyond_expected[1:]
         assert compiled == 0
     logs = vllm_log.messages()
     warnings = [m for m in logs if m.endswith("was not warmed-up!")]
@@ -92,24 +96,23 @@ def test_warmup_leaves_nothing_to_compile_and_matches_eager(name, hpu_env, vllm_
     assert any(m.startswith("Warmup finished in ") for m in logs)
 
 
-def test_inductor_compiled_emulation_matches_eager(hpu_env):
+def test_inductor_compiled_emulation_equals_transformers(hpu_env):
     """Inductor lowers the layers as vLLM defines them: only an eager run gets the
     oneDNN-packed linear weights, which inductor cannot take as graph inputs."""
     prompts = random_prompts([5, 31], 1024, seed=1)
-    hpu_env(**SMALL_BUCKETS)
-    with vllm_engine(model_dir("tiny-llama"), enforce_eager=True, **ENGINE) as llm:
-        eager = vllm_greedy(llm, prompts, MAX_TOKENS)
-    hpu_env(VLLM_HPU_COMPILE_BACKEND="inductor", VLLM_SKIP_WARMUP="1")
+    hpu_env(**SMALL_BUCKETS, VLLM_HPU_COMPILE_BACKEND="inductor", VLLM_SKIP_WARMUP="1")
     with vllm_engine(model_dir("tiny-llama"), enforce_eager=False, **ENGINE) as llm:
         tokens, compiled = serve(llm, prompts)
     assert compiled > 0
-    assert tokens == eager
+    assert tokens == greedy("tiny-llama", prompts)
 
 
-def test_profiler_writes_a_chrome_trace(hpu_env, tmp_path):
+def test_profiler_writes_a_chrome_trace(hpu_env, tmp_path, vllm_log):
+    """An eager engine (no graphs to warm up: no warmup either) traced."""
     hpu_env(VLLM_PROFILER_ENABLED="1", VLLM_HPU_PROFILE_DIR=str(tmp_path))
     with vllm_engine(model_dir("tiny-llama"), enforce_eager=True, **ENGINE) as llm:
         vllm_greedy(llm, random_prompts([5, 40], 1024), MAX_TOKENS)
+    assert not any("[Warmup]" in m for m in vllm_log.messages())
     (trace_file,) = tmp_path.glob("trace_rank0_*.json")
     events = json.loads(trace_file.read_text())["traceEvents"]
     names = {event["name"] for event in events}
@@ -122,9 +125,9 @@ def test_compact_default_buckets_leave_nothing_to_compile(hpu_env, vllm_log):
     """The default (compact) buckets, no range variables: warmup covers the
     workload's passes, prompt chunks with cached context included."""
     hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
-    before_warmup = compilations()
+    before_warmup = compiled_graphs()
     with vllm_engine(model_dir("tiny-llama"), enforce_eager=False, **ENGINE) as llm:
-        assert compilations() > before_warmup
+        assert compiled_graphs() > before_warmup
         for batch in workload():
             _, compiled = serve(llm, batch)
             assert compiled == 0

@@ -154,8 +154,9 @@ def test_zero_for_batch_or_seq_variables_rejected_when_read(name):
     ],
 )
 @pytest.mark.parametrize("runner_type", ["generate", "pooling"])
+@pytest.mark.parametrize("is_hybrid", [False, True])
 def test_from_vllm_config_reads_limits(
-    prefix_caching, chunked_prefill, speculative, use_context, runner_type
+    prefix_caching, chunked_prefill, speculative, use_context, runner_type, is_hybrid
 ):
     vllm_config = SimpleNamespace(
         scheduler_config=SimpleNamespace(
@@ -166,7 +167,9 @@ def test_from_vllm_config_reads_limits(
         cache_config=SimpleNamespace(
             block_size=128, enable_prefix_caching=prefix_caching
         ),
-        model_config=SimpleNamespace(max_model_len=1024, runner_type=runner_type),
+        model_config=SimpleNamespace(
+            max_model_len=1024, runner_type=runner_type, is_hybrid=is_hybrid
+        ),
         speculative_config=(
             SimpleNamespace(method="ngram", num_speculative_tokens=3)
             if speculative
@@ -174,8 +177,9 @@ def test_from_vllm_config_reads_limits(
         ),
     )
     config = BucketingConfig.from_vllm_config(vllm_config, read_envs({}))
-    # Pooling prompts keep one row each (they may be bidirectional).
-    assert config.merged_prefill == (runner_type == "generate")
+    # Pooling prompts keep one row each (they may be bidirectional), and so do
+    # hybrids' (each row scans from its own state).
+    assert config.merged_prefill == (runner_type == "generate" and not is_hybrid)
     assert (config.max_num_seqs, config.max_num_batched_tokens) == (16, 2048)
     assert (config.max_model_len, config.block_size) == (1024, 128)
     assert config.use_context_buckets == use_context

@@ -10,7 +10,12 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
 from vllm_hpu.ops import custom_ops
-from vllm_hpu.ops.custom_ops import HpuRMSNorm, HpuRotaryEmbedding, HpuSiluAndMul
+from vllm_hpu.ops.custom_ops import (
+    HpuLlama4VisionRotaryEmbedding,
+    HpuRMSNorm,
+    HpuRotaryEmbedding,
+    HpuSiluAndMul,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +92,42 @@ def test_custom_ops_rotary_embedding_is_oot_and_matches_native(neox: bool) -> No
     torch.testing.assert_close(
         out_key.view(4, 1, head_size), expected, atol=1e-5, rtol=1e-5
     )
+
+
+def test_custom_ops_llama4_vision_rotary_is_real_and_matches_transformers() -> None:
+    """vLLM's Llama 4 tower builds ours (no complex tensor, which Gaudi lacks);
+    it rotates as transformers' complex formula on 4 x 4 patches and a CLS."""
+    from transformers import Llama4VisionConfig
+    from transformers.models.llama4 import modeling_llama4 as hf
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    config = Llama4VisionConfig(
+        hidden_size=64,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    rope = get_rope(
+        head_size=32,
+        max_position=16,
+        rope_parameters={
+            "rope_type": "mllama4",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+        is_neox_style=False,
+        dtype=torch.complex64,
+    )
+    assert isinstance(rope, HpuLlama4VisionRotaryEmbedding)
+    assert rope._forward_method == rope.forward_oot
+    assert not rope.cos_sin_cache.is_complex()
+    query, key = torch.randn(3, 17, 2, 32), torch.randn(3, 17, 2, 32)
+    freqs_ci = hf.Llama4VisionRotaryEmbedding._compute_freqs_ci(config)
+    expected = hf.vision_apply_rotary_emb(query, key, freqs_ci)
+    out = rope(query, key)
+    torch.testing.assert_close(out, expected)
+    assert not torch.allclose(out[0], query)
 
 
 def test_custom_ops_silu_and_mul_is_oot_and_matches_native() -> None:

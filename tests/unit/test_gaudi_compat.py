@@ -8,8 +8,9 @@ import logging
 import pytest
 import torch
 from models import model_path
+from vllm.config import ParallelConfig
 
-from vllm_hpu import envs, patches
+from vllm_hpu import envs, patches, ray_cluster
 from vllm_hpu.bucketing.config import base_strategy
 from vllm_hpu.ray_cluster import check_hpu_resources
 from vllm_hpu.worker.diagnostics.fallback_stats import StepFallbacks, new_fallbacks
@@ -269,6 +270,38 @@ def test_ray_hpu_resources_checked(resources, needed, fails):
         check_hpu_resources(resources, needed)
     assert "offers 0 HPU resource(s); this engine needs 2" in str(error.value)
     assert """ray start --head --resources='{"HPU": 2}'""" in str(error.value)
+
+
+class _FakeRay:
+    """Ray as init_ray_with_hpus sees it: a cluster of CPUs only."""
+
+    def __init__(self) -> None:
+        self.initialized = False
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def init(self, **kwargs: object) -> None:
+        self.initialized = True
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 2.0}
+
+    def shutdown(self) -> None:
+        self.initialized = False
+
+
+def test_ray_started_for_a_refused_engine_is_shut_down(monkeypatch):
+    fake = _FakeRay()
+    monkeypatch.setattr(ray_cluster, "ray", fake)
+    parallel_config = ParallelConfig(tensor_parallel_size=2)
+    with pytest.raises(RuntimeError, match="offers 0 HPU"):
+        ray_cluster.init_ray_with_hpus(parallel_config)
+    assert not fake.initialized
+    fake.initialized = True  # the caller's own Ray stays up
+    with pytest.raises(RuntimeError, match="offers 0 HPU"):
+        ray_cluster.init_ray_with_hpus(parallel_config)
+    assert fake.initialized
 
 
 def test_platform_names_each_no_effect_variable_at_start(monkeypatch, vllm_log):

@@ -1,6 +1,7 @@
 """Encoder passes are bucketed by items per pass: powers of two up to the most
 items vLLM schedules in one step; a dynamic-resolution tower's passes also by
-patches, and every pass lands on a shape warmup runs."""
+patches, a tiled tower's (Llama 4) by tiles, and every pass lands on a shape
+warmup runs."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_hpu.worker.capabilities.multimodal import encoder_batch_sizes
+from vllm_hpu.worker.capabilities.tile_buckets import TileBuckets
 from vllm_hpu.worker.capabilities.vision_buckets import PatchBuckets, group_by_patches
 
 
@@ -73,3 +75,51 @@ def test_padding_fills_the_bucket_with_whole_images(patches: list[int]) -> None:
     assert (padded_grids[:, 1:] % 2 == 0).all()  # whole 2 x 2 merges
     assert torch.equal(padded["pixel_values"][: len(pixels)], pixels)
     assert padded["pixel_values"].shape == (num_patches, 3)
+
+
+# ---- tiled images (Llama 4): tiles per pass ----------------------------------
+
+MAX_ITEM_TILES = 5  # 4 x 1 tiles and the global one
+TOKENS_PER_TILE = 4
+
+
+@pytest.mark.parametrize(
+    ("max_tokens_per_pass", "expected"),
+    [(20, [1, 2, 4, 8]), (64, [1, 2, 4, 8, 16]), (65, [1, 2, 4, 8, 16, 32])],
+)
+def test_tile_buckets_hold_what_one_step_encodes(
+    max_tokens_per_pass: int, expected: list[int]
+) -> None:
+    buckets = TileBuckets.from_budget(
+        MAX_ITEM_TILES, MAX_ITEM_TILES * TOKENS_PER_TILE, max_tokens_per_pass
+    )
+    assert buckets.tiles == expected
+
+
+@given(tiles=st.lists(st.integers(1, MAX_ITEM_TILES), min_size=1, max_size=12))
+def test_every_pass_of_tiles_is_a_warmed_up_bucket_padded_by_one_image(
+    tiles: list[int],
+) -> None:
+    buckets = TileBuckets.from_budget(MAX_ITEM_TILES, 20, max_tokens_per_pass=32)
+    runs = buckets.group(tiles)
+    assert [i for start, end in runs for i in range(start, end)] == list(
+        range(len(tiles))
+    )
+    for start, end in runs:
+        counts = torch.tensor(tiles[start:end])
+        pixels = torch.rand(int(counts.sum()), 3, 2, 2)
+        kwargs = {
+            "pixel_values": pixels,
+            "patches_per_image": counts,
+            "aspect_ratios": torch.ones(end - start, 2, dtype=torch.long),
+        }
+        num_tiles = buckets.bucket(len(pixels))
+        assert num_tiles in buckets.warmup_shapes()
+        padded = buckets.pad(kwargs, num_tiles)
+        rest = num_tiles - len(pixels)
+        assert padded["pixel_values"].shape == (num_tiles, 3, 2, 2)
+        assert torch.equal(padded["pixel_values"][: len(pixels)], pixels)
+        assert not padded["pixel_values"][len(pixels) :].any()
+        expected_counts = tiles[start:end] + ([rest] if rest else [])
+        assert padded["patches_per_image"].tolist() == expected_counts
+        assert len(padded["aspect_ratios"]) == len(expected_counts)

@@ -57,6 +57,9 @@ class CacheGeometry:
     # tokens attend both ways), spans or not: one input structure per bucket
     # for a compiled graph.
     span_ends: bool = False
+    # A hybrid model's state group (worker/kv_caches.py): a placeholder in
+    # ``groups`` for which no attention metadata is built.
+    holds_states: bool = False
 
     def group_geometries(self) -> tuple["CacheGeometry", ...]:
         return self.groups or (self,)

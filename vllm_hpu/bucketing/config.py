@@ -105,9 +105,14 @@ class BucketingConfig:
             verify_queries=_verify_queries(vllm_config),
         )
         config = cls.from_limits(limits, envs)
-        if config.merged_prefill and vllm_config.model_config.runner_type == "pooling":
+        model_config = vllm_config.model_config
+        if config.merged_prefill and model_config.runner_type == "pooling":
             # Pooling prompts may be bidirectional and are pooled per row.
             logger.info("Pooling model: prompt passes keep one row per prompt.")
+            config = dataclasses.replace(config, merged_prefill=False)
+        if config.merged_prefill and model_config.is_hybrid:
+            # State layers scan each row from its own state (ops/mamba.py).
+            logger.info("Hybrid model: prompt passes keep one row per prompt.")
             config = dataclasses.replace(config, merged_prefill=False)
         return config
 

@@ -1,5 +1,5 @@
-"""Out-of-tree overrides of vLLM's RMSNorm, RotaryEmbedding, SiluAndMul and
-MMEncoderAttention.
+"""Out-of-tree overrides of vLLM's RMSNorm, RotaryEmbedding, Llama 4's vision
+rotary embedding, SiluAndMul and MMEncoderAttention.
 
 With an out-of-tree platform and custom_ops=["all"], vLLM constructs these
 subclasses and calls forward_oot: Gaudi's fused kernel, or forward_native without it.
@@ -11,6 +11,9 @@ from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import MMEncoderAttention
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+from vllm.model_executor.layers.rotary_embedding.llama4_vision_rope import (
+    Llama4VisionRotaryEmbedding,
+)
 
 from vllm_hpu import device
 from vllm_hpu.attention.layer_options import prompt_slicing
@@ -84,6 +87,50 @@ class HpuRotaryEmbedding(RotaryEmbedding):
         return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1).reshape(shape)
 
 
+class HpuLlama4VisionRotaryEmbedding(Llama4VisionRotaryEmbedding):
+    """Llama 4's 2-D vision rotary in real arithmetic: vLLM's multiplies complex
+    tensors, a dtype Gaudi lacks. ``cos_sin_cache [patches + 1, 1, head_size / 2,
+    2]`` holds (cos, sin) per pair of adjacent channels, the CLS token last."""
+
+    def __init__(
+        self,
+        head_size: int,
+        rotary_dim: int,
+        max_position_embeddings: int,
+        base: float,
+        is_neox_style: bool,
+        dtype: torch.dtype,
+    ) -> None:
+        # ``dtype`` is complex64 (vLLM's cache); ours is real.
+        super().__init__(
+            head_size,
+            rotary_dim,
+            max_position_embeddings,
+            base,
+            is_neox_style,
+            torch.float32,
+        )
+
+    def _compute_cos_sin_cache(self) -> torch.Tensor:
+        """vLLM's complex cache, computed on the host, as (real, imaginary)."""
+        with torch.device("cpu"):
+            cache = torch.view_as_real(super()._compute_cos_sin_cache())
+        return cache.to(torch.get_default_device())
+
+    def forward_oot(  # type: ignore[override]
+        self, query: torch.Tensor, key: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """query, key: [tiles, patches + 1, num_heads, head_size]."""
+        assert key is not None
+        return self._rotate(query), self._rotate(key)
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos_sin_cache.unsqueeze(0).unbind(-1)
+        x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+        rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        return rotated.flatten(-2).type_as(x)
+
+
 class HpuSiluAndMul(SiluAndMul):
     """Gaudi's graph compiler fuses silu(x1) * x2 itself: no kernel to call."""
 
@@ -135,5 +182,6 @@ class HpuMMEncoderAttention(MMEncoderAttention):
 
 _register_oot(RMSNorm, HpuRMSNorm)
 _register_oot(RotaryEmbedding, HpuRotaryEmbedding)
+_register_oot(Llama4VisionRotaryEmbedding, HpuLlama4VisionRotaryEmbedding)
 _register_oot(SiluAndMul, HpuSiluAndMul)
 _register_oot(MMEncoderAttention, HpuMMEncoderAttention)

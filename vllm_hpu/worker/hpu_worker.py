@@ -108,7 +108,21 @@ class HpuWorker(WorkerBase):
         return self.runner.take_draft_token_ids()
 
     def determine_available_memory(self) -> int:
-        """Bytes for the KV cache: an explicit size, or the documented split."""
+        """Bytes for the KV cache: an explicit size, or the documented split;
+        less a hybrid model's state slots, which the runner allocates itself."""
+        return self._kv_cache_bytes() - self._state_bytes()
+
+    def _state_bytes(self) -> int:
+        state_cache = self.runner.caps.state_cache
+        if state_cache is None:
+            return 0
+        logger.info(
+            "State slots of the hybrid model's state layers: %s GiB.",
+            format_gib(state_cache.num_bytes),
+        )
+        return state_cache.num_bytes
+
+    def _kv_cache_bytes(self) -> int:
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit is not None:
             logger.info(

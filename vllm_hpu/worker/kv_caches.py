@@ -1,6 +1,9 @@
 """The KV caches of a model's attention layers: the specs vLLM's cache manager
 sizes, the flat caches allocated and bound to each layer, and the geometry the
-attention metadata builders read (one per KV cache group)."""
+attention metadata builders read (one per KV cache group). A hybrid model's
+state layers have KV cache groups of their own (``MambaSpec``), whose states
+live in worker/capabilities/state_cache.py: here they are passed through and
+otherwise skipped."""
 
 from collections.abc import Mapping
 from dataclasses import replace
@@ -12,7 +15,9 @@ from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
     KVCacheConfig,
+    KVCacheGroupSpec,
     KVCacheSpec,
+    MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
@@ -36,8 +41,8 @@ def kv_cache_specs(
     layers: Layers, vllm_config: VllmConfig, block_size: int
 ) -> dict[str, KVCacheSpec]:
     """One spec per layer that caches keys: full attention, or a sliding window
-    under vLLM's hybrid KV cache manager (attention/windows.py); other caches
-    are refused."""
+    under vLLM's hybrid KV cache manager (attention/windows.py); a state layer's
+    ``MambaSpec`` as it is; other caches are refused."""
     hybrid = hybrid_kv_cache(vllm_config)
     specs: dict[str, KVCacheSpec] = {}
     for name, layer in layers.items():
@@ -45,6 +50,9 @@ def kv_cache_specs(
         if spec is None:
             spec = encoder_only_kv_cache_spec(layer, vllm_config)
         if spec is None:
+            continue
+        if isinstance(spec, MambaSpec):
+            specs[name] = spec
             continue
         if not isinstance(spec, AttentionSpec):
             raise ValueError(
@@ -67,7 +75,7 @@ def bind_kv_caches(
     """
     kv_caches = {}
     shared: dict[tuple[int, AttentionSpec], Any] = {}
-    for group in kv_cache_config.kv_cache_groups:
+    for group in attention_groups(kv_cache_config):
         spec = group.kv_cache_spec
         assert isinstance(spec, AttentionSpec)
         # Caches are shaped by the page, not by which tokens a layer attends.
@@ -96,6 +104,8 @@ def bind_scratch_kv_caches(
 ) -> None:
     """One-block caches for a run before the real ones exist (profiling)."""
     for name, spec in specs.items():
+        if isinstance(spec, MambaSpec):
+            continue
         assert isinstance(spec, AttentionSpec)
         layers[name].bind_kv_cache(allocate_layer_cache(spec, 1, torch_device))
 
@@ -149,8 +159,10 @@ def group_cache_geometry(
     dtype: torch.dtype,
     torch_device: torch.device,
 ) -> CacheGeometry:
-    """The geometry of all ``layers``, with one of its own per KV cache group
-    when there are several (their block tables differ)."""
+    """The geometry of all (attention) ``layers``, with one of its own per KV
+    cache group when there are several (their block tables differ); a state
+    group's is a placeholder that keeps the indices of the requests' block
+    tables (``holds_states``: no metadata is built for it)."""
     block_size = check_group_block_sizes(kv_cache_config)
     num_blocks = kv_cache_config.num_blocks
     whole = cache_geometry(layers, block_size, num_blocks, dtype, torch_device)
@@ -158,7 +170,9 @@ def group_cache_geometry(
     if len(groups) == 1:
         return whole
     per_group = tuple(
-        cache_geometry(
+        replace(whole, holds_states=True)
+        if isinstance(group.kv_cache_spec, MambaSpec)
+        else cache_geometry(
             {name: layers[name] for name in group.layer_names},
             block_size,
             num_blocks,
@@ -171,9 +185,9 @@ def group_cache_geometry(
 
 
 def check_group_block_sizes(kv_cache_config: KVCacheConfig) -> int:
-    """The one block size of every KV cache group: the runner pads and buckets
-    by a single block size."""
-    sizes = {g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups}
+    """The one block size of every attention KV cache group: the runner pads
+    and buckets by a single block size (a state group's block spans a request)."""
+    sizes = {g.kv_cache_spec.block_size for g in attention_groups(kv_cache_config)}
     if len(sizes) != 1:
         raise ValueError(
             f"KV cache groups of block sizes {sorted(sizes)}: the HPU runner "
@@ -188,8 +202,18 @@ def layer_groups(kv_cache_config: KVCacheConfig) -> dict[str, int]:
     return {
         name: index
         for index, group in enumerate(kv_cache_config.kv_cache_groups)
+        if not isinstance(group.kv_cache_spec, MambaSpec)
         for name in group.layer_names
     }
+
+
+def attention_groups(kv_cache_config: KVCacheConfig) -> list[KVCacheGroupSpec]:
+    """The KV cache groups of attention layers (not a hybrid's state layers)."""
+    return [
+        group
+        for group in kv_cache_config.kv_cache_groups
+        if not isinstance(group.kv_cache_spec, MambaSpec)
+    ]
 
 
 def reachable_decode_blocks(
@@ -199,7 +223,7 @@ def reachable_decode_blocks(
     a row's whole table): the cache's blocks where some group holds every block
     of its table, else rows at ``max_model_len`` (groups that only window free
     the blocks behind their windows, so their tables outgrow the cache)."""
-    groups = kv_cache_config.kv_cache_groups
+    groups = attention_groups(kv_cache_config)
     if all(isinstance(g.kv_cache_spec, SlidingWindowSpec) for g in groups):
         block_size = groups[0].kv_cache_spec.block_size
         return max_num_seqs * -(-max_model_len // block_size)

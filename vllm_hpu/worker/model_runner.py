@@ -17,6 +17,7 @@ from vllm.config import VllmConfig, get_layers_from_vllm_config, set_current_vll
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.model_loader import get_model
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
@@ -118,6 +119,10 @@ class HpuModelRunner:
         started = time.perf_counter()
         used_before = device.memory_used()
         with set_current_vllm_config(self.vllm_config):
+            if self.model_config.is_hybrid:
+                from vllm_hpu.ops.state_layers import register_state_layers
+
+                register_state_layers()  # before vLLM builds the layers
             self.model = get_model(vllm_config=self.vllm_config)
             if self.caps.lora is not None:
                 self.model = self.caps.lora.wrap(self.model, self.device)
@@ -143,14 +148,18 @@ class HpuModelRunner:
         assert self.model is not None, "load_model() first"
         return self.model
 
-    def _attention_layers(self) -> dict[str, AttentionLayerBase]:
+    def _cache_layers(self) -> dict[str, AttentionLayerBase]:
+        """Every layer that caches: attention and a hybrid's state layers."""
         layer_type: Any = AttentionLayerBase  # abstract: mypy wants a concrete one
         return get_layers_from_vllm_config(self.vllm_config, layer_type)
 
+    def _attention_layers(self) -> dict[str, AttentionLayerBase]:
+        """The layers with a KV cache (not a hybrid's state layers)."""
+        layers = self._cache_layers().items()
+        return {n: layer for n, layer in layers if not isinstance(layer, MambaBase)}
+
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        return kv_cache_specs(
-            self._attention_layers(), self.vllm_config, self.block_size
-        )
+        return kv_cache_specs(self._cache_layers(), self.vllm_config, self.block_size)
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the flat KV caches (plus the dummy block) and bind them."""
@@ -158,6 +167,8 @@ class HpuModelRunner:
         self.kv_cache_config = kv_cache_config
         layers = self._attention_layers()
         self.kv_caches = bind_kv_caches(layers, kv_cache_config, self.device)
+        if self.caps.state_cache is not None:
+            self.caps.state_cache.allocate()
         self.cache = group_cache_geometry(
             layers, kv_cache_config, self.dtype, self.device
         )
@@ -215,6 +226,8 @@ class HpuModelRunner:
         bind_scratch_kv_caches(
             self._attention_layers(), self.get_kv_cache_spec(), self.device
         )
+        if self.caps.state_cache is not None:  # every row on the dummy slot
+            self.caps.state_cache.allocate()
         token_ids = torch.zeros((1, bucket.query_len), dtype=torch.int64).numpy()
         forward_pass = build_prompt_forward(
             seqs, self.buckets, token_ids, self._geometry(1)
@@ -222,6 +235,8 @@ class HpuModelRunner:
         self._forward(forward_pass, *self._stage_inputs([forward_pass], None))
         device.synchronize()
         unbind_kv_caches(self._attention_layers())
+        if self.caps.state_cache is not None:
+            self.caps.state_cache.free()
 
     # ---- one engine step -------------------------------------------------
 
@@ -312,6 +327,8 @@ class HpuModelRunner:
         """The step's padded passes (worker/passes/): prompts, then decodes."""
         assert self.cache is not None, "initialize_kv_cache() first"
         plan = self.planner.plan(scheduler_output, self.cache)
+        if self.caps.state_cache is not None:
+            self.caps.state_cache.add_metadata(plan.passes)
         if self.caps.async_feed is not None and plan.decode is not None:
             self.caps.async_feed.feed(plan.decode)
         if self.caps.data_parallel is not None:
@@ -338,6 +355,9 @@ class HpuModelRunner:
         attn_metadata = forward_pass.metadata_by_layer(groups)
         # MLA layers write their cache before attending, from this mapping.
         slot_mapping = {name: m.slot_mapping for name, m in attn_metadata.items()}
+        layer_metadata: dict[str, Any] = dict(attn_metadata)
+        if self.caps.state_cache is not None:
+            layer_metadata |= self.caps.state_cache.metadata_by_layer(forward_pass)
         phase = "prompt" if forward_pass.is_prompt else "decode"
         graphed = (phase, forward_pass.bucket) in self.graphed_buckets
         model = self.graph_model if graphed else self.get_model()
@@ -346,7 +366,7 @@ class HpuModelRunner:
         with (
             self.caps.profiler.span("forward", phase=phase, bucket=forward_pass.bucket),
             set_forward_context(
-                attn_metadata,
+                layer_metadata,
                 self.vllm_config,
                 num_tokens=forward_pass.num_tokens,
                 num_tokens_across_dp=forward_pass.num_tokens_across_dp,

@@ -30,8 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm.config import get_layers_from_vllm_config
+from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.models.interfaces import supports_multimodal
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.outputs import (
     EMPTY_MODEL_RUNNER_OUTPUT,
     KVConnectorOutput,
@@ -56,6 +59,7 @@ from vllm_hpu.worker.capabilities.mrope import MRopePositions, mrope_positions_f
 from vllm_hpu.worker.capabilities.multimodal import MultimodalInputs
 from vllm_hpu.worker.capabilities.pooling import StepPooler
 from vllm_hpu.worker.capabilities.sleep import HpuSleepMode
+from vllm_hpu.worker.capabilities.state_cache import HpuStateCache
 from vllm_hpu.worker.capabilities.weight_updates import WeightUpdates
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.spec_decode.decoder import SpecDecoder
@@ -81,6 +85,7 @@ class Capabilities:
     multimodal: MultimodalInputs | None = None  # on the first pipeline stage
     mrope: MRopePositions | None = None  # a model with M-RoPE positions
     weight_updates: WeightUpdates | None = None  # weight_transfer_config
+    state_cache: HpuStateCache | None = None  # a hybrid's Mamba2 / GDN layers
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
         """A step's hook before the request states take its changes."""
@@ -90,6 +95,8 @@ class Capabilities:
             self.pooler.prepare_new_requests(scheduler_output)
         if self.async_feed is not None:
             self.async_feed.before_update(scheduler_output)
+        if self.state_cache is not None:
+            self.state_cache.before_update(scheduler_output)
 
     def after_update(
         self,
@@ -101,6 +108,8 @@ class Capabilities:
             self.multimodal.update(scheduler_output)
         if self.spec is not None:
             self.spec.update(scheduler_output, requests)
+        if self.state_cache is not None:
+            self.state_cache.after_update()
 
     def kv_connector_step(
         self, scheduler_output: SchedulerOutput
@@ -196,9 +205,30 @@ def attach_model(
         capabilities.weight_updates = WeightUpdates(
             runner.vllm_config, runner.device, model, capabilities.sleep, rank
         )
+    capabilities.state_cache = _state_cache(runner)
     # A multimodal model with every modality limited to 0 runs as a text model.
     takes_media = supports_multimodal(model) and model_config.supports_multimodal_inputs
     if takes_media and is_first_stage:
         capabilities.multimodal = MultimodalInputs(
             runner.vllm_config, model, runner.input_batch, requests, runner.device
         )
+
+
+def _state_cache(runner: TargetRunner) -> HpuStateCache | None:
+    """A hybrid model's state slots, for its Mamba2 / linear-attention layers."""
+    vllm_config = runner.vllm_config
+    layers = get_layers_from_vllm_config(vllm_config, MambaBase)  # type: ignore[type-abstract]
+    if not layers:
+        return None
+    specs = {}
+    for name, layer in layers.items():
+        spec = layer.get_kv_cache_spec(vllm_config)
+        assert isinstance(spec, MambaSpec), f"{name}: {spec}"
+        specs[name] = spec
+    return HpuStateCache(
+        layers,
+        specs,
+        runner.input_batch,
+        vllm_config.scheduler_config.max_num_seqs,
+        runner.device,
+    )

@@ -18,6 +18,11 @@ from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm.v1.worker.utils import sanity_check_mm_encoder_outputs
 
 from vllm_hpu import device
+from vllm_hpu.worker.capabilities.tile_buckets import (
+    TileBuckets,
+    is_tiled_item,
+    item_tiles,
+)
 from vllm_hpu.worker.capabilities.vision_buckets import (
     PatchBuckets,
     group_by_patches,
@@ -46,8 +51,9 @@ class MultimodalInputs:
 
     Encoder passes are padded to a bucket of items per pass by repeating the
     last item (its extra outputs are dropped); a dynamic-resolution tower's
-    passes to a bucket of images and patches (``vision_buckets.py``). So
-    the encoder sees only the shapes :meth:`warm_up` ran.
+    passes to a bucket of images and patches (``vision_buckets.py``), a tiled
+    tower's to a bucket of tiles (``tile_buckets.py``). So the encoder sees
+    only the shapes :meth:`warm_up` ran.
     """
 
     def __init__(
@@ -71,6 +77,12 @@ class MultimodalInputs:
             for modality in self.budget.mm_max_items_per_batch
             if (buckets := self._patch_buckets(modality)) is not None
         }
+        # Per modality whose items are tiles (Llama 4).
+        self.tile_buckets = {
+            modality: tiles
+            for modality in self.budget.mm_max_items_per_batch
+            if (tiles := self._tile_buckets(modality)) is not None
+        }
         self.encoder_cache: dict[str, torch.Tensor] = {}
 
     def _patch_buckets(self, modality: str) -> PatchBuckets | None:
@@ -82,6 +94,17 @@ class MultimodalInputs:
         return PatchBuckets.from_budget(
             self.batch_sizes,
             item_patches(modality, item),
+            self.budget.mm_max_toks_per_item[modality],
+            self.budget.encoder_compute_budget,
+        )
+
+    def _tile_buckets(self, modality: str) -> TileBuckets | None:
+        """Tile buckets sized by vLLM's largest item (its dummy) and budget."""
+        dummy = self.budget.get_dummy_encoder_profile_inputs(modality, 1)
+        if not dummy or not is_tiled_item(modality, dummy[0][1]):
+            return None
+        return TileBuckets.from_budget(
+            item_tiles(dummy[0][1]),
             self.budget.mm_max_toks_per_item[modality],
             self.budget.encoder_compute_budget,
         )
@@ -110,18 +133,25 @@ class MultimodalInputs:
         """Encoder outputs of ``items`` (sorted by modality), in order, in
         bucketed passes."""
         outputs: list[torch.Tensor] = []
-        for _, group in itertools.groupby(items, key=self._grid_modality):
+        for (modality, layout), group in itertools.groupby(items, key=self._layout):
             run = list(group)
-            modality, item = run[0]
-            if is_grid_item(modality, item) and modality in self.patch_buckets:
+            if layout == "grid":
                 outputs += self._encode_grids(run, self.patch_buckets[modality])
+            elif layout == "tiles":
+                outputs += self._encode_tiles(run, self.tile_buckets[modality])
             else:
                 outputs += self._encode_items(run)
         return outputs
 
-    @staticmethod
-    def _grid_modality(item: EncoderItem) -> tuple[str, bool]:
-        return item[0], is_grid_item(*item)
+    def _layout(self, item: EncoderItem) -> tuple[str, str]:
+        """(modality, how its passes are bucketed): by patch grids, by tiles,
+        or by items."""
+        modality = item[0]
+        if modality in self.patch_buckets and is_grid_item(*item):
+            return modality, "grid"
+        if modality in self.tile_buckets and is_tiled_item(*item):
+            return modality, "tiles"
+        return modality, "items"
 
     def _encode_grids(
         self, items: list[EncoderItem], buckets: PatchBuckets
@@ -137,6 +167,23 @@ class MultimodalInputs:
             shape = buckets.shape(num_items, sum(patches[start:end]))
             padded = buckets.pad(kwargs, modality, shape)
             outputs += self._run_encoder(padded, shape[0] + 1)[:num_items]
+        return outputs
+
+    def _encode_tiles(
+        self, items: list[EncoderItem], buckets: TileBuckets
+    ) -> list[torch.Tensor]:
+        """Tiled images of one modality, in passes padded to a bucket of tiles."""
+        tiles = [item_tiles(item) for _, item in items]
+        outputs: list[torch.Tensor] = []
+        for start, end in buckets.group(tiles):
+            ((_, num_items, kwargs),) = group_and_batch_mm_kwargs(
+                items[start:end], device=self.device
+            )
+            used = sum(tiles[start:end])
+            num_tiles = buckets.bucket(used)
+            padded = buckets.pad(kwargs, num_tiles)
+            with_padding = num_items + int(num_tiles > used)
+            outputs += self._run_encoder(padded, with_padding)[:num_items]
         return outputs
 
     def _run_encoder(
@@ -182,6 +229,9 @@ class MultimodalInputs:
             if buckets is not None:
                 self._warm_up_grids(modality, items, buckets)
                 continue
+            if modality in self.tile_buckets:
+                self._warm_up_tiles(items, self.tile_buckets[modality])
+                continue
             for size in self.batch_sizes:
                 self._encode_padded(items * size, size)
             logger.info("Warmed up encoder passes of %s items", self.batch_sizes)
@@ -201,6 +251,14 @@ class MultimodalInputs:
             modality,
             shapes,
         )
+
+    def _warm_up_tiles(self, items: list[EncoderItem], buckets: TileBuckets) -> None:
+        """One pass per tile bucket, of one padding image each."""
+        ((_, _, kwargs),) = group_and_batch_mm_kwargs(items, device=self.device)
+        empty = buckets.empty(kwargs)
+        for num_tiles in buckets.warmup_shapes():
+            self._run_encoder(buckets.pad(empty, num_tiles), 1)
+        logger.info("Warmed up encoder passes of %s tiles", buckets.warmup_shapes())
 
     # ---- input embeddings ---------------------------------------------------
 

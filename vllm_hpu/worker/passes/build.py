@@ -42,11 +42,17 @@ def group_metadata(
     seqs: list[ScheduledSeq], cache: CacheGeometry, build: MetadataBuilder
 ) -> tuple[HpuAttentionMetadata, ...]:
     """The pass's metadata for each KV cache group: the same shapes (one
-    bucket), each group's own block tables and windows."""
-    return tuple(
-        build([seq.group_layout(index) for seq in seqs], group)
-        for index, group in enumerate(cache.group_geometries())
-    )
+    bucket), each group's own block tables and windows. A state group (no
+    attention layer reads it) repeats the first attention group's, so indices
+    stay those of the requests' block tables."""
+    geometries = cache.group_geometries()
+    built = {
+        index: build([seq.group_layout(index) for seq in seqs], group)
+        for index, group in enumerate(geometries)
+        if not group.holds_states
+    }
+    first = next(iter(built.values()))
+    return tuple(built.get(index, first) for index in range(len(geometries)))
 
 
 def build_prompt_forward(

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
+from vllm_hpu.attention.state_metadata import HpuStateMetadata
 from vllm_hpu.bucketing import Bucket
 from vllm_hpu.worker.passes.seqs import ScheduledSeq
 
@@ -26,6 +27,9 @@ class ForwardPass:
     # Data parallel MoE: [dp_size] num_tokens of the pass each rank runs with
     # this one (worker/capabilities/data_parallel.py); None: vLLM asks the ranks.
     num_tokens_across_dp: torch.Tensor | None = None
+    # A hybrid model's state layers: each row's state slot (set after planning
+    # by worker/capabilities/state_cache.py); None for other models.
+    state_metadata: HpuStateMetadata | None = None
 
     @property
     def num_tokens(self) -> int:

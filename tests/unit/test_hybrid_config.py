@@ -1,0 +1,82 @@
+"""A hybrid model's start-up settings (vllm_hpu/hybrid_config.py, platform step
+10b/c): one state per request with prefix caching off where vLLM defaulted it,
+refusals naming each option hybrids cannot use yet, and the attention block
+sized to hold a state page before the runner is built."""
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from models import model_path
+
+GRANITE = "tiny-granite-4.0-h"
+MAX_MODEL_LEN = 256
+
+
+def _engine_config(model: str | Path, **kwargs: Any) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = {"dtype": "float32", "max_model_len": MAX_MODEL_LEN, "enforce_eager": True}
+    return EngineArgs(model=str(model), **args | kwargs).create_engine_config()
+
+
+def test_hybrid_keeps_one_state_per_request(vllm_log):
+    config = _engine_config(model_path(GRANITE), block_size=16)
+    cache = config.cache_config
+    assert not cache.enable_prefix_caching
+    assert cache.mamba_cache_mode == "none"
+    assert cache.mamba_block_size == MAX_MODEL_LEN
+    assert cache.block_size == 16  # a 5.8 KB state page fits one fp32 block
+    assert cache.mamba_page_size_padded == 2 * 16 * 64 * 4
+    assert any("Prefix caching is off" in m for m in vllm_log.messages())
+
+
+REFUSED = [
+    ({"enable_prefix_caching": True}, "prefix caching"),
+    ({"mamba_cache_mode": "align"}, "Mamba cache mode"),
+    ({"mamba_block_size": 64}, "--mamba-block-size"),
+    ({"enable_lora": True}, "LoRA"),
+    ({"enable_sleep_mode": True}, "sleep mode"),
+    ({"disable_hybrid_kv_cache_manager": True}, "--disable-hybrid-kv-cache-manager"),
+    (
+        {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
+        "speculative decoding",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "feature"), REFUSED)
+def test_hybrid_refuses_unsupported_options(kwargs, feature):
+    with pytest.raises(ValueError, match=rf"{feature}.*hybrid models"):
+        _engine_config(model_path(GRANITE), **kwargs)
+
+
+def test_block_grows_to_hold_a_larger_state_page(tmp_path):
+    """A state page larger than a 16-token block (d_state 64: 35 KB): the block
+    grows before the runner exists, and vLLM's own post-load alignment, run
+    again on the result, changes nothing."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from vllm_hpu.attention.backend import HpuAttentionBackend
+    from vllm_hpu.platform import HpuPlatform
+
+    model = tmp_path / "granite-d64"
+    shutil.copytree(model_path(GRANITE), model)
+    config_file = model / "config.json"
+    hf_config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps(hf_config | {"mamba_d_state": 64}))
+    config = _engine_config(model, block_size=16)
+    cache = config.cache_config
+    attention_page = FullAttentionSpec(
+        block_size=cache.block_size,
+        num_kv_heads=4,
+        head_size=16,
+        dtype=config.model_config.dtype,
+    ).page_size_bytes
+    assert cache.block_size > 16
+    assert cache.mamba_page_size_padded == attention_page
+    before = (cache.block_size, cache.mamba_page_size_padded)
+    HpuPlatform._align_hybrid_block_size(config, HpuAttentionBackend)
+    assert (cache.block_size, cache.mamba_page_size_padded) == before

@@ -1,0 +1,148 @@
+"""The state cache of a hybrid model's Mamba2 / linear-attention layers.
+
+Mamba cache mode "none" (hybrid_config.py): a request's state lives for its
+whole life in one slot of each state layer's own tensor, ``max_num_seqs + 1``
+slots (the last one the dummy slot, which padding rows write). vLLM's hybrid KV
+cache manager still hands each request one block per state group; those blocks
+are not used here, since the flat attention caches (``[2, blocks * block_size,
+heads, head]``) cannot share pages with states the way vLLM's block-major
+layout does. Slots are keyed by request id, not by InputBatch row (rows move
+when the batch condenses) nor by block id.
+"""
+
+from collections.abc import Iterable, Mapping
+
+import torch
+from vllm.model_executor.layers.mamba.abstract import MambaBase
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_cache_interface import MambaSpec
+from vllm.v1.worker.gpu_input_batch import InputBatch
+
+from vllm_hpu.attention.state_metadata import (
+    HpuStateMetadata,
+    StateRow,
+    build_state_metadata,
+)
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+
+
+class StateSlots:
+    """``req_id -> slot`` among ``num_slots`` slots; slot ``num_slots`` is the
+    dummy slot."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))  # pops slot 0 first
+        self._slots: dict[str, int] = {}
+
+    @property
+    def dummy_slot(self) -> int:
+        return self.num_slots
+
+    def __getitem__(self, req_id: str) -> int:
+        return self._slots[req_id]
+
+    def assign(self, req_ids: Iterable[str]) -> None:
+        """A slot for each request that has none."""
+        for req_id in req_ids:
+            if req_id in self._slots:
+                continue
+            if not self._free:
+                raise RuntimeError(
+                    f"No state slot left for request {req_id}: more than "
+                    f"{self.num_slots} requests (max_num_seqs) hold states."
+                )
+            self._slots[req_id] = self._free.pop()
+
+    def release(self, req_ids: Iterable[str]) -> None:
+        """Free the slots of requests that finished or were preempted (a
+        preempted request starts again from its first token)."""
+        for req_id in req_ids:
+            slot = self._slots.pop(req_id, None)
+            if slot is not None:
+                self._free.append(slot)
+
+
+class HpuStateCache:
+    """Each state layer's slots, bound through the layer's own ``bind_kv_cache``
+    (vLLM's views and dtypes of one packed page per slot)."""
+
+    def __init__(
+        self,
+        layers: Mapping[str, MambaBase],
+        specs: Mapping[str, MambaSpec],
+        input_batch: InputBatch,
+        max_num_seqs: int,
+        torch_device: torch.device,
+    ) -> None:
+        self.layers = layers
+        self.specs = specs
+        self.input_batch = input_batch
+        self.slots = StateSlots(max_num_seqs)
+        self.device = torch_device
+
+    @property
+    def num_bytes(self) -> int:
+        """Device memory of every layer's slots, dummy slot included."""
+        pages = sum(spec.real_page_size_bytes for spec in self.specs.values())
+        return (self.slots.num_slots + 1) * pages
+
+    def allocate(self) -> None:
+        """Zeroed slots for every layer, bound to it."""
+        for name, layer in self.layers.items():
+            page = self.specs[name].real_page_size_bytes
+            pages = torch.zeros(
+                (self.slots.num_slots + 1, 1, 1, page),
+                dtype=torch.int8,
+                device=self.device,
+            )
+            layer.bind_kv_cache(pages)
+
+    def free(self) -> None:
+        """Drop every layer's slots (after the memory profile)."""
+        for name, layer in self.layers.items():
+            page = self.specs[name].real_page_size_bytes
+            layer.bind_kv_cache(torch.empty((0, 1, 1, page), dtype=torch.int8))
+
+    def before_update(self, scheduler_output: SchedulerOutput) -> None:
+        self.slots.release(scheduler_output.finished_req_ids)
+        self.slots.release(scheduler_output.preempted_req_ids or ())
+
+    def after_update(self) -> None:
+        """Slots for the requests in the batch (its rows are exactly the step's
+        scheduled requests)."""
+        self.slots.assign(self.input_batch.req_ids)
+
+    def add_metadata(self, passes: list[ForwardPass]) -> None:
+        """Each planned pass's state metadata, read from the batch now: with
+        async scheduling the pass runs after the host moved on."""
+        req_ids = self.input_batch.req_ids
+        for forward_pass in passes:
+            rows = [
+                StateRow(
+                    self.slots[req_ids[seq.row]],
+                    seq.start,
+                    seq.layout.num_scheduled_tokens,
+                )
+                for seq in forward_pass.seqs
+            ]
+            forward_pass.state_metadata = self._metadata(forward_pass, rows)
+
+    def metadata_by_layer(
+        self, forward_pass: ForwardPass
+    ) -> dict[str, HpuStateMetadata]:
+        """Each state layer's metadata for the pass; a pass not planned from a
+        step (the memory profile's) runs every row on the dummy slot."""
+        metadata = forward_pass.state_metadata or self._metadata(forward_pass, [])
+        return dict.fromkeys(self.layers, metadata)
+
+    def _metadata(
+        self, forward_pass: ForwardPass, rows: list[StateRow]
+    ) -> HpuStateMetadata:
+        return build_state_metadata(
+            forward_pass.is_prompt,
+            rows,
+            forward_pass.bucket.batch_size,
+            self.slots.dummy_slot,
+            self.device,
+        )
