@@ -85,8 +85,9 @@ def group_members(pgid: int) -> list[psutil.Process]:
 def stop(process: subprocess.Popen) -> list[psutil.Process]:
     """SIGTERM the server's process group, SIGKILL it if it hangs; returns what
     is still alive afterwards: descendants seen before, or group members."""
-    group = [psutil.Process(process.pid)]
-    with contextlib.suppress(psutil.NoSuchProcess):
+    group: list[psutil.Process] = []
+    with contextlib.suppress(psutil.NoSuchProcess):  # it may have exited already
+        group.append(psutil.Process(process.pid))
         group += group[0].children(recursive=True)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)

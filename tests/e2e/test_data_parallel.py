@@ -5,7 +5,8 @@ ranks exchange tokens in every layer (distributed.py), a rank without requests
 joining with idle passes. Without expert parallelism each rank holds half of
 every expert (vLLM shards experts over the data-parallel ranks, or over the
 tensor-parallel ranks); with --enable-expert-parallel, half of the experts, and
-the prompts route to both halves.
+the prompts route to both halves. DeepSeek-V2's layout (latent attention, a
+shared expert beside the routed ones) runs tensor and expert parallel too.
 
 Each process importing vLLM costs seconds: the offline ranks run their engines
 in-process (vLLM's LLMEngine joins the data-parallel group itself), the server
@@ -29,6 +30,7 @@ from models import model_path
 from e2e.harness import (
     KV_CACHE_BYTES,
     engine_spec,
+    hf_greedy,
     random_prompts,
     uses_engines,
     vllm_engine,
@@ -44,7 +46,8 @@ from e2e.server import (
 )
 
 MOE_MODEL = "tiny-mixtral"  # 4 experts, top 2, 2 layers
-NUM_EXPERTS = 4
+# MLA; 4 routed experts (top 2) and a shared one in its second layer
+MLA_MOE_MODEL = "tiny-deepseek-v2-moe"
 VOCAB_SIZE = 1024
 MAX_TOKENS = 16
 # As test_parallel's: a 64-token step budget chunks the long prompt while the
@@ -124,13 +127,11 @@ def expected_from(single: list[list[int]]) -> list[list[int]]:
     return expected
 
 
-def experts_hit() -> set[int]:
-    """Experts transformers routes PROMPTS' tokens to (any layer, top 2)."""
+def experts_hit(name: str) -> set[int]:
+    """Experts transformers routes PROMPTS' tokens to (any MoE layer, top 2)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path(MOE_MODEL), dtype=torch.float32
-    )
+    model = AutoModelForCausalLM.from_pretrained(model_path(name), dtype=torch.float32)
     hit: set[int] = set()
     with torch.no_grad():
         for prompt in PROMPTS:
@@ -140,10 +141,11 @@ def experts_hit() -> set[int]:
     return hit
 
 
-def test_prompts_route_to_both_expert_halves():
-    """With two expert-parallel ranks, rank r owns experts 2r and 2r+1: the
-    prompts below reach experts of both, so each rank's share counts."""
-    hit = experts_hit()
+@pytest.mark.parametrize("name", [MOE_MODEL, MLA_MOE_MODEL])
+def test_prompts_route_to_both_expert_halves(name):
+    """With two expert-parallel ranks, rank r owns experts 2r and 2r+1 (of 4):
+    the prompts below reach experts of both, so each rank's share counts."""
+    hit = experts_hit(name)
     assert hit & {0, 1} and hit & {2, 3}, hit
 
 
@@ -157,16 +159,19 @@ def test_offline_data_parallel_expert_parallel_matches_single_replica(llm, tmp_p
 
 # Without expert parallelism each rank holds half of every expert's intermediate
 # size and the MoE layer's partial sums are all-reduced; with it, half of the
-# experts.
+# experts (DeepSeek-V2's shared expert stays split over the ranks). Compared
+# with transformers' tokens, which one replica equals (test_generate): a
+# reference from a shared engine would be restarted after each fresh TP engine.
 @pytest.mark.parametrize(
-    "expert_parallel", [False, True], ids=["experts-sharded", "expert-parallel"]
+    ("name", "expert_parallel"),
+    [(MOE_MODEL, False), (MOE_MODEL, True), (MLA_MOE_MODEL, True)],
+    ids=["experts-sharded", "expert-parallel", "deepseek-v2-expert-parallel"],
 )
 @pytest.mark.timeout(600)
-@uses_engines(SINGLE)
-def test_tensor_parallel_moe_matches_single_replica(llm, expert_parallel):
-    expected = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
+def test_tensor_parallel_moe_matches_one_card(name, expert_parallel):
+    expected = hf_greedy(model_path(name), PROMPTS, MAX_TOKENS, torch.float32)
     with vllm_engine(
-        model_path(MOE_MODEL),
+        model_path(name),
         distributed_executor_backend="mp",
         tensor_parallel_size=2,
         enable_expert_parallel=expert_parallel,
