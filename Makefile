@@ -45,11 +45,6 @@ $(MODELS)/.smollm2: $(VENV)/.installed scripts/convert_smollm2.py scripts/gguf_l
 	$(PY) scripts/convert_smollm2.py $(MODELS)
 	touch $@
 
-# SmolLM2's first layers, the speculative-decoding benchmark's draft (seconds).
-$(MODELS)/.smollm2-draft: $(MODELS)/.smollm2 scripts/smollm2_draft.py
-	$(PY) scripts/smollm2_draft.py $(MODELS)
-	touch $@
-
 # The tiny test models, then the quantized checkpoints written from them by
 # llm-compressor (installed apart: scripts/build_quant_checkpoints.py).
 $(MODELS)/.built: $(VENV)/.installed scripts/build_tiny_models.py scripts/tiny_*.py scripts/build_quant_checkpoints.py scripts/llmcompressor_checkpoints.py
@@ -61,7 +56,7 @@ setup: $(VENV)/.installed $(MODELS)/.smollm2
 
 test-setup: setup $(VENV)/.test-installed $(MODELS)/.built
 
-models: $(MODELS)/.smollm2 $(MODELS)/.smollm2-draft $(MODELS)/.built
+models: $(MODELS)/.smollm2 $(MODELS)/.built
 
 run: setup
 	$(PY) examples/offline_inference.py --model $(MODELS)/smollm2-135m-instruct

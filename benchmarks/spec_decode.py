@@ -2,8 +2,9 @@
 model), the acceptance rate from vLLM's spec-decode metrics, the padding of
 the passes, and whether the greedy outputs equal those without speculation.
 
-SmolLM2-135M-Instruct by default; the draft model is its first layers
-(``scripts/smollm2_draft.py``, built by ``make models``). Each configuration
+SmolLM2-135M-Instruct by default, drafting for itself unless --draft-model
+names a smaller model sharing its tokenizer (none ships offline; a SmolLM2 cut
+to its first layers is no draft: docs/spec-decode.md). Each configuration
 runs in an engine of its own, in a child process; once all have started and
 generated the batch once, the parent has them generate it in turn, round
 after round (A/B interleaved), so a shared machine's changing load hits
@@ -27,7 +28,6 @@ from typing import Any
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 DEFAULT_MODEL = ".cache/models/smollm2-135m-instruct"
-DEFAULT_DRAFT = ".cache/models/smollm2-135m-instruct-draft"
 # Repetitive text, where prompt lookup has something to find: counting, a
 # repeated sentence, a list, code that repeats its own pattern. (A list of
 # fruit, in earlier versions, was continued in prose: SmolLM2 stops repeating.)
@@ -50,7 +50,9 @@ def parse_args() -> argparse.Namespace:
         default="ngram,draft_model",
         help="comma-separated proposers to compare with no speculation",
     )
-    parser.add_argument("--draft-model", default=DEFAULT_DRAFT)
+    parser.add_argument(
+        "--draft-model", help="the draft_model proposer's model (default: --model)"
+    )
     parser.add_argument(
         "--rounds", type=int, default=5, help="timed generations per engine"
     )
@@ -69,7 +71,7 @@ def speculative_configs(args: argparse.Namespace) -> dict[str, dict | None]:
         },
         "draft_model": {
             "method": "draft_model",
-            "model": args.draft_model,
+            "model": args.draft_model or args.model,
             "num_speculative_tokens": k,
         },
     }
@@ -77,10 +79,10 @@ def speculative_configs(args: argparse.Namespace) -> dict[str, dict | None]:
     unknown = sorted(set(methods) - set(known))
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown}; choose from {sorted(known)}")
-    if "draft_model" in methods and not Path(args.draft_model).is_dir():
+    if "draft_model" in methods and not Path(args.draft_model or args.model).is_dir():
         raise SystemExit(
-            f"--draft-model {args.draft_model} does not exist: build it with "
-            "`python scripts/smollm2_draft.py .cache/models` (or `make models`)"
+            f"--draft-model {args.draft_model} does not exist: name a model "
+            "folder sharing the target's tokenizer"
         )
     return {"none": None, **{method: known[method] for method in methods}}
 
