@@ -21,6 +21,7 @@ import pathlib
 import signal
 import sys
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -48,6 +49,7 @@ from e2e.server import (
 MOE_MODEL = "tiny-mixtral"  # 4 experts, top 2, 2 layers
 # MLA; 4 routed experts (top 2) and a shared one in its second layer
 MLA_MOE_MODEL = "tiny-deepseek-v2-moe"
+NUM_EXPERTS = 4  # routed experts of both models
 VOCAB_SIZE = 1024
 MAX_TOKENS = 16
 # As test_parallel's: a 64-token step budget chunks the long prompt while the
@@ -178,6 +180,19 @@ def test_tensor_parallel_moe_matches_one_card(name, expert_parallel):
         **ENGINE_KWARGS,
     ) as tp:
         assert vllm_greedy(tp, PROMPTS, MAX_TOKENS) == expected
+        held = tp.collective_rpc(experts_held)
+    per_rank = NUM_EXPERTS // 2 if expert_parallel else NUM_EXPERTS
+    assert [set(layers) for layers in held] == [{per_rank}] * 2, held
+
+
+def experts_held(worker: Any) -> list[int]:
+    """How many experts each MoE layer of this rank holds weights for."""
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+    model = worker.model_runner.model
+    return [
+        m.w13_weight.shape[0] for m in model.modules() if isinstance(m, RoutedExperts)
+    ]
 
 
 # tiny-mixtral served as SINGLE is configured, on two data-parallel ranks.
