@@ -5,17 +5,26 @@ the prompts. Run by test_data_parallel.py as
 ``python dp_rank.py MODEL_DIR REQUEST_JSON``; prints the tokens as JSON.
 
 REQUEST_JSON: {"engine": LLM keyword arguments, "prompts": [[token ids]],
-"max_tokens": [one per prompt]}.
+"max_tokens": [one per prompt]}. Also prints the graphs torch.compile compiled
+in the rank's worker during warmup and while generating.
 """
 
 import json
 import sys
 
 
+def compiled_graphs(worker: object) -> int:
+    """Graphs torch.compile compiled in the worker's process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def main(model_dir: str, request: dict) -> None:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model_dir, **request["engine"])
+    (warmed,) = llm.collective_rpc(compiled_graphs)
     params = [
         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         for n in request["max_tokens"]
@@ -23,7 +32,10 @@ def main(model_dir: str, request: dict) -> None:
     prompts = [{"prompt_token_ids": p} for p in request["prompts"]]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     tokens = [list(output.outputs[0].token_ids) for output in outputs]
+    (compiled,) = llm.collective_rpc(compiled_graphs)
+    generating = compiled - warmed
     print("TOKENS " + json.dumps(tokens), flush=True)
+    print("COMPILED " + json.dumps([warmed, generating]), flush=True)
     llm.llm_engine.engine_core.shutdown()
 
 

@@ -1,4 +1,4 @@
-"""Data, expert and tensor parallelism of a MoE model in emulation (issue 34):
+"""Data, expert and tensor parallelism of MoE models in emulation (issue 34):
 vLLM's offline data-parallel pattern (one process per rank) and ``vllm serve
 --data-parallel-size 2`` must answer as one replica does, greedy; a MoE model's
 ranks exchange tokens in every layer (distributed.py), a rank without requests
@@ -10,9 +10,9 @@ shared expert beside the routed ones) runs tensor and expert parallel too.
 
 Each process importing vLLM costs seconds: the offline ranks run their engines
 in-process (vLLM's LLMEngine joins the data-parallel group itself), the server
-starts its engine cores as users get them. One offline run (expert parallel, one
-rank idle most steps) and one server (experts sharded) cover both ways of
-holding experts.
+starts its engine cores as users get them. The offline runs (expert parallel,
+one rank idle most steps, compiled: nothing compiles after warmup) and one
+server (experts sharded) cover both ways of holding experts.
 """
 
 import json
@@ -85,23 +85,26 @@ def _rank_env(rank: int, port: int) -> dict[str, str]:
     }
 
 
-def offline_data_parallel(engine: dict, workdir: pathlib.Path) -> list[list[int]]:
+def offline_data_parallel(
+    name: str, engine: dict, workdir: pathlib.Path, env: dict[str, str]
+) -> tuple[list[list[int]], list[list[int]]]:
     """PROMPTS' tokens from two rank processes started together, in PROMPTS'
-    order."""
+    order, and each rank's graphs compiled in warmup and while generating."""
     port = free_port()
     script = pathlib.Path(__file__).with_name("dp_rank.py")
-    engine = {"dtype": "float32", "kv_cache_memory_bytes": KV_CACHE_BYTES} | engine
+    defaults = {"dtype": "float32", "kv_cache_memory_bytes": KV_CACHE_BYTES}
+    engine = defaults | {"max_model_len": 1024, "seed": 0} | engine
     ranks = []
     for rank, share in enumerate(RANK_SHARES):
         request = {
-            "engine": engine | {"max_model_len": 1024, "seed": 0},
+            "engine": engine,
             "prompts": [PROMPTS[i] for i in share],
             "max_tokens": _max_tokens(rank),
         }
-        command = [sys.executable, str(script), model_path(MOE_MODEL)]
+        command = [sys.executable, str(script), model_path(name)]
         log = workdir / f"rank{rank}.log"
-        env = _rank_env(rank, port)
-        ranks.append((launch([*command, json.dumps(request)], env, log), log))
+        rank_env = _rank_env(rank, port) | env
+        ranks.append((launch([*command, json.dumps(request)], rank_env, log), log))
     deadline = time.monotonic() + RANK_TIMEOUT_S
     try:
         for process, _ in ranks:
@@ -111,18 +114,23 @@ def offline_data_parallel(engine: dict, workdir: pathlib.Path) -> list[list[int]
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
     tokens: list[list[int]] = [[] for _ in PROMPTS]
+    compiled = []
     for rank, (process, log) in enumerate(ranks):
         text = log.read_text(errors="replace")
         assert process.returncode == 0, f"rank {rank} failed:\n{text[-4000:]}"
-        line = next(ln for ln in text.splitlines() if ln.startswith("TOKENS "))
-        generated_tokens = json.loads(line.removeprefix("TOKENS "))
+        generated_tokens = json.loads(_printed(text, "TOKENS "))
         for index, generated in zip(RANK_SHARES[rank], generated_tokens, strict=True):
             tokens[index] = generated
-    return tokens
+        compiled.append(json.loads(_printed(text, "COMPILED ")))
+    return tokens, compiled
+
+
+def _printed(log: str, key: str) -> str:
+    return next(ln for ln in log.splitlines() if ln.startswith(key)).removeprefix(key)
 
 
 def expected_from(single: list[list[int]]) -> list[list[int]]:
-    """The single replica's tokens cut to what each rank asks for."""
+    """One card's tokens cut to what each rank asks for."""
     expected = list(single)
     for index in RANK_SHARES[1]:
         expected[index] = single[index][:SHORT_MAX_TOKENS]
@@ -151,12 +159,26 @@ def test_prompts_route_to_both_expert_halves(name):
     assert hit & {0, 1} and hit & {2, 3}, hit
 
 
+# Compiled emulation (dynamo's eager backend) with a small bucket set: each
+# rank warms up its buckets, the idle rank's dummy passes included, and
+# compiles nothing while generating.
+COMPILED_DP = {"VLLM_HPU_COMPILE_BACKEND": "eager"}
+COMPILED_DP_ENGINE = {"enforce_eager": False, "max_num_seqs": 4, "max_model_len": 256}
+
+
 @pytest.mark.timeout(900)
-@uses_engines(SINGLE)
-def test_offline_data_parallel_expert_parallel_matches_single_replica(llm, tmp_path):
-    expected = expected_from(vllm_greedy(llm, PROMPTS, MAX_TOKENS))
-    engine = ENGINE_KWARGS | {"enable_expert_parallel": True}
-    assert offline_data_parallel(engine, tmp_path) == expected
+@pytest.mark.parametrize("name", [MOE_MODEL, MLA_MOE_MODEL])
+def test_offline_data_parallel_expert_parallel_matches_one_card(name, tmp_path):
+    """vLLM refuses offline data parallelism for dense models ("not
+    supported/useful"): MoE models only, each rank owning half of the experts."""
+    single = hf_greedy(model_path(name), PROMPTS, MAX_TOKENS, torch.float32)
+    engine = ENGINE_KWARGS | COMPILED_DP_ENGINE | {"enable_expert_parallel": True}
+    tokens, compiled = offline_data_parallel(name, engine, tmp_path, COMPILED_DP)
+    assert tokens == expected_from(single)
+    assert [warmed > 0 and generating == 0 for warmed, generating in compiled] == [
+        True,
+        True,
+    ], compiled
 
 
 # Without expert parallelism each rank holds half of every expert's intermediate
