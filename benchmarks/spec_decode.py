@@ -2,9 +2,10 @@
 model), the acceptance rate from vLLM's spec-decode metrics, the padding of
 the passes, and whether the greedy outputs equal those without speculation.
 
-SmolLM2-135M-Instruct by default, drafting for itself unless --draft-model
-names a smaller model sharing its tokenizer (none ships offline; a SmolLM2 cut
-to its first layers is no draft: docs/spec-decode.md). Each configuration
+SmolLM2-135M-Instruct by default; its draft model by default is a two-layer
+Llama distilled from it on generic prompts (scripts/build_draft_model.py,
+built into .cache/models when missing, a few minutes; none ships offline, and
+a SmolLM2 cut to its first layers is no draft: docs/spec-decode.md). Each configuration
 runs in an engine of its own, in a child process; once all have started and
 generated the batch once, the parent has them generate it in turn, round
 after round (A/B interleaved), so a shared machine's changing load hits
@@ -20,6 +21,8 @@ import json
 import multiprocessing
 import os
 import statistics
+import subprocess
+import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -28,6 +31,9 @@ from typing import Any
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 DEFAULT_MODEL = ".cache/models/smollm2-135m-instruct"
+DEFAULT_DRAFT = ".cache/models/smollm2-draft-192x2"
+# Written by scripts/build_draft_model.py once the draft is complete.
+DRAFT_STAMP = ".build_version"
 # Repetitive text, where prompt lookup has something to find: counting, a
 # repeated sentence, a list, code that repeats its own pattern. (A list of
 # fruit, in earlier versions, was continued in prose: SmolLM2 stops repeating.)
@@ -51,7 +57,10 @@ def parse_args() -> argparse.Namespace:
         help="comma-separated proposers to compare with no speculation",
     )
     parser.add_argument(
-        "--draft-model", help="the draft_model proposer's model (default: --model)"
+        "--draft-model",
+        default=DEFAULT_DRAFT,
+        help="the draft_model proposer's model, sharing --model's tokenizer "
+        "(the default is built when missing; --model drafts for itself)",
     )
     parser.add_argument(
         "--rounds", type=int, default=5, help="timed generations per engine"
@@ -71,7 +80,7 @@ def speculative_configs(args: argparse.Namespace) -> dict[str, dict | None]:
         },
         "draft_model": {
             "method": "draft_model",
-            "model": args.draft_model or args.model,
+            "model": args.draft_model,
             "num_speculative_tokens": k,
         },
     }
@@ -79,12 +88,26 @@ def speculative_configs(args: argparse.Namespace) -> dict[str, dict | None]:
     unknown = sorted(set(methods) - set(known))
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown}; choose from {sorted(known)}")
-    if "draft_model" in methods and not Path(args.draft_model or args.model).is_dir():
+    if "draft_model" in methods and args.draft_model == DEFAULT_DRAFT:
+        build_default_draft()
+    if "draft_model" in methods and not Path(args.draft_model).is_dir():
         raise SystemExit(
             f"--draft-model {args.draft_model} does not exist: name a model "
             "folder sharing the target's tokenizer"
         )
     return {"none": None, **{method: known[method] for method in methods}}
+
+
+def build_default_draft() -> None:
+    """Distil the default draft from SmolLM2 unless it is built (the script
+    returns at once then)."""
+    if (Path(DEFAULT_DRAFT) / DRAFT_STAMP).exists():
+        return
+    print(f"building {DEFAULT_DRAFT} (a few minutes)", flush=True)
+    script = Path(__file__).resolve().parent.parent / "scripts" / "build_draft_model.py"
+    subprocess.run(
+        [sys.executable, str(script), str(Path(DEFAULT_DRAFT).parent)], check=True
+    )
 
 
 def padding_ratios(worker: Any) -> dict[str, float]:
