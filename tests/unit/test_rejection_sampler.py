@@ -165,3 +165,35 @@ def test_draft_targets_not_run_yet_are_refused(
         ValueError, match=f"{method} proposer does not run with {refusal}"
     ):
         check_speculative_config(config)  # type: ignore[arg-type]
+
+
+def test_draft_model_with_other_kv_heads_is_refused():
+    def model_config(kv_heads: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            is_multimodal_model=False,
+            get_num_kv_heads=lambda parallel: kv_heads,
+            get_head_size=lambda: 64,
+        )
+
+    spec = SimpleNamespace(
+        method="draft_model",
+        draft_sample_method="greedy",
+        use_heterogeneous_vocab=False,
+        parallel_drafting=False,
+        draft_parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        draft_model_config=model_config(2),
+    )
+    config = SimpleNamespace(
+        speculative_config=spec,
+        lora_config=None,
+        model_config=model_config(3),
+        parallel_config=SimpleNamespace(
+            pipeline_parallel_size=1, tensor_parallel_size=1
+        ),
+    )
+    with pytest.raises(
+        ValueError, match=r"draft has .* \(2, 64\), the target \(3, 64\)"
+    ):
+        check_speculative_config(config)  # type: ignore[arg-type]
+    spec.draft_model_config = model_config(3)
+    check_speculative_config(config)  # type: ignore[arg-type]

@@ -31,6 +31,8 @@ def check_speculative_config(vllm_config: VllmConfig) -> None:
     if spec.method in ("draft_model", "eagle", "eagle3"):
         _check_draft_options(spec)
         _check_draft_target(vllm_config)
+    if spec.method == "draft_model":
+        _check_draft_kv_shape(vllm_config)
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         raise ValueError(
             "The HPU plugin does not support speculative decoding with pipeline "
@@ -80,3 +82,26 @@ def _check_draft_target(vllm_config: VllmConfig) -> None:
                 f"The HPU plugin's {spec.method} proposer does not run with "
                 f"{feature} yet; drop one of them."
             )
+
+
+def _check_draft_kv_shape(vllm_config: VllmConfig) -> None:
+    """A draft model's layers take KV caches shaped as the target's: vLLM
+    puts layers of other KV heads or head sizes in a cache group of mixed
+    specs, which the HPU caches are not allocated for."""
+    spec = vllm_config.speculative_config
+    assert spec is not None
+    parallel = vllm_config.parallel_config
+    shapes = {
+        name: (config.get_num_kv_heads(parallel), config.get_head_size())
+        for name, config in [
+            ("target", vllm_config.model_config),
+            ("draft", spec.draft_model_config),
+        ]
+    }
+    if shapes["draft"] != shapes["target"]:
+        raise ValueError(
+            "The HPU plugin's draft_model proposer needs a draft with the "
+            "target's KV heads and head size; the draft has (KV heads, head "
+            f"size) {shapes['draft']}, the target {shapes['target']}. Build the "
+            "draft with the target's num_key_value_heads and head_dim."
+        )
