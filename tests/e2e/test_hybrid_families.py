@@ -6,10 +6,12 @@ One engine per model (Granite's compiled: nothing compiles after warmup):
 prompts of 1 to 140 tokens cross Granite's 16-token and the delta rule's
 64-token scan chunks and, under a 48-token step budget, are
 split mid-chunk (their states carried between passes); a one-token prompt's
-first step is a decode row without a state; a 20-block pool, which one
-max_model_len request fits but the batch does not, forces preemptions (a
-resumed request starts its state again). Each state layer's own term is shown
-to matter: transformers without it generates other tokens.
+first step is a decode row without a state; a 22-block pool, which one
+max_model_len request fits but the batch does not, forces preemptions. Prefix
+caching is on (vLLM's default; Mamba cache mode "align"): prompts are split at
+block boundaries, states are saved there, and a resumed request or one sharing
+a cached prefix restores its state from the hit's block. Each state layer's own
+term is shown to matter: transformers without it generates other tokens.
 """
 
 import functools
@@ -37,10 +39,10 @@ MAX_TOKENS = 24
 LENGTHS = [1, 2, 7, 33, 61, 140]
 PROMPT_SEED = 43
 BLOCK_SIZE = 16
-# Each request holds one block per state group (3) besides its attention
-# blocks: vLLM's start-up check wants 16 + 3 for one max_model_len request; the
-# six prompts with their tokens need 27 + 18.
-NUM_BLOCKS = 20
+# Each request holds up to two blocks per state group (3) besides its attention
+# blocks: vLLM's start-up check wants 16 + 6 for one max_model_len request; the
+# six prompts with their tokens need 27 + 36.
+NUM_BLOCKS = 22
 # Granite's engine runs compiled emulation (dynamo's eager backend): the state
 # layers' passes keep the buckets' static shapes, so warmup leaves nothing to
 # compile (Qwen3-Next's layers are planned the same way; its warmup doubles the
@@ -79,7 +81,7 @@ def test_hybrid_matches_hf_with_chunks_and_preemption(
     name = shared_engine.model
     cache_config = llm.llm_engine.vllm_config.cache_config
     assert cache_config.block_size == BLOCK_SIZE
-    assert not cache_config.enable_prefix_caching
+    assert cache_config.mamba_cache_mode == "align"
     before, warmed = counters(llm), compiled_graphs()
     actual = vllm_greedy(llm, prompts(name), MAX_TOKENS)
     after = counters(llm)
@@ -88,6 +90,27 @@ def test_hybrid_matches_hf_with_chunks_and_preemption(
         assert warmed > 0 and compiled_graphs() == warmed
     for length, want, got in zip(LENGTHS, reference(name), actual, strict=True):
         assert got == want, f"{name}: the {length}-token prompt diverged"
+
+
+# A 40-token prompt runs as chunks [0, 32) and [32, 40) (vLLM's align split),
+# then decodes past 48: its states after 32 tokens (saved by a prefill chunk)
+# and after 48 (saved by a decode step) are cached with their blocks.
+SHARED_LENGTH = 40
+
+
+@uses_engines(*SPECS)
+def test_hybrid_resumes_from_cached_states(llm: Any, shared_engine: EngineSpec):
+    name = shared_engine.model
+    base, tail = random_prompts([SHARED_LENGTH, 8], vocab_size(name), seed=44)
+    first = vllm_greedy(llm, [base], MAX_TOKENS)[0]
+    sequence = base + first
+    followers = [base[:35] + tail, sequence[:50] + tail]  # hits: 32, 48 tokens
+    before = counters(llm)
+    actual = vllm_greedy(llm, followers, MAX_TOKENS)
+    hits = counted(before, counters(llm), "vllm:prefix_cache_hits")
+    assert hits >= 32 + 48
+    want = hf_greedy(model_path(name), [base, *followers], MAX_TOKENS, torch.float32)
+    assert [first, *actual] == want
 
 
 # ---- Each state layer's term matters: transformers without it differs ----
