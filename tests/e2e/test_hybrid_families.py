@@ -6,7 +6,7 @@ One engine per model (Granite's compiled: nothing compiles after warmup):
 prompts of 1 to 140 tokens cross Granite's 16-token and the delta rule's
 64-token scan chunks and, under a 48-token step budget, are
 split mid-chunk (their states carried between passes); a one-token prompt's
-first step is a decode row without a state; a 22-block pool, which one
+first step is a decode row without a state; a 23-block pool, which one
 max_model_len request fits but the batch does not, forces preemptions. Prefix
 caching is on (vLLM's default; Mamba cache mode "align"): prompts are split at
 block boundaries, states are saved there, and a resumed request or one sharing
@@ -40,9 +40,9 @@ LENGTHS = [1, 2, 7, 33, 61, 140]
 PROMPT_SEED = 43
 BLOCK_SIZE = 16
 # Each request holds up to two blocks per state group (3) besides its attention
-# blocks: vLLM's start-up check wants 16 + 6 for one max_model_len request; the
-# six prompts with their tokens need 27 + 36.
-NUM_BLOCKS = 22
+# blocks: vLLM's start-up check wants 16 + 6 (and the null block) for one
+# max_model_len request; the six prompts with their tokens need 27 + 36.
+NUM_BLOCKS = 23
 # Granite's engine runs compiled emulation (dynamo's eager backend): the state
 # layers' passes keep the buckets' static shapes, so warmup leaves nothing to
 # compile (Qwen3-Next's layers are planned the same way; its warmup doubles the
@@ -60,6 +60,9 @@ SPECS = [
         kv_cache_memory_bytes=None,
         max_num_batched_tokens=48,
         enable_chunked_prefill=True,
+        # Every block's state stays cached (vLLM's default keeps only each
+        # prompt's last boundary): decode's checkpoints are hit too.
+        prefix_cache_retention_interval=None,
     )
     for name in HYBRID_MODELS
 ]
@@ -93,8 +96,10 @@ def test_hybrid_matches_hf_with_chunks_and_preemption(
 
 
 # A 40-token prompt runs as chunks [0, 32) and [32, 40) (vLLM's align split),
-# then decodes past 48: its states after 32 tokens (saved by a prefill chunk)
-# and after 48 (saved by a decode step) are cached with their blocks.
+# then decodes past 48: its state after 32 tokens, saved by a prefill chunk,
+# and after 48, saved by a decode step, are cached with their blocks. Each
+# follower runs alone right after the request it shares a prefix with, so no
+# other allocation evicts those blocks first.
 SHARED_LENGTH = 40
 
 
@@ -102,15 +107,17 @@ SHARED_LENGTH = 40
 def test_hybrid_resumes_from_cached_states(llm: Any, shared_engine: EngineSpec):
     name = shared_engine.model
     base, tail = random_prompts([SHARED_LENGTH, 8], vocab_size(name), seed=44)
-    first = vllm_greedy(llm, [base], MAX_TOKENS)[0]
-    sequence = base + first
-    followers = [base[:35] + tail, sequence[:50] + tail]  # hits: 32, 48 tokens
-    before = counters(llm)
-    actual = vllm_greedy(llm, followers, MAX_TOKENS)
-    hits = counted(before, counters(llm), "vllm:prefix_cache_hits")
-    assert hits >= 32 + 48
-    want = hf_greedy(model_path(name), [base, *followers], MAX_TOKENS, torch.float32)
-    assert [first, *actual] == want
+    prompts: list[list[int]] = []
+    outputs: list[list[int]] = []
+    hits = []
+    for shared in (0, 35, 50):  # a prefix of the last request and its tokens
+        prompt = (prompts[-1] + outputs[-1])[:shared] + tail if shared else base
+        before = counters(llm)
+        outputs += vllm_greedy(llm, [prompt], MAX_TOKENS)
+        hits.append(counted(before, counters(llm), "vllm:prefix_cache_hits"))
+        prompts.append(prompt)
+    assert hits == [0, 32, 48]
+    assert outputs == hf_greedy(model_path(name), prompts, MAX_TOKENS, torch.float32)
 
 
 # ---- Each state layer's term matters: transformers without it differs ----
