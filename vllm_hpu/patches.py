@@ -141,8 +141,8 @@ def _patch_engine_args(arg_utils: ModuleType) -> None:
 # whether the user set them: VLLM_DELAYED_SAMPLING must apply only when
 # --(no-)async-scheduling was not given, emulation picks the model's dtype only
 # when --dtype was left at "auto" (ModelConfig replaces "auto" by a dtype), and a
-# hybrid model's prefix caching and Mamba cache options are switched off only
-# where vLLM defaulted them (MambaModelConfig turns "none" into "align").
+# hybrid model's --mamba-block-size is refused only where the user set it (vLLM
+# fills it in from the block size or max_model_len).
 # How: EngineArgs still holds the user's values when create_engine_config starts.
 # The variable fills in an unset async_scheduling (None), and the source is recorded
 # for the start-up log; True stays None: vLLM's default is on, and it switches async
@@ -154,8 +154,8 @@ def _patch_engine_args(arg_utils: ModuleType) -> None:
 async_scheduling_source = "vLLM's default"
 requested_dtype: Any = None
 # What the user asked of a hybrid model's state cache (hybrid_config.py): option
-# name -> value, None where left to vLLM (enable_prefix_caching, mamba_block_size)
-# or at vLLM's default (mamba_cache_mode "none"); empty outside create_engine_config.
+# name -> value, None where left to vLLM (mamba_block_size, which vLLM fills in
+# before the platform's hook); empty outside create_engine_config.
 requested_state_options: dict[str, Any] = {}
 
 
@@ -175,11 +175,7 @@ def _with_requested_options(create: Callable[..., Any]) -> Callable[..., Any]:
         else:  # per engine: a process may create several
             async_scheduling_source = "vLLM's default"
         requested_dtype = self.dtype
-        requested_state_options = {
-            "enable_prefix_caching": self.enable_prefix_caching,
-            "mamba_cache_mode": self.mamba_cache_mode,
-            "mamba_block_size": self.mamba_block_size,
-        }
+        requested_state_options = {"mamba_block_size": self.mamba_block_size}
         try:
             return create(self, *args, **kwargs)
         finally:

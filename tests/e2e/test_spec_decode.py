@@ -118,6 +118,7 @@ def test_speculation_compiles_nothing_after_warmup(hpu_env, speculative_config: 
         max_num_seqs=2,
         max_num_batched_tokens=128,
         enable_prefix_caching=False,
+        enable_chunked_prefill=False,
         speculative_config=speculative_config,
     ) as llm:
         warmed = int(counters["stats"]["unique_graphs"])

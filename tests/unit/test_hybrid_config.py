@@ -1,15 +1,19 @@
 """A hybrid model's start-up settings (vllm_hpu/hybrid_config.py, platform step
-10b/c): one state per request with prefix caching off where vLLM defaulted it,
-refusals naming each option hybrids cannot use yet, and the attention block
-sized to hold a state page before the runner is built."""
+10b/c): one state per request without prefix caching, a state block per KV
+cache block with it (vLLM's "align"), refusals naming each option hybrids
+cannot use yet, and the attention block sized to hold a state page before the
+runner is built."""
 
 import json
 import shutil
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
+import torch
 from models import model_path
+from vllm.v1.kv_cache_interface import MambaSpec
 
 GRANITE = "tiny-granite-4.0-h"
 MAX_MODEL_LEN = 256
@@ -22,21 +26,40 @@ def _engine_config(model: str | Path, **kwargs: Any) -> Any:
     return EngineArgs(model=str(model), **args | kwargs).create_engine_config()
 
 
-def test_hybrid_keeps_one_state_per_request(vllm_log):
-    config = _engine_config(model_path(GRANITE), block_size=16)
+def test_hybrid_keeps_one_state_per_request_without_prefix_caching():
+    config = _engine_config(
+        model_path(GRANITE), block_size=16, enable_prefix_caching=False
+    )
     cache = config.cache_config
-    assert not cache.enable_prefix_caching
     assert cache.mamba_cache_mode == "none"
     assert cache.mamba_block_size == MAX_MODEL_LEN
     assert cache.block_size == 16  # a 5.8 KB state page fits one fp32 block
     assert cache.mamba_page_size_padded == 2 * 16 * 64 * 4
-    assert any("Prefix caching is off" in m for m in vllm_log.messages())
+
+
+def test_hybrid_caches_states_per_block_with_prefix_caching():
+    """vLLM's default for a hybrid with prefix caching: mode "align", a state
+    block per KV cache block; the Mamba2 spec asks for no in-pass checkpoint."""
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+    from vllm_hpu.ops.state_layers import HpuMambaMixer2
+
+    config = _engine_config(model_path(GRANITE), block_size=16)
+    cache = config.cache_config
+    assert cache.enable_prefix_caching
+    assert cache.mamba_cache_mode == "align"
+    assert cache.mamba_block_size == cache.block_size == 16
+    layer = HpuMambaMixer2.__new__(HpuMambaMixer2)
+    spec = MambaSpec(block_size=16, shapes=((3, 8),), dtypes=(torch.float32,))
+    with patch.object(MambaMixer2, "get_kv_cache_spec", return_value=spec):
+        ours = layer.get_kv_cache_spec(config)
+    assert ours.num_prefill_checkpoint_blocks == 0
+    assert ours.prefill_checkpoint_alignment is None
 
 
 REFUSED = [
-    ({"enable_prefix_caching": True}, "prefix caching"),
-    ({"mamba_cache_mode": "align"}, "Mamba cache mode"),
     ({"mamba_block_size": 64}, "--mamba-block-size"),
+    ({"prefix_match_unit": 8}, "--prefix-match-unit"),
     ({"enable_lora": True}, "LoRA"),
     ({"enable_sleep_mode": True}, "sleep mode"),
     ({"disable_hybrid_kv_cache_manager": True}, "--disable-hybrid-kv-cache-manager"),

@@ -13,7 +13,7 @@ import pytest
 from models import model_path
 from vllm.model_executor.models.registry import ModelRegistry, _ModelInfo
 
-from vllm_hpu import platform
+from vllm_hpu import refusals
 from vllm_hpu.model_support import (
     FED_MULTIMODAL_ARCHS,
     RUNNABLE_HYBRID_ARCHS,
@@ -161,7 +161,7 @@ def _engine_config(model: str | Path, **kwargs: Any):
 @WALKS_THE_REGISTRY
 def test_start_up_step_passes_a_decoder():
     config = _engine_config(model_path("tiny-llama"))  # the whole config hook ran
-    platform._reject_unsupported_model(config)
+    refusals.reject_unsupported_model(config)
 
 
 def test_start_up_refuses_a_multimodal_model_unless_every_limit_is_0(tmp_path):
@@ -175,7 +175,7 @@ def test_start_up_refuses_a_multimodal_model_unless_every_limit_is_0(tmp_path):
     with pytest.raises(ValueError, match="image, audio or video inputs"):
         _engine_config(tmp_path)
     config = _engine_config(tmp_path, limit_mm_per_prompt={"image": 0})
-    platform._reject_unsupported_model(config)
+    refusals.reject_unsupported_model(config)
     assert not config.model_config.supports_multimodal_inputs
 
 

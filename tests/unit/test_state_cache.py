@@ -71,8 +71,12 @@ def _state_cache(max_num_seqs: int = 2) -> tuple[HpuStateCache, Any]:
     return HpuStateCache(layers, specs, batch, max_num_seqs, CPU), batch
 
 
-def _step(finished=(), preempted=None) -> Any:
-    return SimpleNamespace(finished_req_ids=set(finished), preempted_req_ids=preempted)
+def _step(finished=(), preempted=None, resumed=()) -> Any:
+    return SimpleNamespace(
+        finished_req_ids=set(finished),
+        preempted_req_ids=preempted,
+        scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set(resumed)),
+    )
 
 
 def test_slots_follow_requests_and_return_when_they_leave() -> None:
@@ -88,6 +92,9 @@ def test_slots_follow_requests_and_return_when_they_leave() -> None:
     batch.req_ids = ["c", "d"]
     cache.after_update()
     assert {cache.slots["c"], cache.slots["d"]} == {0, 1}
+    # Resumed without notice (reset_prefix_cache): a new slot, to restore.
+    cache.before_update(_step(resumed={"c"}))
+    assert cache.slots.assign(["d", "c"]) == {"c"}
     with pytest.raises(KeyError):
         cache.slots["a"]
 

@@ -18,10 +18,13 @@ from vllm_hpu.worker.warmup.execution import (
 from vllm_hpu.worker.warmup.warmup import HpuWarmup
 
 
-def fake_runner(limits: ServingLimits, manager: HpuBucketManager) -> SimpleNamespace:
+def fake_runner(
+    limits: ServingLimits, manager: HpuBucketManager, num_kv_blocks: int = 1 << 20
+) -> SimpleNamespace:
     """The runner attributes warmup sizes its requests from."""
     return SimpleNamespace(
         buckets=manager,
+        cache=SimpleNamespace(num_blocks=num_kv_blocks),
         block_size=limits.block_size,
         max_num_tokens=limits.max_num_batched_tokens,
         model_config=SimpleNamespace(max_model_len=limits.max_model_len),
@@ -89,6 +92,33 @@ def test_warmup_prompt_requests_land_on_their_bucket(limits, environ):
             shape = (len(seqs), max(queries), max(contexts))
             assert len(seqs) * max(queries) <= limits.max_num_batched_tokens
         assert manager.find_prompt_bucket(*shape) == bucket
+
+
+def test_warmup_prompt_rows_keep_blocks_of_their_own_in_a_small_cache():
+    """9 KV blocks: two rows of 7 context blocks would share blocks (the
+    runner would run them apart, batch 1); the second row then starts
+    without context and the pass still lands on its bucket; a bucket whose
+    rows cannot fit apart at all gets no requests."""
+    limits = LIMITS[1]
+    config = BucketingConfig.from_limits(
+        limits, read_envs({"VLLM_HPU_MERGED_PREFILL": "false"})
+    )
+    manager = HpuBucketManager(config)
+    warmup = HpuWarmup(fake_runner(limits, manager, num_kv_blocks=9), graph_mem=0)  # type: ignore[arg-type]
+    contexts_seen = set()
+    for bucket in manager.prompt_buckets:
+        seqs = warmup.prompt_seqs(bucket)
+        if seqs is None:  # no two rows of blocks of their own fit 9 blocks
+            assert bucket.batch_size * cdiv(bucket.query_len, 16) > 9, bucket
+            continue
+        blocks = [cdiv(s.num_tokens, limits.block_size) for s in seqs]
+        assert sum(blocks) <= 9, bucket
+        queries = [s.num_tokens - s.num_computed for s in seqs]
+        contexts = [cdiv(s.num_computed, limits.block_size) for s in seqs]
+        shape = (len(seqs), max(queries), max(contexts))
+        assert manager.find_prompt_bucket(*shape) == bucket
+        contexts_seen.add(tuple(contexts))
+    assert any(len(c) == 2 and c[0] > 0 == c[1] for c in contexts_seen)
 
 
 @pytest.mark.parametrize("environ", STRATEGIES)

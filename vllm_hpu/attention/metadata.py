@@ -351,6 +351,19 @@ def build_decode_metadata(
     )
 
 
+def block_mapping(
+    groups: torch.Tensor, batch_size: int, cache: CacheGeometry
+) -> torch.Tensor:
+    """Each block's one-hot owning row, made in the model's dtype (an int64
+    one-hot of P x bs would be 4 to 8 times larger); the sink row's column
+    dropped."""
+    mapping = torch.zeros(
+        groups.shape[0], batch_size + 1, dtype=cache.dtype, device=cache.device
+    )
+    mapping.scatter_(1, groups[:, None], 1.0)
+    return mapping[:, :batch_size]
+
+
 def _decode_blocks(
     flat: _FlatBlocks, batch_size: int, cache: CacheGeometry
 ) -> DecodeBlocks:
@@ -362,16 +375,10 @@ def _decode_blocks(
     offsets = torch.arange(cache.block_size, device=cache.device)[None, :]
     hidden = (offsets >= usage[:, None]) | (offsets < start[:, None])
     bias = torch.zeros(hidden.shape, dtype=cache.dtype, device=cache.device)
-    # One-hot of the owning row, made in the model's dtype (an int64 one-hot
-    # of P x bs would be 4 to 8 times larger); the sink row's column dropped.
-    mapping = torch.zeros(
-        groups.shape[0], batch_size + 1, dtype=cache.dtype, device=cache.device
-    )
-    mapping.scatter_(1, groups[:, None], 1.0)
     return DecodeBlocks(
         block_list=to_device(flat.block_list),
         block_groups=groups,
-        block_mapping=mapping[:, :batch_size],
+        block_mapping=block_mapping(groups, batch_size, cache),
         block_bias=bias.masked_fill_(hidden, float("-inf")),
         block_offsets=to_device(flat.block_offsets),
     )

@@ -52,3 +52,23 @@ def build_state_metadata(
         ),
         query_lens=torch.tensor(query_lens, dtype=torch.long, device=torch_device),
     )
+
+
+@dataclass(frozen=True)
+class BlockCopies:
+    """Whole-page copies between request slots and the block-addressed
+    checkpoints of prefix caching (worker/capabilities/state_checkpoints.py):
+    row ``i`` pairs ``slots[i]`` with ``blocks[g][i]`` in each state KV cache
+    group ``g`` (a block id of that group's table)."""
+
+    slots: torch.Tensor  # [n] long
+    blocks: dict[int, torch.Tensor]  # group -> [n] long
+
+
+@dataclass(frozen=True)
+class StateCheckpointCopies:
+    """A pass's copies: checkpoints into slots before it (prefix hits), slots
+    into checkpoints after it (rows ending on a block boundary)."""
+
+    restores: BlockCopies | None
+    saves: BlockCopies | None

@@ -24,6 +24,7 @@ from vllm_hpu.attention.metadata import (
     CacheGeometry,
     HpuAttentionMetadata,
     SeqLayout,
+    block_mapping,
     first_visible_position,
     window_capacity,
 )
@@ -221,14 +222,10 @@ def _verify_blocks(
     # block maximum finite, and the row's visible keys outweigh it.
     bias = torch.zeros(hidden.shape, dtype=cache.dtype, device=cache.device)
     bias.masked_fill_(hidden, torch.finfo(cache.dtype).min)
-    mapping = torch.zeros(
-        groups.shape[0], batch_size + 1, dtype=cache.dtype, device=cache.device
-    )
-    mapping.scatter_(1, groups[:, None], 1.0)
     return DecodeBlocks(
         block_list=to_device(flat.block_list),
         block_groups=groups,
-        block_mapping=mapping[:, :batch_size],
+        block_mapping=block_mapping(groups, batch_size, cache),
         block_bias=bias.unsqueeze(2),
         block_offsets=to_device(flat.block_offsets),
     )

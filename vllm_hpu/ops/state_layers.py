@@ -9,15 +9,18 @@ over the runner's padded passes, reading ``HpuStateMetadata``
 (attention/state_metadata.py) from the forward context.
 """
 
+from dataclasses import replace
 from typing import cast
 
 import torch
+from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.custom_op import op_registry_oot
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
     QwenGatedDeltaNetAttention,
 )
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec
 
 from vllm_hpu.attention.state_metadata import HpuStateMetadata
 from vllm_hpu.ops.gated_delta import (
@@ -36,6 +39,17 @@ from vllm_hpu.ops.mamba import (
 
 class HpuMambaMixer2(MambaMixer2):
     conv_weights: torch.Tensor  # [conv_dim, K], a buffer vLLM registers
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec | None:
+        """vLLM's spec without its in-pass prefill checkpoint: the passes here
+        save a state only at a pass's end, so with prefix caching vLLM's
+        scheduler ends prefill chunks on block boundaries instead."""
+        spec = super().get_kv_cache_spec(vllm_config)
+        if not isinstance(spec, MambaSpec):
+            return spec
+        return replace(
+            spec, num_prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None
+        )
 
     def conv_ssm_forward(
         self, projected_states: torch.Tensor, output: torch.Tensor

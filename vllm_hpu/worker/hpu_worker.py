@@ -109,18 +109,19 @@ class HpuWorker(WorkerBase):
 
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache: an explicit size, or the documented split;
-        less a hybrid model's state slots, which the runner allocates itself."""
-        return self._kv_cache_bytes() - self._state_bytes()
-
-    def _state_bytes(self) -> int:
+        less a hybrid model's state slots and checkpoints, which the runner
+        allocates itself."""
+        available = self._kv_cache_bytes()
         state_cache = self.runner.caps.state_cache
         if state_cache is None:
-            return 0
+            return available
+        share = state_cache.kv_cache_share(available)
         logger.info(
-            "State slots of the hybrid model's state layers: %s GiB.",
-            format_gib(state_cache.num_bytes),
+            "State slots%s of the hybrid model's state layers: %s GiB.",
+            " and checkpoints" if state_cache.prefix_caching else "",
+            format_gib(available - share),
         )
-        return state_cache.num_bytes
+        return share
 
     def _kv_cache_bytes(self) -> int:
         explicit = self.cache_config.kv_cache_memory_bytes

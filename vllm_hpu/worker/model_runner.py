@@ -168,7 +168,7 @@ class HpuModelRunner:
         layers = self._attention_layers()
         self.kv_caches = bind_kv_caches(layers, kv_cache_config, self.device)
         if self.caps.state_cache is not None:
-            self.caps.state_cache.allocate()
+            self.caps.state_cache.allocate(kv_cache_config)
         self.cache = group_cache_geometry(
             layers, kv_cache_config, self.dtype, self.device
         )
@@ -356,8 +356,10 @@ class HpuModelRunner:
         # MLA layers write their cache before attending, from this mapping.
         slot_mapping = {name: m.slot_mapping for name, m in attn_metadata.items()}
         layer_metadata: dict[str, Any] = dict(attn_metadata)
-        if self.caps.state_cache is not None:
-            layer_metadata |= self.caps.state_cache.metadata_by_layer(forward_pass)
+        state_cache = self.caps.state_cache
+        if state_cache is not None:
+            layer_metadata |= state_cache.metadata_by_layer(forward_pass)
+            state_cache.before_pass(forward_pass)
         phase = "prompt" if forward_pass.is_prompt else "decode"
         graphed = (phase, forward_pass.bucket) in self.graphed_buckets
         model = self.graph_model if graphed else self.get_model()
@@ -378,6 +380,8 @@ class HpuModelRunner:
                 **self.caps.model_inputs(forward_pass),
             )
             device.mark_step()
+        if state_cache is not None:
+            state_cache.after_pass(forward_pass)
         if self.caps.spec is not None:  # a draft model writes the pass into its KV
             hidden = self.caps.spec.proposer.after_target_pass(forward_pass, hidden)
         return hidden

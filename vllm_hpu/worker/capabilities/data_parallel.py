@@ -33,7 +33,7 @@ def exchanges_tokens(vllm_config: VllmConfig) -> bool:
 
 def unsupported_layouts(vllm_config: VllmConfig) -> dict[str, bool]:
     """Layouts of experts over ranks that ops/fused_moe.py and the passes here
-    do not run, refused at start-up (platform.py) by name."""
+    do not run, refused at start-up (refusals.py) by name."""
     parallel = vllm_config.parallel_config
     model_config = vllm_config.model_config
     moe_dp = (

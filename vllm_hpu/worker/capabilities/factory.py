@@ -231,4 +231,5 @@ def _state_cache(runner: TargetRunner) -> HpuStateCache | None:
         runner.input_batch,
         vllm_config.scheduler_config.max_num_seqs,
         runner.device,
+        prefix_caching=vllm_config.cache_config.mamba_cache_mode == "align",
     )

@@ -8,6 +8,10 @@ are not used here, since the flat attention caches (``[2, blocks * block_size,
 heads, head]``) cannot share pages with states the way vLLM's block-major
 layout does. Slots are keyed by request id, not by InputBatch row (rows move
 when the batch condenses) nor by block id.
+
+With prefix caching (mode "align"), state_checkpoints.py also keeps each
+layer's states at block boundaries, by block id, and copies them to and from
+the slots around each pass.
 """
 
 from collections.abc import Iterable, Mapping
@@ -15,13 +19,18 @@ from collections.abc import Iterable, Mapping
 import torch
 from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.kv_cache_interface import MambaSpec
+from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu.attention.state_metadata import (
     HpuStateMetadata,
     StateRow,
     build_state_metadata,
+)
+from vllm_hpu.worker.capabilities.state_checkpoints import (
+    StateCheckpoints,
+    kv_cache_share,
+    state_layer_groups,
 )
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 
@@ -42,8 +51,9 @@ class StateSlots:
     def __getitem__(self, req_id: str) -> int:
         return self._slots[req_id]
 
-    def assign(self, req_ids: Iterable[str]) -> None:
-        """A slot for each request that has none."""
+    def assign(self, req_ids: Iterable[str]) -> set[str]:
+        """A slot for each request that has none; returns those requests."""
+        assigned = set()
         for req_id in req_ids:
             if req_id in self._slots:
                 continue
@@ -53,10 +63,12 @@ class StateSlots:
                     f"{self.num_slots} requests (max_num_seqs) hold states."
                 )
             self._slots[req_id] = self._free.pop()
+            assigned.add(req_id)
+        return assigned
 
     def release(self, req_ids: Iterable[str]) -> None:
         """Free the slots of requests that finished or were preempted (a
-        preempted request starts again from its first token)."""
+        resumed request starts again from its first token or a prefix hit)."""
         for req_id in req_ids:
             slot = self._slots.pop(req_id, None)
             if slot is not None:
@@ -74,12 +86,17 @@ class HpuStateCache:
         input_batch: InputBatch,
         max_num_seqs: int,
         torch_device: torch.device,
+        prefix_caching: bool = False,
     ) -> None:
         self.layers = layers
         self.specs = specs
         self.input_batch = input_batch
         self.slots = StateSlots(max_num_seqs)
         self.device = torch_device
+        self.prefix_caching = prefix_caching
+        self.checkpoints: StateCheckpoints | None = None  # after allocate()
+        self._pages: dict[str, torch.Tensor] = {}  # each layer's int8 slots
+        self._new_reqs: set[str] = set()  # slots assigned this step
 
     @property
     def num_bytes(self) -> int:
@@ -87,31 +104,53 @@ class HpuStateCache:
         pages = sum(spec.real_page_size_bytes for spec in self.specs.values())
         return (self.slots.num_slots + 1) * pages
 
-    def allocate(self) -> None:
-        """Zeroed slots for every layer, bound to it."""
+    def kv_cache_share(self, available: int) -> int:
+        """Of ``available`` bytes, what vLLM may size its KV cache with: less
+        the slots, and with prefix caching less each block's checkpoints."""
+        available -= self.num_bytes
+        if not self.prefix_caching:
+            return available
+        checkpoint = sum(spec.real_page_size_bytes for spec in self.specs.values())
+        page = max(spec.page_size_bytes for spec in self.specs.values())
+        return kv_cache_share(available, page, checkpoint)
+
+    def allocate(self, kv_cache_config: KVCacheConfig | None = None) -> None:
+        """Zeroed slots for every layer, bound to it; with the KV cache config
+        and prefix caching, the checkpoints of its blocks too."""
         for name, layer in self.layers.items():
             page = self.specs[name].real_page_size_bytes
-            pages = torch.zeros(
+            self._pages[name] = torch.zeros(
                 (self.slots.num_slots + 1, 1, 1, page),
                 dtype=torch.int8,
                 device=self.device,
             )
-            layer.bind_kv_cache(pages)
+            layer.bind_kv_cache(self._pages[name])
+        if kv_cache_config is not None and self.prefix_caching:
+            self.checkpoints = StateCheckpoints(
+                state_layer_groups(kv_cache_config, list(self.layers)),
+                {n: spec.real_page_size_bytes for n, spec in self.specs.items()},
+                kv_cache_config.num_blocks,
+                next(iter(self.specs.values())).block_size,
+                self.device,
+            )
 
     def free(self) -> None:
         """Drop every layer's slots (after the memory profile)."""
         for name, layer in self.layers.items():
             page = self.specs[name].real_page_size_bytes
             layer.bind_kv_cache(torch.empty((0, 1, 1, page), dtype=torch.int8))
+        self._pages = {}
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
         self.slots.release(scheduler_output.finished_req_ids)
         self.slots.release(scheduler_output.preempted_req_ids or ())
+        # Also those preempted without notice (vLLM's reset_prefix_cache).
+        self.slots.release(scheduler_output.scheduled_cached_reqs.resumed_req_ids)
 
     def after_update(self) -> None:
         """Slots for the requests in the batch (its rows are exactly the step's
         scheduled requests)."""
-        self.slots.assign(self.input_batch.req_ids)
+        self._new_reqs = self.slots.assign(self.input_batch.req_ids)
 
     def add_metadata(self, passes: list[ForwardPass]) -> None:
         """Each planned pass's state metadata, read from the batch now: with
@@ -127,6 +166,28 @@ class HpuStateCache:
                 for seq in forward_pass.seqs
             ]
             forward_pass.state_metadata = self._metadata(forward_pass, rows)
+            if self.checkpoints is not None:
+                forward_pass.state_checkpoints = self.checkpoints.plan(
+                    [
+                        (row.slot, seq, req_ids[seq.row] in self._new_reqs)
+                        for row, seq in zip(rows, forward_pass.seqs, strict=True)
+                    ]
+                )
+
+    def before_pass(self, forward_pass: ForwardPass) -> None:
+        """Prefix hits: the slots of the pass's new requests from their
+        checkpoints (on the pass's stream, after earlier passes saved them)."""
+        copies = forward_pass.state_checkpoints
+        if copies is not None and copies.restores is not None:
+            assert self.checkpoints is not None
+            self.checkpoints.restore(self._pages, copies.restores)
+
+    def after_pass(self, forward_pass: ForwardPass) -> None:
+        """Checkpoints of the rows that ended on a block boundary."""
+        copies = forward_pass.state_checkpoints
+        if copies is not None and copies.saves is not None:
+            assert self.checkpoints is not None
+            self.checkpoints.save(self._pages, copies.saves)
 
     def metadata_by_layer(
         self, forward_pass: ForwardPass

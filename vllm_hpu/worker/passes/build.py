@@ -25,7 +25,7 @@ from vllm_hpu.attention.metadata import (
     build_prompt_metadata,
 )
 from vllm_hpu.attention.verify import build_verify_metadata, num_groups, pack_rows
-from vllm_hpu.bucketing import HpuBucketManager
+from vllm_hpu.bucketing import Bucket, HpuBucketManager
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.passes.seqs import ScheduledSeq, cdiv
 from vllm_hpu.worker.passes.shapes import pass_shape
@@ -55,6 +55,29 @@ def group_metadata(
     return tuple(built.get(index, first) for index in range(len(geometries)))
 
 
+def _forward_pass(
+    is_prompt: bool,
+    bucket: Bucket,
+    seqs: list[ScheduledSeq],
+    tokens: tuple[np.ndarray, np.ndarray],
+    cache: CacheGeometry,
+    first_token_indices: list[int],
+    build: MetadataBuilder,
+) -> ForwardPass:
+    """The pass on the device: its token ids and positions, and each KV cache
+    group's metadata from ``build``."""
+    input_ids, positions = tokens
+    return ForwardPass(
+        is_prompt=is_prompt,
+        bucket=bucket,
+        seqs=seqs,
+        input_ids=_to_device(input_ids, cache.device),
+        positions=_to_device(positions, cache.device),
+        group_metadata=group_metadata(seqs, cache, build),
+        first_token_indices=first_token_indices,
+    )
+
+
 def build_prompt_forward(
     seqs: list[ScheduledSeq],
     buckets: HpuBucketManager,
@@ -78,27 +101,20 @@ def build_prompt_pass(
     InputBatch.token_ids_cpu."""
     shape = pass_shape(seqs, False, cache.block_size)
     bucket = buckets.find_prompt_bucket(*shape)
+    first_token_indices = [i * bucket.query_len for i in range(len(seqs))]
     input_ids, positions = _placed_tokens(
-        seqs,
-        token_ids,
-        [i * bucket.query_len for i in range(len(seqs))],
-        bucket.batch_size * bucket.query_len,
+        seqs, token_ids, first_token_indices, bucket.batch_size * bucket.query_len
     )
-    metadata = group_metadata(
+    return _forward_pass(
+        True,
+        bucket,
         seqs,
+        (input_ids, positions),
         cache,
+        first_token_indices,
         lambda layouts, group: build_prompt_metadata(
             layouts, bucket.batch_size, bucket.query_len, bucket.num_blocks, group
         ),
-    )
-    return ForwardPass(
-        is_prompt=True,
-        bucket=bucket,
-        seqs=seqs,
-        input_ids=_to_device(input_ids, cache.device),
-        positions=_to_device(positions, cache.device),
-        group_metadata=metadata,
-        first_token_indices=[i * bucket.query_len for i in range(len(seqs))],
     )
 
 
@@ -115,21 +131,16 @@ def build_merged_pass(
     input_ids, positions = _placed_tokens(
         seqs, token_ids, first_token_indices, bucket.query_len
     )
-    metadata = group_metadata(
+    return _forward_pass(
+        True,
+        bucket,
         seqs,
+        (input_ids, positions),
         cache,
+        first_token_indices,
         lambda layouts, group: build_merged_prompt_metadata(
             layouts, bucket.query_len, bucket.num_blocks, group
         ),
-    )
-    return ForwardPass(
-        is_prompt=True,
-        bucket=bucket,
-        seqs=seqs,
-        input_ids=_to_device(input_ids, cache.device),
-        positions=_to_device(positions, cache.device),
-        group_metadata=metadata,
-        first_token_indices=first_token_indices,
     )
 
 
@@ -148,21 +159,16 @@ def build_decode_pass(
     starts = np.array([s.start for s in seqs], dtype=np.int64)
     input_ids[: len(seqs)] = token_ids[rows, starts]
     positions[: len(seqs)] = starts
-    metadata = group_metadata(
+    return _forward_pass(
+        False,
+        bucket,
         seqs,
+        (input_ids, positions),
         cache,
+        list(range(len(seqs))),
         lambda layouts, group: build_decode_metadata(
             layouts, bucket.batch_size, bucket.num_blocks, group
         ),
-    )
-    return ForwardPass(
-        is_prompt=False,
-        bucket=bucket,
-        seqs=seqs,
-        input_ids=_to_device(input_ids, cache.device),
-        positions=_to_device(positions, cache.device),
-        group_metadata=metadata,
-        first_token_indices=list(range(len(seqs))),
     )
 
 
@@ -190,21 +196,16 @@ def build_verify_pass(
     input_ids, positions = _placed_tokens(
         seqs, token_ids, starts, bucket.batch_size * num_queries
     )
-    metadata = group_metadata(
+    return _forward_pass(
+        False,
+        bucket,
         seqs,
+        (input_ids, positions),
         cache,
+        starts,
         lambda layouts, group: build_verify_metadata(
             layouts, starts, bucket.batch_size, num_queries, bucket.num_blocks, group
         ),
-    )
-    return ForwardPass(
-        is_prompt=False,
-        bucket=bucket,
-        seqs=seqs,
-        input_ids=_to_device(input_ids, cache.device),
-        positions=_to_device(positions, cache.device),
-        group_metadata=metadata,
-        first_token_indices=starts,
     )
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
-from vllm_hpu.attention.state_metadata import HpuStateMetadata
+from vllm_hpu.attention.state_metadata import HpuStateMetadata, StateCheckpointCopies
 from vllm_hpu.bucketing import Bucket
 from vllm_hpu.worker.passes.seqs import ScheduledSeq
 
@@ -30,6 +30,9 @@ class ForwardPass:
     # A hybrid model's state layers: each row's state slot (set after planning
     # by worker/capabilities/state_cache.py); None for other models.
     state_metadata: HpuStateMetadata | None = None
+    # With prefix caching (Mamba cache mode "align"): the state copies around
+    # the pass; None when it has none.
+    state_checkpoints: StateCheckpointCopies | None = None
 
     @property
     def num_tokens(self) -> int:

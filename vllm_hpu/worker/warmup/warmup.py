@@ -109,8 +109,27 @@ class HpuWarmup:
                 found = self.runner.buckets.covering_prompt_bucket(
                     num_seqs, query_len, blocks
                 )
-                if found == bucket:
-                    return [FakeSeq(context + query_len, context)] * num_seqs
+                rows = self._prompt_rows(context, query_len, num_seqs)
+                if found == bucket and rows is not None:
+                    return rows
+        return None
+
+    def _prompt_rows(
+        self, context: int, query_len: int, num_seqs: int
+    ) -> list[FakeSeq] | None:
+        """``num_seqs`` rows of ``query_len`` tokens after ``context`` cached
+        ones, each on blocks of its own (rows sharing a block would run in
+        separate passes); where the KV cache is too small for that, the rows
+        after the first start without context (the first sets the bucket's
+        context blocks), or None if even those do not fit."""
+        assert self.runner.cache is not None, "initialize_kv_cache() first"
+        row = FakeSeq(context + query_len, context)
+        first = _cdiv(row.num_tokens, self.block_size)
+        others = _cdiv(query_len, self.block_size) * (num_seqs - 1)
+        if first * num_seqs <= self.runner.cache.num_blocks:
+            return [row] * num_seqs
+        if first + others <= self.runner.cache.num_blocks:
+            return [row] + [FakeSeq(query_len, 0)] * (num_seqs - 1)
         return None
 
     def _merged_prompt_seqs(self, bucket: Bucket) -> list[FakeSeq] | None:
