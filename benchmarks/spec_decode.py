@@ -32,8 +32,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 DEFAULT_MODEL = ".cache/models/smollm2-135m-instruct"
 DEFAULT_DRAFT = ".cache/models/smollm2-draft-192x2"
-# Written by scripts/build_draft_model.py once the draft is complete.
-DRAFT_STAMP = ".build_version"
 # Repetitive text, where prompt lookup has something to find: counting, a
 # repeated sentence, a list, code that repeats its own pattern. (A list of
 # fruit, in earlier versions, was continued in prose: SmolLM2 stops repeating.)
@@ -99,11 +97,8 @@ def speculative_configs(args: argparse.Namespace) -> dict[str, dict | None]:
 
 
 def build_default_draft() -> None:
-    """Distil the default draft from SmolLM2 unless it is built (the script
-    returns at once then)."""
-    if (Path(DEFAULT_DRAFT) / DRAFT_STAMP).exists():
-        return
-    print(f"building {DEFAULT_DRAFT} (a few minutes)", flush=True)
+    """Distil the default draft from SmolLM2 unless the script's current
+    version is built (it returns at once then)."""
     script = Path(__file__).resolve().parent.parent / "scripts" / "build_draft_model.py"
     subprocess.run(
         [sys.executable, str(script), str(Path(DEFAULT_DRAFT).parent)], check=True
