@@ -17,7 +17,8 @@ vllm/engine/arg_utils.py): there, users start independent instances.
 
 Each process importing vLLM costs seconds: the offline ranks run their engines
 in-process (vLLM's LLMEngine joins the data-parallel group itself), the servers
-start their engine cores as users get them. The offline runs (expert parallel,
+start their engine cores as users get them (the dense one without worker
+processes). The offline runs (expert parallel,
 one rank idle most steps, compiled: nothing compiles after warmup) and the MoE
 server (experts sharded) cover both ways of holding experts.
 """
@@ -297,12 +298,12 @@ def requests_per_engine(url: str) -> dict[str, float]:
 
 
 # tiny Llama is dense: vLLM runs its ranks as independent engine cores
-# (vllm/v1/engine/core.py, EngineCoreProc.run_engine_core: "Non-MoE DP ranks are
-# completely independent"), here each running the model in its own process (the
-# uni executor: no worker processes, two fewer to start). tiny Mixtral's ranks meet in
-# every MoE layer; its server starts worker processes as vLLM does by default,
-# so the shutdown of the whole tree (API server, coordinator, engine cores,
-# workers) is checked there.
+# (vllm/v1/engine/core.py, EngineCoreProc.run_engine_core: "Non-MoE DP ranks
+# are completely independent"), here each running the model in its own process
+# (the uni executor: no worker processes, two fewer to start). tiny Mixtral's
+# ranks meet in every MoE layer; its server starts worker processes as vLLM
+# does by default, so the shutdown of the whole tree (API server, coordinator,
+# engine cores, workers) is checked there.
 EXECUTOR_ARGS = {DENSE_MODEL: ["--distributed-executor-backend", "uni"], MOE_MODEL: []}
 
 
