@@ -3,8 +3,9 @@ interleaved M-RoPE) through the bucketed encoder passes: images of two sizes and
 text-only prompt in one batch equal transformers token for token (float32). One
 shared engine per model, each compiled (dynamo's eager backend) and compiling
 nothing after warmup: Qwen2.5-VL's hits the prefix cache across an image,
-Qwen3-VL's runs prompts in chunks that end inside the image tokens. Each test image spans several of Qwen2.5-VL's windows, and
-Qwen3-VL's deepstack features change the tokens (checked on the reference).
+Qwen3-VL's runs prompts in chunks that end inside the image tokens. Each test
+image spans several of Qwen2.5-VL's windows, and Qwen3-VL's deepstack features
+change the tokens (checked on the reference).
 `vllm serve` answers a chat with an image (a base64 data URL) on Qwen3-VL with
 transformers' text."""
 
