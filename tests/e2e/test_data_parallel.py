@@ -1,5 +1,5 @@
-"""Data, expert and tensor parallelism of MoE models in emulation (issue 34):
-vLLM's offline data-parallel pattern (one process per rank) and ``vllm serve
+"""Data, expert and tensor parallelism in emulation (issue 34): vLLM's offline
+data-parallel pattern (one process per rank) and ``vllm serve
 --data-parallel-size 2`` must answer as one replica does, greedy; a MoE model's
 ranks exchange tokens in every layer (distributed.py), a rank without requests
 joining with idle passes. Without expert parallelism each rank holds half of
@@ -8,10 +8,18 @@ tensor-parallel ranks); with --enable-expert-parallel, half of the experts, and
 the prompts route to both halves. DeepSeek-V2's layout (latent attention, a
 shared expert beside the routed ones) runs tensor and expert parallel too.
 
+A dense model's data-parallel ranks are independent replicas: vLLM 0.32 serves
+them behind one API server (internal load balancing, tested on tiny Llama) and
+refuses the rest, offline ("Offline data parallel mode is not supported/useful
+for dense models", vllm/config/parallel.py) and with external load balancing
+("Non-MoE models do not support external data parallel mode",
+vllm/engine/arg_utils.py): there, users start independent instances.
+
 Each process importing vLLM costs seconds: the offline ranks run their engines
-in-process (vLLM's LLMEngine joins the data-parallel group itself), the server
-starts its engine cores as users get them. The offline runs (expert parallel,
-one rank idle most steps, compiled: nothing compiles after warmup) and one
+in-process (vLLM's LLMEngine joins the data-parallel group itself), the servers
+start their engine cores as users get them (the dense one without worker
+processes). The offline runs (expert parallel,
+one rank idle most steps, compiled: nothing compiles after warmup) and the MoE
 server (experts sharded) cover both ways of holding experts.
 """
 
@@ -30,10 +38,9 @@ from models import model_path
 
 from e2e.harness import (
     KV_CACHE_BYTES,
-    engine_spec,
+    compiled_graphs,
     hf_greedy,
     random_prompts,
-    uses_engines,
     vllm_engine,
     vllm_greedy,
 )
@@ -46,6 +53,7 @@ from e2e.server import (
     wait_until_ready,
 )
 
+DENSE_MODEL = "tiny-llama"  # 2 layers, no experts
 MOE_MODEL = "tiny-mixtral"  # 4 experts, top 2, 2 layers
 # MLA; 4 routed experts (top 2) and a shared one in its second layer
 MLA_MOE_MODEL = "tiny-deepseek-v2-moe"
@@ -60,9 +68,6 @@ PROMPTS = random_prompts([1, 17, 40, 100], VOCAB_SIZE, seed=3)
 # has nothing to do for most steps and joins rank 0's passes idle.
 RANK_SHARES = ([0, 2, 3], [1])
 SHORT_MAX_TOKENS = 3
-# The single replica, shared with nothing else so far (float32, the harness's
-# KV cache and seed).
-SINGLE = engine_spec(MOE_MODEL, name="tiny-mixtral-b16", **ENGINE_KWARGS)
 RANK_TIMEOUT_S = 400
 # A DP=2 MoE server starts six processes, each importing vLLM, and its engine
 # cores wait for each other: CI measured 300 s beside another test worker.
@@ -159,11 +164,24 @@ def test_prompts_route_to_both_expert_halves(name):
     assert hit & {0, 1} and hit & {2, 3}, hit
 
 
-# Compiled emulation (dynamo's eager backend) with a small bucket set: each
-# rank warms up its buckets, the idle rank's dummy passes included, and
-# compiles nothing while generating.
-COMPILED_DP = {"VLLM_HPU_COMPILE_BACKEND": "eager"}
-COMPILED_DP_ENGINE = {"enforce_eager": False, "max_num_seqs": 4, "max_model_len": 256}
+# Compiled emulation (dynamo's eager backend) with three buckets, each traced
+# by every rank: prompt passes of 64 tokens with no context or up to 8 blocks
+# of it (the long prompt's second chunk), decodes of 4 sequences of up to 32
+# blocks in all. Each rank warms them up, the idle rank's dummy passes
+# included, and compiles nothing while generating.
+def one_bucket(dimension: str, size: int) -> dict[str, str]:
+    """VLLM_<dimension>_BUCKET_{MIN,STEP,MAX} set for buckets of one size."""
+    return {f"VLLM_{dimension}_BUCKET_{b}": str(size) for b in ("MIN", "STEP", "MAX")}
+
+
+COMPILED_ENV = {
+    "VLLM_HPU_COMPILE_BACKEND": "eager",
+    **one_bucket("PROMPT_SEQ", 64),
+    **one_bucket("PROMPT_BLOCK", 8),
+    **one_bucket("DECODE_BS", 4),
+    **one_bucket("DECODE_BLOCK", 32),
+}
+COMPILED_ENGINE = {"enforce_eager": False, "max_num_seqs": 4, "max_model_len": 256}
 
 
 @pytest.mark.timeout(900)
@@ -172,8 +190,8 @@ def test_offline_data_parallel_expert_parallel_matches_one_card(name, tmp_path):
     """vLLM refuses offline data parallelism for dense models ("not
     supported/useful"): MoE models only, each rank owning half of the experts."""
     single = hf_greedy(model_path(name), PROMPTS, MAX_TOKENS, torch.float32)
-    engine = ENGINE_KWARGS | COMPILED_DP_ENGINE | {"enable_expert_parallel": True}
-    tokens, compiled = offline_data_parallel(name, engine, tmp_path, COMPILED_DP)
+    engine = ENGINE_KWARGS | COMPILED_ENGINE | {"enable_expert_parallel": True}
+    tokens, compiled = offline_data_parallel(name, engine, tmp_path, COMPILED_ENV)
     assert tokens == expected_from(single)
     assert [warmed > 0 and generating == 0 for warmed, generating in compiled] == [
         True,
@@ -186,25 +204,42 @@ def test_offline_data_parallel_expert_parallel_matches_one_card(name, tmp_path):
 # experts (DeepSeek-V2's shared expert stays split over the ranks). Compared
 # with transformers' tokens, which one replica equals (test_generate): a
 # reference from a shared engine would be restarted after each fresh TP engine.
+# Expert parallel runs compiled, as the offline data-parallel ones: each rank's
+# worker compiles its buckets in warmup and nothing while generating.
 @pytest.mark.parametrize(
     ("name", "expert_parallel"),
     [(MOE_MODEL, False), (MOE_MODEL, True), (MLA_MOE_MODEL, True)],
     ids=["experts-sharded", "expert-parallel", "deepseek-v2-expert-parallel"],
 )
 @pytest.mark.timeout(600)
-def test_tensor_parallel_moe_matches_one_card(name, expert_parallel):
+def test_tensor_parallel_moe_matches_one_card(name, expert_parallel, hpu_env):
     expected = hf_greedy(model_path(name), PROMPTS, MAX_TOKENS, torch.float32)
+    engine = ENGINE_KWARGS | {"enable_expert_parallel": expert_parallel}
+    if expert_parallel:
+        hpu_env(**COMPILED_ENV)  # read by the workers vLLM starts
+        engine |= COMPILED_ENGINE
     with vllm_engine(
         model_path(name),
         distributed_executor_backend="mp",
         tensor_parallel_size=2,
-        enable_expert_parallel=expert_parallel,
-        **ENGINE_KWARGS,
+        **engine,
     ) as tp:
+        warmed = tp.collective_rpc(graphs_compiled)
         assert vllm_greedy(tp, PROMPTS, MAX_TOKENS) == expected
         held = tp.collective_rpc(experts_held)
+        compiled = tp.collective_rpc(graphs_compiled)
     per_rank = NUM_EXPERTS // 2 if expert_parallel else NUM_EXPERTS
     assert [set(layers) for layers in held] == [{per_rank}] * 2, held
+    if expert_parallel:
+        assert all(graphs > 0 for graphs in warmed) and compiled == warmed, (
+            warmed,
+            compiled,
+        )
+
+
+def graphs_compiled(worker: Any) -> int:
+    """Graphs torch.compile compiled in this rank's worker process so far."""
+    return compiled_graphs()
 
 
 def experts_held(worker: Any) -> list[int]:
@@ -217,23 +252,24 @@ def experts_held(worker: Any) -> list[int]:
     ]
 
 
-# tiny-mixtral served as SINGLE is configured, on two data-parallel ranks.
+# Both models served alike: float32, the 64-token step budget (the long prompt
+# chunked while the short ones decode), two data-parallel ranks behind one API
+# server (vLLM would start one per rank: fewer processes to start on a 2-core
+# machine; it still balances over both engine cores).
 SERVE_ARGS = [
-    *("--served-model-name", MOE_MODEL, "--dtype", "float32", "--seed", "0"),
+    *("--dtype", "float32", "--seed", "0", "--enforce-eager"),
     *("--block-size", "16", "--max-num-batched-tokens", "64"),
-    *("--max-model-len", "1024", "--data-parallel-size", "2"),
-    # One API server process (vLLM would start one per rank): fewer processes
-    # to start on a 2-core machine; it still balances over both engine cores.
+    *("--max-model-len", "256", "--data-parallel-size", "2"),
     *("--api-server-count", "1"),
 ]
 
 
-def _completions(url: str) -> list[list[int]]:
+def _completions(url: str, name: str) -> list[list[int]]:
     """PROMPTS' greedy tokens in one batch request (tokens as ids)."""
     reply = httpx.post(
         f"{url}/v1/completions",
         json={
-            "model": MOE_MODEL,
+            "model": name,
             "prompt": PROMPTS,
             "max_tokens": MAX_TOKENS,
             "temperature": 0.0,
@@ -247,25 +283,55 @@ def _completions(url: str) -> list[list[int]]:
     return [c["token_ids"] for c in choices]
 
 
+def requests_per_engine(url: str) -> dict[str, float]:
+    """Requests each engine core finished, from the API server's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    finished: dict[str, float] = {}
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:request_success_total":
+                engine = sample.labels["engine"]
+                finished[engine] = finished.get(engine, 0.0) + sample.value
+    return finished
+
+
+# tiny Llama is dense: vLLM runs its ranks as independent engine cores
+# (vllm/v1/engine/core.py, EngineCoreProc.run_engine_core: "Non-MoE DP ranks
+# are completely independent"), here each running the model in its own process
+# (the uni executor: no worker processes, two fewer to start). tiny Mixtral's
+# ranks meet in every MoE layer; its server starts worker processes as vLLM
+# does by default, so the shutdown of the whole tree (API server, coordinator,
+# engine cores, workers) is checked there.
+EXECUTOR_ARGS = {DENSE_MODEL: ["--distributed-executor-backend", "uni"], MOE_MODEL: []}
+
+
 @pytest.mark.timeout(900)
-@uses_engines(SINGLE)
-def test_serve_data_parallel_matches_one_replica_and_shuts_down(llm, tmp_path):
+@pytest.mark.parametrize("name", [DENSE_MODEL, MOE_MODEL])
+def test_serve_data_parallel_matches_one_replica_and_shuts_down(name, tmp_path):
     """Two engine cores behind one API server (vLLM's internal load balancing)
-    answer as one; SIGTERM stops every process within SHUTDOWN_BOUND_S."""
-    expected = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
+    answer a batch as one replica (transformers' tokens), each finishing part
+    of it; SIGTERM stops every process within SHUTDOWN_BOUND_S."""
+    expected = hf_greedy(model_path(name), PROMPTS, MAX_TOKENS, torch.float32)
     port = free_port()
     log = tmp_path / "server.log"
-    command = serve_command(model_path(MOE_MODEL), port, SERVE_ARGS)
+    args = ["--served-model-name", name, *SERVE_ARGS, *EXECUTOR_ARGS[name]]
+    command = serve_command(model_path(name), port, args)
     process = launch(command, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, log)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(process, url, log, SERVE_READY_TIMEOUT_S)
-        assert _completions(url) == expected
+        assert _completions(url, name) == expected
+        finished = requests_per_engine(url)
         engines = [p for p in group_members(process.pid) if "EngineCore" in p.name()]
         assert len(engines) == 2, [p.name() for p in group_members(process.pid)]
     finally:
         started = time.monotonic()
         left = stop(process)  # SIGTERM; SIGKILL only past STOP_TIMEOUT_S
         stopped = time.monotonic() - started
+    # The burst spreads over both engine cores; every request finished once.
+    assert sorted(finished) == ["0", "1"] and 0 not in finished.values(), finished
+    assert sum(finished.values()) == len(PROMPTS), finished
     assert not left, f"processes left after shutdown: {left}"
     assert stopped < SHUTDOWN_BOUND_S, f"shutdown took {stopped:.1f} s"

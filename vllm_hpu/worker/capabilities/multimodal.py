@@ -276,10 +276,27 @@ class MultimodalInputs:
                 )
         input_ids = forward_pass.input_ids
         if not embeds:
-            return self.model.embed_input_ids(input_ids)
-        return self.model.embed_input_ids(
-            input_ids, embeds, is_multimodal=is_multimodal.to(input_ids.device)
-        )
+            inputs_embeds = self.model.embed_input_ids(input_ids)
+        else:
+            inputs_embeds = self.model.embed_input_ids(
+                input_ids, embeds, is_multimodal=is_multimodal.to(input_ids.device)
+            )
+        self._hold_deepstack_rows(num_tokens)
+        return inputs_embeds
+
+    def _hold_deepstack_rows(self, num_tokens: int) -> None:
+        """Qwen3-VL's forward reads its deepstack buffer's first rows and zeroes
+        them only when a Python int says they hold features; torch.compile
+        specializes on that int, so a pass with image tokens and one without
+        would compile apart. Every pass says it holds ``num_tokens`` rows (zeros
+        where no image put features: adding them changes nothing), and the
+        buffer grows here, outside the graph: each bucket compiles once."""
+        buffers = getattr(self.model, "deepstack_input_embeds", None)
+        if not buffers:
+            return
+        if num_tokens > buffers[0].size(0):
+            self.model._resize_deepstack_input_embeds(num_tokens)
+        self.model.deepstack_input_embeds_num_tokens = num_tokens
 
     def _features_in_window(
         self, row: int, start: int, end: int
