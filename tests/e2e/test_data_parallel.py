@@ -29,6 +29,7 @@ import pathlib
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -335,3 +336,77 @@ def test_serve_data_parallel_matches_one_replica_and_shuts_down(name, tmp_path):
     assert sum(finished.values()) == len(PROMPTS), finished
     assert not left, f"processes left after shutdown: {left}"
     assert stopped < SHUTDOWN_BOUND_S, f"shutdown took {stopped:.1f} s"
+
+
+def _prompt_tokens(url: str, name: str, prompts: list[list[int]]) -> list[list[int]]:
+    """Each prompt's greedy tokens, one request each, all in flight together."""
+    with httpx.Client(timeout=120) as client:
+        body = {"model": name, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+        body |= {"ignore_eos": True, "return_token_ids": True}
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            replies = pool.map(
+                lambda p: client.post(
+                    f"{url}/v1/completions", json=body | {"prompt": p}
+                ),
+                prompts,
+            )
+            return [
+                r.raise_for_status().json()["choices"][0]["token_ids"] for r in replies
+            ]
+
+
+@pytest.mark.timeout(900)
+def test_serve_external_load_balancing_moe(tmp_path):
+    """vLLM's external load balancing: one `vllm serve` per data-parallel rank
+    of tiny Mixtral (`--data-parallel-rank`), each its own API server and
+    engine core, the ranks meeting in every MoE layer. All requests to rank 0
+    (rank 1 idles through dummy passes), then some to each: transformers'
+    tokens; SIGTERM stops both within SHUTDOWN_BOUND_S, nothing left."""
+    expected = hf_greedy(model_path(MOE_MODEL), PROMPTS, MAX_TOKENS, torch.float32)
+    rpc_port, ports = free_port(), [free_port(), free_port()]
+    shared = ["--served-model-name", MOE_MODEL, *SERVE_ARGS]
+    shared += ["--distributed-executor-backend", "uni"]
+    shared += ["--data-parallel-address", "127.0.0.1"]
+    shared += ["--data-parallel-rpc-port", str(rpc_port)]
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    logs = [tmp_path / f"rank{rank}.log" for rank in (0, 1)]
+    servers = [
+        launch(
+            serve_command(
+                model_path(MOE_MODEL),
+                ports[rank],
+                [*shared, "--data-parallel-rank", str(rank)],
+            ),
+            env,
+            logs[rank],
+        )
+        for rank in (0, 1)
+    ]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    try:
+        for server, url, log in zip(servers, urls, logs, strict=True):
+            wait_until_ready(server, url, log, SERVE_READY_TIMEOUT_S)
+        assert _prompt_tokens(urls[0], MOE_MODEL, PROMPTS) == expected
+        first, second = RANK_SHARES
+        with ThreadPoolExecutor(2) as pool:
+            both = pool.map(
+                lambda url, share: _prompt_tokens(
+                    url, MOE_MODEL, [PROMPTS[i] for i in share]
+                ),
+                urls,
+                RANK_SHARES,
+            )
+            split = list(both)
+        assert split == [[expected[i] for i in share] for share in RANK_SHARES]
+        finished = [requests_per_engine(url) for url in urls]
+    finally:
+        started = time.monotonic()
+        left = [p for server in servers for p in stop(server)]
+        stopped = time.monotonic() - started
+    # Each API server sees its own engine core only.
+    assert [sum(f.values()) for f in finished] == [
+        len(PROMPTS) + len(first),
+        len(second),
+    ], finished
+    assert not left, f"processes left after shutdown: {left}"
+    assert stopped < 2 * SHUTDOWN_BOUND_S, f"shutdown took {stopped:.1f} s"
