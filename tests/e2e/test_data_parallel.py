@@ -298,26 +298,25 @@ def requests_per_engine(url: str) -> dict[str, float]:
     return finished
 
 
-# tiny Llama is dense: vLLM runs its ranks as independent engine cores
-# (vllm/v1/engine/core.py, EngineCoreProc.run_engine_core: "Non-MoE DP ranks
-# are completely independent"), here each running the model in its own process
-# (the uni executor: no worker processes, two fewer to start). tiny Mixtral's
-# ranks meet in every MoE layer; its server starts worker processes as vLLM
-# does by default, so the shutdown of the whole tree (API server, coordinator,
-# engine cores, workers) is checked there.
-EXECUTOR_ARGS = {DENSE_MODEL: ["--distributed-executor-backend", "uni"], MOE_MODEL: []}
-
-
+# vLLM's two load-balancing modes, one model each (every server is several
+# processes importing vLLM on a 2-core machine). tiny Llama is dense: vLLM runs
+# its ranks as independent engine cores behind one API server (vllm/v1/engine/
+# core.py, EngineCoreProc.run_engine_core: "Non-MoE DP ranks are completely
+# independent"), each running the model in its own process (the uni executor:
+# no worker processes); vLLM refuses external load balancing for dense models.
+# tiny Mixtral's ranks meet in every MoE layer: one server per rank
+# (test_serve_external_load_balancing_moe).
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", [DENSE_MODEL, MOE_MODEL])
-def test_serve_data_parallel_matches_one_replica_and_shuts_down(name, tmp_path):
+def test_serve_data_parallel_matches_one_replica_and_shuts_down(tmp_path):
     """Two engine cores behind one API server (vLLM's internal load balancing)
     answer a batch as one replica (transformers' tokens), each finishing part
     of it; SIGTERM stops every process within SHUTDOWN_BOUND_S."""
+    name = DENSE_MODEL
     expected = hf_greedy(model_path(name), PROMPTS, MAX_TOKENS, torch.float32)
     port = free_port()
     log = tmp_path / "server.log"
-    args = ["--served-model-name", name, *SERVE_ARGS, *EXECUTOR_ARGS[name]]
+    args = ["--served-model-name", name, *SERVE_ARGS]
+    args += ["--distributed-executor-backend", "uni"]
     command = serve_command(model_path(name), port, args)
     process = launch(command, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, log)
     try:
