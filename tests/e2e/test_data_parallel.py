@@ -265,13 +265,15 @@ SERVE_ARGS = [
 ]
 
 
-def _completions(url: str, name: str) -> list[list[int]]:
-    """PROMPTS' greedy tokens in one batch request (tokens as ids)."""
+def _completions(
+    url: str, name: str, prompts: list[list[int]] = PROMPTS
+) -> list[list[int]]:
+    """The prompts' greedy tokens in one batch request (tokens as ids)."""
     reply = httpx.post(
         f"{url}/v1/completions",
         json={
             "model": name,
-            "prompt": PROMPTS,
+            "prompt": prompts,
             "max_tokens": MAX_TOKENS,
             "temperature": 0.0,
             "ignore_eos": True,
@@ -337,23 +339,6 @@ def test_serve_data_parallel_matches_one_replica_and_shuts_down(tmp_path):
     assert stopped < SHUTDOWN_BOUND_S, f"shutdown took {stopped:.1f} s"
 
 
-def _prompt_tokens(url: str, name: str, prompts: list[list[int]]) -> list[list[int]]:
-    """Each prompt's greedy tokens, one request each, all in flight together."""
-    with httpx.Client(timeout=120) as client:
-        body = {"model": name, "max_tokens": MAX_TOKENS, "temperature": 0.0}
-        body |= {"ignore_eos": True, "return_token_ids": True}
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            replies = pool.map(
-                lambda p: client.post(
-                    f"{url}/v1/completions", json=body | {"prompt": p}
-                ),
-                prompts,
-            )
-            return [
-                r.raise_for_status().json()["choices"][0]["token_ids"] for r in replies
-            ]
-
-
 @pytest.mark.timeout(900)
 def test_serve_external_load_balancing_moe(tmp_path):
     """vLLM's external load balancing: one `vllm serve` per data-parallel rank
@@ -385,11 +370,11 @@ def test_serve_external_load_balancing_moe(tmp_path):
     try:
         for server, url, log in zip(servers, urls, logs, strict=True):
             wait_until_ready(server, url, log, SERVE_READY_TIMEOUT_S)
-        assert _prompt_tokens(urls[0], MOE_MODEL, PROMPTS) == expected
+        assert _completions(urls[0], MOE_MODEL) == expected
         first, second = RANK_SHARES
         with ThreadPoolExecutor(2) as pool:
             both = pool.map(
-                lambda url, share: _prompt_tokens(
+                lambda url, share: _completions(
                     url, MOE_MODEL, [PROMPTS[i] for i in share]
                 ),
                 urls,

@@ -101,8 +101,12 @@ class HpuStateCache:
     @property
     def num_bytes(self) -> int:
         """Device memory of every layer's slots, dummy slot included."""
-        pages = sum(spec.real_page_size_bytes for spec in self.specs.values())
-        return (self.slots.num_slots + 1) * pages
+        return (self.slots.num_slots + 1) * self._page_bytes
+
+    @property
+    def _page_bytes(self) -> int:
+        """One slot's, or one block's checkpoint's, bytes over all layers."""
+        return sum(spec.real_page_size_bytes for spec in self.specs.values())
 
     def kv_cache_share(self, available: int) -> int:
         """Of ``available`` bytes, what vLLM may size its KV cache with: less
@@ -110,9 +114,8 @@ class HpuStateCache:
         available -= self.num_bytes
         if not self.prefix_caching:
             return available
-        checkpoint = sum(spec.real_page_size_bytes for spec in self.specs.values())
         page = max(spec.page_size_bytes for spec in self.specs.values())
-        return kv_cache_share(available, page, checkpoint)
+        return kv_cache_share(available, page, self._page_bytes)
 
     def allocate(self, kv_cache_config: KVCacheConfig | None = None) -> None:
         """Zeroed slots for every layer, bound to it; with the KV cache config

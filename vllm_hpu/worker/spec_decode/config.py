@@ -91,17 +91,14 @@ def _check_draft_kv_shape(vllm_config: VllmConfig) -> None:
     spec = vllm_config.speculative_config
     assert spec is not None
     parallel = vllm_config.parallel_config
-    shapes = {
-        name: (config.get_num_kv_heads(parallel), config.get_head_size())
-        for name, config in [
-            ("target", vllm_config.model_config),
-            ("draft", spec.draft_model_config),
-        ]
-    }
-    if shapes["draft"] != shapes["target"]:
+    target, draft = (
+        (config.get_num_kv_heads(parallel), config.get_head_size())
+        for config in (vllm_config.model_config, spec.draft_model_config)
+    )
+    if draft != target:
         raise ValueError(
             "The HPU plugin's draft_model proposer needs a draft with the "
             "target's KV heads and head size; the draft has (KV heads, head "
-            f"size) {shapes['draft']}, the target {shapes['target']}. Build the "
-            "draft with the target's num_key_value_heads and head_dim."
+            f"size) {draft}, the target {target}. Build the draft with the "
+            "target's num_key_value_heads and head_dim."
         )
