@@ -156,19 +156,22 @@ def device_stream(queued: bool) -> DeviceStream:
     the calling thread. Either thread computes with ``compute_threads()``."""
     if hpu_available():
         return DeviceStream(threaded=False)
-    num_threads = compute_threads()
+    num_threads = compute_threads(beside_host=queued)
     torch.set_num_threads(num_threads)  # the calling thread's own count
     return DeviceStream(threaded=queued, num_threads=num_threads)
 
 
-def compute_threads() -> int:
+def compute_threads(beside_host: bool = True) -> int:
     """Torch threads of device work in emulation, where the CPU is the device:
     OMP_NUM_THREADS as the user set it, else every core of this worker's share
     (vLLM's OMP_NUM_THREADS for its workers, or all usable cores) but one, the
-    host thread's (vLLM's scheduler and the runner's preparation run beside the
-    device work). More threads than free cores make OpenMP's busy-waiting
-    threads wait for each other: a decode step ran 3 to 10 times slower on a
-    busy 2-core machine with two threads (docs/benchmarks.md, async overlap)."""
+    host thread's, where it runs ``beside_host`` (async scheduling: vLLM's
+    scheduler and the runner's preparation beside the device work) or where
+    OpenMP's threads busy-wait: more threads than free cores then wait for
+    each other (a decode step ran 3 to 10 times slower on a busy 2-core
+    machine with two threads, docs/benchmarks.md, async overlap). Synchronous
+    steps (speculative decoding, async off) under OMP_WAIT_POLICY=PASSIVE take
+    the whole share: the host thread waits for the device work there."""
     from vllm.utils.torch_utils import available_cpu_count
 
     envs = get_envs()
@@ -176,7 +179,9 @@ def compute_threads() -> int:
     count = int(given) if given.isdigit() and int(given) > 0 else 0
     if count and not envs.omp_num_threads_set_by_vllm:
         return count
-    return max(1, (count or available_cpu_count()) - 1)
+    share = count or available_cpu_count()
+    sleeping_waits = envs.omp_wait_policy.strip().upper() == "PASSIVE"
+    return share if sleeping_waits and not beside_host else max(1, share - 1)
 
 
 def set_device(device: torch.device) -> None:

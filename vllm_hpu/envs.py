@@ -112,6 +112,14 @@ class HpuEnvs:
         "OpenMP's own; in emulation the torch threads of device work (unset: every "
         "usable core but the host thread's)",
     )
+    # Read, not set: libgomp reads it when torch loads (device.compute_threads).
+    omp_wait_policy: str = _var(
+        "OMP_WAIT_POLICY",
+        _text,
+        "",
+        "OpenMP's own; PASSIVE (threads sleep while they wait) lets emulation's "
+        "synchronous steps compute on every core",
+    )
     # vllm.utils.torch_utils.OMP_NUM_THREADS_SET_BY_VLLM (vLLM not imported here).
     omp_num_threads_set_by_vllm: bool = _var(
         "VLLM_OMP_NUM_THREADS_SET_BY_VLLM",

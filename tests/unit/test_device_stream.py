@@ -92,6 +92,29 @@ def test_compute_threads_leave_the_host_a_core(
     assert device.compute_threads() == expected
 
 
+@pytest.mark.parametrize(
+    ("policy", "beside_host", "expected"),
+    [
+        ("PASSIVE", False, 3),  # synchronous steps: the host thread waits
+        ("passive", False, 3),
+        ("PASSIVE", True, 2),  # async scheduling: the host thread runs beside
+        ("", False, 2),  # busy-waiting threads: one core stays free
+        ("ACTIVE", False, 2),
+    ],
+)
+def test_synchronous_steps_take_every_core_when_openmp_sleeps(
+    policy, beside_host, expected, hpu_env, monkeypatch
+):
+    from vllm_hpu import device
+
+    hpu_env(
+        OMP_NUM_THREADS="3",
+        VLLM_OMP_NUM_THREADS_SET_BY_VLLM="1",
+        OMP_WAIT_POLICY=policy,
+    )
+    assert device.compute_threads(beside_host=beside_host) == expected
+
+
 def test_emulated_device_work_uses_the_same_threads_on_either_thread(
     hpu_env, torch_threads, monkeypatch
 ):
