@@ -24,8 +24,8 @@ allow_torchvision_import()
 from tiny_families import FAMILY_BUILDERS  # noqa: E402  (beside this script)
 from tiny_gemma3 import build_gemma3  # noqa: E402
 from tiny_llama4_vision import build_llama4_vision  # noqa: E402
-from tiny_mxfp4 import write_gpt_oss_mxfp4  # noqa: E402
 from tiny_multimodal import build_llava, build_mistral3  # noqa: E402
+from tiny_mxfp4 import write_gpt_oss_mxfp4  # noqa: E402
 from tiny_qwen2_vl import build_qwen2_vl  # noqa: E402
 from tiny_qwen_vl import build_qwen2_5_vl, build_qwen3_vl  # noqa: E402
 from transformers import (  # noqa: E402

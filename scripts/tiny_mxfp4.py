@@ -43,7 +43,7 @@ PROJECTIONS = ("gate_up_proj", "down_proj")
 def e2m1_codes(values: torch.Tensor) -> torch.Tensor:
     """The nearest e2m1 code (sign bit 8, magnitude index 0-7) of each value,
     ties to the even code, saturating at 6."""
-    magnitude = values.abs()
+    magnitude = values.abs().contiguous()
     down = torch.bucketize(magnitude, E2M1_MIDPOINTS)  # a tie: the lower code
     up = torch.bucketize(magnitude, E2M1_MIDPOINTS, right=True)  # the higher
     codes = torch.where(down % 2 == 0, down, up)

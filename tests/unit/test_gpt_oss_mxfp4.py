@@ -17,7 +17,7 @@ from vllm_hpu.ops.dequant import E2M1_VALUES, dequantize_mxfp4
 from vllm_hpu.ops.packed_moe import HpuGptOssMxfp4MoEMethod
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from tiny_mxfp4 import quantize_mxfp4  # noqa: E402
+from tiny_mxfp4 import quantize_mxfp4
 
 EXPERTS, HIDDEN, INTERMEDIATE, TOKENS, TOP_K = 4, 64, 32, 5, 2
 ALPHA, LIMIT = 1.702, 7.0
