@@ -1,9 +1,9 @@
 """Experts whose weights are packed integers or MXFP4, weight-only (activations in
 the model dtype): compressed-tensors WNA16 (``pack-quantized``, 4 or 8 bits,
-groups or channels, symmetric or with zero points) and MXFP4A16 and gpt-oss's own
+groups or channels, symmetric or with zero points), MXFP4A16 and gpt-oss's own
 MXFP4 as vLLM's methods load them, and AutoAWQ / GPTQ checkpoints in their own
-layouts. Each forward
-dequantizes a group of experts with ops/dequant.py (see ``HpuQuantizedMoE``)."""
+layouts. Each forward dequantizes a group of experts with ops/dequant.py (see
+``HpuQuantizedMoE``)."""
 
 import abc
 from fractions import Fraction
@@ -87,14 +87,7 @@ class HpuCompressedTensorsMxfp4MoEMethod(
     def dequantize(
         self, layer: Any, experts: slice, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return tuple(  # type: ignore[return-value]
-            dequant.dequantize_mxfp4(
-                getattr(layer, f"{name}_weight_packed")[experts],
-                getattr(layer, f"{name}_weight_scale")[experts],
-                dtype,
-            )
-            for name in ("w13", "w2")
-        )
+        return mxfp4_experts(layer, "weight_packed", experts, dtype)
 
 
 class HpuGptOssMxfp4MoEMethod(HpuQuantizedMoE, GptOssMxfp4MoEMethod):
@@ -114,14 +107,23 @@ class HpuGptOssMxfp4MoEMethod(HpuQuantizedMoE, GptOssMxfp4MoEMethod):
     def dequantize(
         self, layer: Any, experts: slice, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return tuple(  # type: ignore[return-value]
-            dequant.dequantize_mxfp4(
-                getattr(layer, f"{name}_weight")[experts],
-                getattr(layer, f"{name}_weight_scale")[experts],
-                dtype,
-            )
-            for name in ("w13", "w2")
+        return mxfp4_experts(layer, "weight", experts, dtype)
+
+
+def mxfp4_experts(
+    layer: Any, codes: str, experts: slice, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w13 and w2 of ``experts`` from their e2m1 ``w*_{codes}`` and e8m0
+    ``w*_weight_scale``, in ``dtype``."""
+    w13, w2 = (
+        dequant.dequantize_mxfp4(
+            getattr(layer, f"{name}_{codes}")[experts],
+            getattr(layer, f"{name}_weight_scale")[experts],
+            dtype,
         )
+        for name in ("w13", "w2")
+    )
+    return w13, w2
 
 
 class HpuInt4CheckpointMoEMethod(HpuQuantizedMoE, FusedMoEMethodBase):
