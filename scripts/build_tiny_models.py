@@ -25,6 +25,7 @@ from tiny_families import FAMILY_BUILDERS  # noqa: E402  (beside this script)
 from tiny_gemma3 import build_gemma3  # noqa: E402
 from tiny_llama4_vision import build_llama4_vision  # noqa: E402
 from tiny_multimodal import build_llava, build_mistral3  # noqa: E402
+from tiny_mxfp4 import write_gpt_oss_mxfp4  # noqa: E402
 from tiny_qwen2_vl import build_qwen2_vl  # noqa: E402
 from tiny_qwen_vl import build_qwen2_5_vl, build_qwen3_vl  # noqa: E402
 from transformers import (  # noqa: E402
@@ -410,6 +411,10 @@ MODEL_SPECS.update(MULTIMODAL_MODELS)
 # (scripts/tiny_families.py) around the tiny Llama's sizes.
 FAMILY_MODELS = {name: ("", GQA_SHAPE) for name in FAMILY_BUILDERS}
 MODEL_SPECS.update(FAMILY_MODELS)
+# gpt-oss as OpenAI ships it: tiny-gpt-oss's weights, its experts in MXFP4
+# (scripts/tiny_mxfp4.py).
+MXFP4_MODELS = {"tiny-gpt-oss-mxfp4": "tiny-gpt-oss"}
+MODEL_SPECS.update({name: FAMILY_MODELS[base] for name, base in MXFP4_MODELS.items()})
 
 # ---- Draft models for speculative decoding (issue 23) ------------------------
 # The first layer of a target, with its embeddings, final norm and LM head: a
@@ -607,6 +612,10 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
             lambda m: init_weights(m, seed, {}),
             out_dir,
         )
+        return
+    if name in MXFP4_MODELS:
+        build_model(MXFP4_MODELS[name], tokenizer, out_dir)
+        write_gpt_oss_mxfp4(out_dir)
         return
     if name in FAMILY_MODELS:
         FAMILY_BUILDERS[name](

@@ -58,6 +58,9 @@ MULTIMODAL_MODELS = (
 )
 # Built by the set-up too: a target's first layer, its speculative draft.
 DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}
+# Built by the set-up too: tiny-gpt-oss with its experts in OpenAI's MXFP4
+# (scripts/tiny_mxfp4.py), as gpt-oss ships.
+MXFP4_MODELS = ("tiny-gpt-oss-mxfp4",)
 # Built by the set-up too: EAGLE and EAGLE-3 heads for tiny-llama, as vLLM loads them.
 EAGLE_HEADS = ("tiny-llama-eagle", "tiny-llama-eagle3")
 # Built by the set-up too: 131072 positions with llama3, YaRN and LongRoPE rope

@@ -88,8 +88,11 @@ def local_device(named: torch.device) -> torch.device:
 
 
 def compile_backend() -> str:
-    """torch.compile backend: Gaudi's own graph compiler, or inductor on the CPU."""
-    return "hpu_backend" if hpu_available() else "inductor"
+    """torch.compile backend of vLLM's small compiled helpers (the sampler's
+    top-k/top-p, the MoE router, the TP vocabulary mask): Gaudi's own graph
+    compiler, else the model's backend in emulation (eager unless
+    VLLM_HPU_COMPILE_BACKEND names one)."""
+    return model_compile_backend() or "eager"
 
 
 def model_compile_backend() -> str | None:

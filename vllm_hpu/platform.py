@@ -57,6 +57,7 @@ class HpuPlatform(Platform):
         "awq",
         "gptq",
         "compressed-tensors",
+        "gpt_oss_mxfp4",
     ]
     additional_env_vars: list[str] = envs.variable_names()
 
@@ -100,7 +101,7 @@ class HpuPlatform(Platform):
     @classmethod
     def verify_quantization(cls, quant: str) -> None:
         """vLLM's check of the method, with the plugin's words where it has more
-        to say (gpt-oss's ``mxfp4``)."""
+        to say (``mxfp4`` outside gpt-oss)."""
         refusal = method_refusal(quant)
         if refusal is not None:
             raise ValueError(refusal)

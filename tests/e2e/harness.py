@@ -21,7 +21,7 @@ counters before and after (:func:`counters`). A test needs :func:`vllm_engine`
 (a fresh engine) when it reads start-up logs or warmup compilations, changes
 the runner or the engine (``collective_rpc`` patches, LoRA adapters loaded by
 a server), sets variables with ``hpu_env`` that its engine must see, or shuts
-the engine down. See /work/coord/TESTING.md.
+the engine down. See docs/testing.md.
 """
 
 import contextlib
@@ -41,6 +41,12 @@ from e2e.references import cached_tokens
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 KV_CACHE_BYTES = 64 << 20  # small, so tests never size a cache from host RAM
+
+
+def one_bucket(dimension: str, size: int) -> dict[str, str]:
+    """VLLM_<dimension>_BUCKET_{MIN,STEP,MAX} set for buckets of one size: a
+    compiled engine warms up only the shapes its test runs."""
+    return {f"VLLM_{dimension}_BUCKET_{b}": str(size) for b in ("MIN", "STEP", "MAX")}
 
 
 def random_prompts(

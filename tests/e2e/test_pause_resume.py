@@ -30,7 +30,11 @@ from e2e.harness import ENGINE_POOL, engine_spec, hf_greedy, random_prompts
 pytestmark = pytest.mark.slow
 
 MODEL = "tiny-llama"
-MAX_TOKENS = 16
+# Tokens per request: the pause must catch every request between PAUSE_AT and
+# its last token while the engine core's process steps on its own (a few ms a
+# step), with this process polling on a loaded machine (16 was passed before
+# it polled, at load 12).
+MAX_TOKENS = 128
 PAUSE_AT = 4  # tokens each request has made when paused
 # The 21-token prompt fills a block: a cache kept across the weight update
 # would serve its old KV.

@@ -1,7 +1,8 @@
 """Quantized experts, written locally in each format's published layout from the
 tiny MoE models (DeepSeek-V2 and Qwen3-MoE: transformers loads their experts
-correctly), generate on the plugin exactly what transformers generates from the
-dequantized weights (float32), and their weights stay packed on the device."""
+correctly; gpt-oss in OpenAI's MXFP4), generate on the plugin exactly what
+transformers generates from the dequantized weights (float32), and their
+weights stay packed on the device."""
 
 import json
 from pathlib import Path
@@ -19,7 +20,14 @@ from quant_checkpoints import (
 )
 from safetensors.torch import load_file
 
-from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
+from e2e.harness import (
+    engine_spec,
+    hf_greedy,
+    random_prompts,
+    uses_engines,
+    vllm_engine,
+    vllm_greedy,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -143,4 +151,39 @@ def test_compressed_tensors_experts_generate_what_transformers_does(name, scheme
     fp8 = scheme.startswith("fp8")
     print(f"{name} {scheme}: experts hold {held:.1%} of their bf16 bytes")
     assert held <= (FP8_EXPERT_BYTES if fp8 else INT4_EXPERT_BYTES)
+    assert actual == expected
+
+
+# gpt-oss as OpenAI ships it (tiny-gpt-oss's experts in MXFP4, written by
+# scripts/tiny_mxfp4.py): prompts of mixed lengths around the 40-token window,
+# the longest in chunks of a 48-token step budget.
+GPT_OSS_MXFP4 = engine_spec(
+    "tiny-gpt-oss-mxfp4",
+    block_size=16,
+    max_model_len=256,
+    max_num_batched_tokens=48,
+    enable_chunked_prefill=True,
+)
+GPT_OSS_LENGTHS = [3, 17, 40, 61]
+
+
+def experts_in_float32(model: torch.nn.Module) -> None:
+    """transformers dequantizes the MXFP4 experts to bf16 (exactly: an e2m1
+    value times a power of two is a bf16 value) and keeps them in bf16; the
+    rest of the model computes in float32, as the plugin's experts do."""
+    model.float()
+
+
+@uses_engines(GPT_OSS_MXFP4)
+def test_gpt_oss_mxfp4_generates_what_transformers_does(llm):
+    path = model_path("tiny-gpt-oss-mxfp4")
+    prompts = random_prompts(GPT_OSS_LENGTHS, 1024, seed=1)
+    expected = hf_greedy(
+        path, prompts, MAX_TOKENS, torch.float32, prepare=experts_in_float32
+    )
+    methods, held = llm.apply_model(expert_methods)[0]
+    actual = vllm_greedy(llm, prompts, MAX_TOKENS)
+    print(f"gpt-oss mxfp4: experts hold {held:.1%} of their bf16 bytes")
+    assert methods == {"HpuGptOssMxfp4MoEMethod"}
+    assert held <= INT4_EXPERT_BYTES
     assert actual == expected

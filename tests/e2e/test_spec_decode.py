@@ -5,7 +5,7 @@ import pytest
 import torch
 from models import model_path as model_dir
 
-from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
+from e2e.harness import hf_greedy, one_bucket, random_prompts, vllm_engine, vllm_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -85,6 +85,17 @@ def test_ngram_accepts_drafts_on_a_repetitive_prompt():
         assert counter(llm, "vllm:spec_decode_num_accepted_tokens") > 0
 
 
+# Compiled with one bucket per kind of pass, as a compiled test warms up only
+# what it runs: both prompts in one merged prompt pass (89 tokens), decodes
+# and verifications of up to two rows over up to 16 blocks (verification
+# buckets are the decode buckets' twins).
+ONE_PASS_SHAPE = {
+    **one_bucket("PROMPT_SEQ", 96),
+    **one_bucket("DECODE_BS", 2),
+    **one_bucket("DECODE_BLOCK", 16),
+}
+
+
 @pytest.mark.parametrize(
     "speculative_config",
     [
@@ -107,7 +118,7 @@ def test_speculation_compiles_nothing_after_warmup(hpu_env, speculative_config: 
     target's."""
     from torch._dynamo.utils import counters
 
-    hpu_env(VLLM_HPU_COMPILE_BACKEND="eager")
+    hpu_env(VLLM_HPU_COMPILE_BACKEND="eager", **ONE_PASS_SHAPE)
     prompts = repetitive_prompts()[:2]
     expected = hf_greedy(model_dir("tiny-llama"), prompts, 24, torch.float32)
     with vllm_engine(

@@ -1,7 +1,7 @@
 """Features the plugin refuses are read from a model's config alone (so the
 caller's process can refuse them before an engine starts); the variants of
-gpt-oss and Llama 4 it runs pass. gpt-oss's own MXFP4 checkpoints are refused at
-start-up by name."""
+gpt-oss and Llama 4 it runs pass. gpt-oss's own MXFP4 checkpoints pass; an
+'mxfp4' checkpoint of another model is refused at start-up by name."""
 
 import json
 import shutil
@@ -62,18 +62,28 @@ def test_config_without_those_features_passes(architecture, config):
     assert config_feature_reason(architecture, config) is None
 
 
-def test_gpt_oss_mxfp4_checkpoint_is_refused_at_start_up(tmp_path):
-    """gpt-oss as OpenAI ships it (MXFP4 experts, quant_method 'mxfp4'): refused
-    from its config alone, naming the bf16 checkpoint that runs."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    model = tmp_path / "gpt-oss-mxfp4"
-    shutil.copytree(model_path("tiny-gpt-oss"), model)
+def with_mxfp4_config(name: str, tmp_path) -> str:  # type: ignore[no-untyped-def]
+    """The tiny model ``name`` with OpenAI's MXFP4 quantization_config."""
+    model = tmp_path / f"{name}-mxfp4"
+    shutil.copytree(model_path(name), model)
     config = json.loads((model / "config.json").read_text())
     config["quantization_config"] = {
         "quant_method": "mxfp4",
         "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"],
     }
     (model / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"gpt-oss's own MXFP4 checkpoints.*bf16"):
-        EngineArgs(model=str(model), enforce_eager=True).create_engine_config()
+    return str(model)
+
+
+def test_gpt_oss_mxfp4_checkpoint_passes_and_other_mxfp4_is_refused(tmp_path):
+    """gpt-oss as OpenAI ships it (quant_method 'mxfp4') runs, as vLLM's
+    'gpt_oss_mxfp4'; the same config on another model is refused from its config
+    alone, naming what runs."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    gpt_oss = with_mxfp4_config("tiny-gpt-oss", tmp_path)
+    config = EngineArgs(model=gpt_oss, enforce_eager=True).create_engine_config()
+    assert config.model_config.quantization == "gpt_oss_mxfp4"
+    llama = with_mxfp4_config("tiny-llama", tmp_path)
+    with pytest.raises(ValueError, match=r"'mxfp4' are supported on HPU for gpt-oss"):
+        EngineArgs(model=llama, enforce_eager=True).create_engine_config()

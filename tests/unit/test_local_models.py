@@ -13,6 +13,7 @@ from models import (
     EAGLE_HEADS,
     LONG_CONTEXT_MODELS,
     MULTIMODAL_MODELS,
+    MXFP4_MODELS,
     POOLING_MODELS,
     SMOLLM2,
     TINY_MODELS,
@@ -49,6 +50,7 @@ def test_tiny_models_build_deterministically(tmp_path: Path) -> None:
         *DRAFT_MODELS,
         *EAGLE_HEADS,
         *LONG_CONTEXT_MODELS,
+        *MXFP4_MODELS,
     }
     assert first.keys() == second.keys()
     differing = [name for name in first if first[name] != second[name]]

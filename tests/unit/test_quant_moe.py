@@ -72,6 +72,8 @@ def test_experts_dequantize_in_groups_of_bounded_bytes(monkeypatch):
         hidden_size=HIDDEN,
         intermediate_size_per_partition=INTERMEDIATE,
         activation=SimpleNamespace(value="silu"),
+        swiglu_alpha=None,
+        swiglu_limit=None,
     )
     method = _Dequantized(w13, w2)
     one_expert = 3 * HIDDEN * INTERMEDIATE * 4  # float32 bytes

@@ -54,8 +54,8 @@ SCORING_FUNCS = ("softmax", "sigmoid")
 # transient copy (DeepSeek-V3's 256 experts would be 22 GiB in bf16 at once).
 EXPERT_GROUP_BYTES = 1 << 30
 # FusedMoEConfig fields that change the expert activation: ops/moe.py takes the
-# clamped SwiGLU's two (with "swigluoai", unquantized experts only), none of the
-# others.
+# clamped SwiGLU's two (with "swigluoai", on experts that take the extras), none
+# of the others.
 SWIGLUOAI_PARAMS = ("swiglu_limit", "swiglu_alpha")
 ACTIVATION_PARAMS = (
     *SWIGLUOAI_PARAMS,
@@ -69,10 +69,11 @@ def refuse(what: str, fix: str) -> NoReturn:
     raise ValueError(f"The HPU plugin does not support {what} in MoE layers: {fix}.")
 
 
-def check_supported(moe: FusedMoEConfig, unquantized: bool = False) -> None:
+def check_supported(moe: FusedMoEConfig, with_extras: bool = False) -> None:
     """Refuse, at model construction, the MoE configurations ops/moe.py lacks.
-    Expert biases and gpt-oss's clamped SwiGLU run on unquantized experts only
-    (the quantized methods pass their weights without them)."""
+    Expert biases and gpt-oss's clamped SwiGLU run on unquantized experts and
+    on gpt-oss's own MXFP4 experts (``with_extras``: the method loads and runs
+    them); the other quantized methods load their weights without them."""
     parallel = moe.moe_parallel_config
     if parallel.enable_eplb:
         refuse(
@@ -87,21 +88,21 @@ def check_supported(moe: FusedMoEConfig, unquantized: bool = False) -> None:
             "use --enable-expert-parallel with tensor parallelism or with data "
             "parallelism, not both",
         )
-    if moe.has_bias and not unquantized:
+    if moe.has_bias and not with_extras:
         refuse(
             "expert biases on quantized experts",
             "use the unquantized checkpoint or one whose experts have no bias",
         )
-    activations = GATED_ACTIVATIONS if unquantized else tuple(ACTIVATIONS)
+    activations = GATED_ACTIVATIONS if with_extras else tuple(ACTIVATIONS)
     if moe.activation.value not in activations:
         refuse(
             f"the '{moe.activation.value}' expert activation"
-            + ("" if unquantized else " on quantized experts"),
+            + ("" if with_extras else " on quantized experts"),
             f"use a model with a gated {'/'.join(activations)} activation",
         )
     clamped = [
         name
-        for name in unsupported_params(moe.activation.value, unquantized)
+        for name in unsupported_params(moe.activation.value, with_extras)
         if getattr(moe, name) is not None
     ]
     if clamped:
@@ -113,9 +114,9 @@ def check_supported(moe: FusedMoEConfig, unquantized: bool = False) -> None:
         refuse("hash routing (experts chosen by token id)", "use another MoE model")
 
 
-def unsupported_params(activation: str, unquantized: bool) -> tuple[str, ...]:
+def unsupported_params(activation: str, with_extras: bool) -> tuple[str, ...]:
     """The activation parameters ops/moe.py cannot apply to ``activation``."""
-    if activation == SWIGLUOAI and unquantized:
+    if activation == SWIGLUOAI and with_extras:
         return tuple(p for p in ACTIVATION_PARAMS if p not in SWIGLUOAI_PARAMS)
     return ACTIVATION_PARAMS
 
@@ -200,7 +201,7 @@ class HpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     separate routers call kernels of vllm._C, which the plugin does not have."""
 
     def __init__(self, moe: FusedMoEConfig):
-        check_supported(moe, unquantized=True)
+        check_supported(moe, with_extras=True)
         super().__init__(moe)
 
     @property
@@ -318,13 +319,14 @@ class HpuQuantizedMoE(abc.ABC):
         num_experts = layer.local_num_experts
         per_group = experts_per_group(layer, x.dtype)
         inputs = self.prepare_input(layer, x)
+        extras = expert_extras(layer)
         out = None
         for first in range(0, num_experts, per_group):
             experts = slice(first, min(first + per_group, num_experts))
             w13, w2 = self.dequantize(layer, experts, x.dtype)
             part = fused_experts(
                 inputs, w13, w2, topk_weights, topk_ids, layer.activation.value,
-                experts_min=first, num_experts=num_experts,
+                experts_min=first, num_experts=num_experts, extras=extras.of(experts),
             )  # fmt: skip
             out = part if out is None else out + part
         return cast(torch.Tensor, out)

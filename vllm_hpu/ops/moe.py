@@ -12,7 +12,7 @@ whatever the routing; Gaudi runs its fused kernel from ``device.py`` instead.
 # for the sizes torch's grouped GEMM refuses.
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from vllm.model_executor.layers.fused_moe.router.cpu_router import (
@@ -56,6 +56,15 @@ class ExpertExtras:
 
     def gated(self, h: torch.Tensor, activation: str) -> torch.Tensor:
         return gated(h, activation, self.swiglu_alpha, self.swiglu_limit)
+
+    def of(self, experts: slice) -> "ExpertExtras":
+        """The extras of a group of the experts (their biases)."""
+        w13, w2 = self.w13_bias, self.w2_bias
+        return replace(
+            self,
+            w13_bias=None if w13 is None else w13[experts],
+            w2_bias=None if w2 is None else w2[experts],
+        )
 
 
 PLAIN_EXPERTS = ExpertExtras()

@@ -1,8 +1,9 @@
 """Experts whose weights are packed integers or MXFP4, weight-only (activations in
 the model dtype): compressed-tensors WNA16 (``pack-quantized``, 4 or 8 bits,
-groups or channels, symmetric or with zero points) and MXFP4A16 as vLLM's methods
-load them, and AutoAWQ / GPTQ checkpoints in their own layouts. Each forward
-dequantizes a group of experts with ops/dequant.py (see ``HpuQuantizedMoE``)."""
+groups or channels, symmetric or with zero points), MXFP4A16 and gpt-oss's own
+MXFP4 as vLLM's methods load them, and AutoAWQ / GPTQ checkpoints in their own
+layouts. Each forward dequantizes a group of experts with ops/dequant.py (see
+``HpuQuantizedMoE``)."""
 
 import abc
 from fractions import Fraction
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
 from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
+from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
 from vllm.model_executor.layers.fused_moe.routed_experts import (
     FusedMoeWeightScaleSupported,
 )
@@ -23,6 +25,7 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe_wna16 import (  # noqa: E501
     CompressedTensorsWNA16MoEMethod,
 )
+from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_hpu.ops import dequant
@@ -84,14 +87,43 @@ class HpuCompressedTensorsMxfp4MoEMethod(
     def dequantize(
         self, layer: Any, experts: slice, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return tuple(  # type: ignore[return-value]
-            dequant.dequantize_mxfp4(
-                getattr(layer, f"{name}_weight_packed")[experts],
-                getattr(layer, f"{name}_weight_scale")[experts],
-                dtype,
-            )
-            for name in ("w13", "w2")
+        return mxfp4_experts(layer, "weight_packed", experts, dtype)
+
+
+class HpuGptOssMxfp4MoEMethod(HpuQuantizedMoE, GptOssMxfp4MoEMethod):
+    """gpt-oss's own MXFP4 experts (quant_method ``mxfp4``) as vLLM's gpt-oss
+    loader fills them: e2m1 pairs ``w13_weight`` uint8 [E, 2 * I, H / 2], gate
+    and up rows interleaved (the clamped SwiGLU's order), e8m0
+    ``w13_weight_scale`` [E, 2 * I, H / 32], ``w2_*`` alike, bf16 biases."""
+
+    def __init__(self, moe: FusedMoEConfig) -> None:
+        # vLLM's __init__ asks its oracle for a GPU kernel. Its loader packs
+        # the blocks by ``weight_dtype``; its ``maybe_roundup_sizes`` rounds
+        # the sizes to whole 32-value blocks for the emulation backend.
+        FusedMoEMethodBase.__init__(self, moe)
+        self.weight_dtype = "gpt_oss_mxfp4"
+        self.mxfp4_backend = Mxfp4MoeBackend.EMULATION
+
+    def dequantize(
+        self, layer: Any, experts: slice, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return mxfp4_experts(layer, "weight", experts, dtype)
+
+
+def mxfp4_experts(
+    layer: Any, codes: str, experts: slice, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w13 and w2 of ``experts`` from their e2m1 ``w*_{codes}`` and e8m0
+    ``w*_weight_scale``, in ``dtype``."""
+    w13, w2 = (
+        dequant.dequantize_mxfp4(
+            getattr(layer, f"{name}_{codes}")[experts],
+            getattr(layer, f"{name}_weight_scale")[experts],
+            dtype,
         )
+        for name in ("w13", "w2")
+    )
+    return w13, w2
 
 
 class HpuInt4CheckpointMoEMethod(HpuQuantizedMoE, FusedMoEMethodBase):

@@ -16,16 +16,16 @@ RUNS = (
 
 # Quantization methods vLLM reads that the plugin refuses with more to say than
 # vLLM's "... is currently not supported in hpu": method -> the whole message.
-# vLLM names gpt-oss's checkpoints (quant_method "mxfp4") "gpt_oss_mxfp4".
-_GPT_OSS_MXFP4 = (
-    "gpt-oss's own MXFP4 checkpoints (quantization_config quant_method "
-    "'mxfp4': experts as e2m1 *_blocks with e8m0 *_scales, for vLLM's GPU "
-    "kernels) are not supported on HPU. The plugin runs gpt-oss from a bf16 "
-    "checkpoint (the same model with its experts dequantized); "
-    "compressed-tensors MXFP4-A16 is another format, which runs on dense "
-    "layers and on experts without biases."
+# vLLM names gpt-oss's checkpoints (quant_method "mxfp4" on a gpt-oss config)
+# "gpt_oss_mxfp4", which runs (quantization/moe_configs.py); "mxfp4" is left
+# for any other model, whose experts vLLM would hand its GPU-only method.
+_OTHER_MXFP4 = (
+    "MXFP4 checkpoints with quantization_config quant_method 'mxfp4' are "
+    "supported on HPU for gpt-oss only (model_type 'gpt_oss'). Use this "
+    "model's bf16 checkpoint, or a compressed-tensors MXFP4-A16 quantization "
+    "of it (weight-only MXFP4 on dense layers and on experts without biases)."
 )
-REFUSED_METHODS = {"mxfp4": _GPT_OSS_MXFP4, "gpt_oss_mxfp4": _GPT_OSS_MXFP4}
+REFUSED_METHODS = {"mxfp4": _OTHER_MXFP4}
 
 
 def method_refusal(method: str) -> str | None:

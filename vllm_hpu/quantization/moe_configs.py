@@ -1,5 +1,6 @@
-"""``fp8`` and compressed-tensors checkpoints: vLLM's own configs, except that their
-experts get the plugin's methods (ops/fp8_moe.py, ops/packed_moe.py).
+"""``fp8``, compressed-tensors and gpt-oss's MXFP4 checkpoints: vLLM's own
+configs, except that their experts get the plugin's methods (ops/fp8_moe.py,
+ops/packed_moe.py).
 
 vLLM's configs hand a MoE layer a method that asks vLLM's kernel oracle for a
 CUDA/ROCm/CPU/XPU backend; an out-of-tree platform gets none ("Unsupported FP8
@@ -13,12 +14,14 @@ the model is built, before any weight loads, naming the variant.
 from typing import Any
 
 import torch
+from vllm.model_executor.layers.fused_moe import FusedMoEConfig, FusedMoEMethodBase
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (  # noqa: E501
     CompressedTensorsConfig,
 )
+from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4Config
 from vllm.model_executor.layers.quantization.utils.quant_utils import (
     is_layer_skipped,
 )
@@ -29,6 +32,7 @@ from vllm_hpu.ops.fused_moe import check_supported, refuse
 from vllm_hpu.ops.packed_moe import (
     HpuCompressedTensorsMxfp4MoEMethod,
     HpuCompressedTensorsWNA16MoEMethod,
+    HpuGptOssMxfp4MoEMethod,
 )
 from vllm_hpu.quantization.checkpoints import describe
 
@@ -76,6 +80,21 @@ class HpuCompressedTensorsConfig(CompressedTensorsConfig):
             return super().get_quant_method(layer, prefix)
         check_supported(layer.moe_config)
         return compressed_tensors_method(self, layer, scheme)
+
+
+class HpuGptOssMxfp4Config(GptOssMxfp4Config):
+    """gpt-oss's own MXFP4 checkpoints (quant_method ``mxfp4`` on a gpt-oss
+    config): the experts with the plugin's method, with their biases and the
+    clamped SwiGLU; vLLM's config leaves attention, router and embeddings
+    unquantized. Any activation dtype: the experts dequantize to it."""
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return ACT_DTYPES
+
+    def _make_moe_method(self, moe: FusedMoEConfig) -> FusedMoEMethodBase:
+        check_supported(moe, with_extras=True)
+        return HpuGptOssMxfp4MoEMethod(moe)
 
 
 def expert_scheme(
@@ -126,3 +145,4 @@ def check_packed(scheme: dict[str, Any]) -> None:
 def register() -> None:
     register_quantization_config("fp8")(HpuFp8Config)
     register_quantization_config("compressed-tensors")(HpuCompressedTensorsConfig)
+    register_quantization_config("gpt_oss_mxfp4")(HpuGptOssMxfp4Config)
