@@ -9,6 +9,8 @@ change the tokens (checked on the reference).
 `vllm serve` answers a chat with an image (a base64 data URL) on Qwen3-VL with
 transformers' text."""
 
+import base64
+import io
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -22,7 +24,6 @@ from vllm import LLM, SamplingParams
 
 from e2e.harness import compiled_graphs, engine_spec, uses_engines
 from e2e.server import ServerSpec, uses_servers
-from e2e.test_serve_multimodal import data_url
 
 QWEN2_5 = "tiny-qwen2.5-vl"
 QWEN3 = "tiny-qwen3-vl"
@@ -80,6 +81,13 @@ QWEN3_SERVER = ServerSpec(
 )
 QUESTION = "What is in the picture?"
 Requests = list[tuple[str, tuple[int, ...]]]
+
+
+def data_url(picture: Image.Image) -> str:
+    """``picture`` as a base64 PNG data URL, as clients send images."""
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 @cache

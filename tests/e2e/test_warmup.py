@@ -58,10 +58,12 @@ def workload() -> list[list[list[int]]]:
     ]
 
 
-# MoE routing and experts, and MLA layers on the latent cache, keep static
-# shapes too: they warm up and replay alike, and equal transformers as eager
-# engines do (test_generate).
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral", "tiny-deepseek-v2-moe"])
+# MoE routing and experts keep static shapes too: they warm up and replay
+# alike, and equal transformers as eager engines do (test_generate). MLA
+# layers on the latent cache (tiny DeepSeek-V2-MoE) are checked the same way,
+# compiled, with prompt chunks reading cached context, by test_data_parallel's
+# offline and tensor-parallel runs.
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral"])
 def test_warmup_leaves_nothing_to_compile_and_equals_transformers(
     name, hpu_env, vllm_log
 ):
