@@ -40,8 +40,7 @@ def served(
         *("--max-model-len", str(MAX_MODEL_LEN)),
         *("--dtype", "float32", "--seed", "0", "--enforce-eager"),
     ]
-    # The engine in the API server's process: one process less to start.
-    env = {"VLLM_HPU_EMULATION": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = {"VLLM_HPU_EMULATION": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     with vllm_server(model_path(MODEL), args, env, workdir / "server.log") as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=0)
         yield client, pooling_type
