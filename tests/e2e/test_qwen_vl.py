@@ -226,21 +226,26 @@ def hf_chat_text(model: str, seed: int) -> str:
     return processor(model).decode(new_tokens, skip_special_tokens=True)
 
 
+def chat(client: openai.OpenAI, urls: list[str]) -> str:
+    """The server's greedy answer to a user turn of the images at ``urls``
+    and QUESTION."""
+    parts: list[Any] = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    response = client.chat.completions.create(
+        model=QWEN3,
+        messages=[
+            {"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}
+        ],
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        extra_body={"ignore_eos": True},
+    )
+    return response.choices[0].message.content or ""
+
+
 @uses_servers(QWEN3_SERVER)
 def test_qwen3_vl_server_answers_an_image_chat_as_transformers(
     server_url: str,
 ) -> None:
     client = openai.OpenAI(base_url=f"{server_url}/v1", api_key="EMPTY", max_retries=0)
-    parts: list[Any] = [
-        {"type": "image_url", "image_url": {"url": data_url(image(2))}},
-        {"type": "text", "text": QUESTION},
-    ]
-    response = client.chat.completions.create(
-        model=QWEN3,
-        messages=[{"role": "user", "content": parts}],
-        max_tokens=MAX_TOKENS,
-        temperature=0.0,
-        extra_body={"ignore_eos": True},
-    )
-    answer = response.choices[0].message.content
+    answer = chat(client, [data_url(image(2))])
     assert answer and answer == hf_chat_text(QWEN3, 2)

@@ -5,37 +5,14 @@ image (undecodable, more than --limit-mm-per-prompt) gets a 4xx and the server
 goes on answering as transformers does."""
 
 import base64
-from typing import Any
 
 import openai
 import pytest
 
 from e2e.server import uses_servers
-from e2e.test_qwen_vl import (
-    MAX_TOKENS,
-    QUESTION,
-    QWEN3,
-    QWEN3_SERVER,
-    data_url,
-    hf_chat_text,
-    image,
-)
+from e2e.test_qwen_vl import QWEN3, QWEN3_SERVER, chat, data_url, hf_chat_text, image
 
 pytestmark = pytest.mark.slow
-
-
-def chat(client: openai.OpenAI, urls: list[str]) -> str:
-    parts: list[Any] = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
-    response = client.chat.completions.create(
-        model=QWEN3,
-        messages=[
-            {"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}
-        ],
-        max_tokens=MAX_TOKENS,
-        temperature=0.0,
-        extra_body={"ignore_eos": True},
-    )
-    return response.choices[0].message.content or ""
 
 
 @pytest.mark.parametrize(
