@@ -19,7 +19,11 @@ from vllm_hpu.kv_transfer.config import (
     has_kv_connector,
     resolve_kv_transfer_config,
 )
-from vllm_hpu.quantization.checkpoints import check_quant_config, method_refusal
+from vllm_hpu.quantization.checkpoints import (
+    check_checkpoint_quantized,
+    check_quant_config,
+    method_refusal,
+)
 from vllm_hpu.quantization.inc import apply_fp8_options
 
 if TYPE_CHECKING:
@@ -101,7 +105,7 @@ class HpuPlatform(Platform):
     @classmethod
     def verify_quantization(cls, quant: str) -> None:
         """vLLM's check of the method, with the plugin's words where it has more
-        to say (``mxfp4`` outside gpt-oss)."""
+        to say (``mxfp4`` outside gpt-oss's own checkpoints)."""
         refusal = method_refusal(quant)
         if refusal is not None:
             raise ValueError(refusal)
@@ -258,7 +262,8 @@ class HpuPlatform(Platform):
         _use_our_worker(vllm_config)  # 1.
         _set_block_size(vllm_config)  # 2.
         _disable_vllm_compilation(vllm_config)  # 3.
-        check_quant_config(vllm_config.quant_config)  # 4. before weights load
+        check_checkpoint_quantized(vllm_config.model_config)  # 4. before weights load
+        check_quant_config(vllm_config.quant_config)  # 4.
         _use_fast_cpu_dtype(vllm_config)  # 4b. emulation's default dtype
         _disable_unsupported_scheduling(vllm_config)  # 5.
         refusals.reject_unsupported_features(vllm_config)  # 6.

@@ -1,7 +1,8 @@
 """Features the plugin refuses are read from a model's config alone (so the
 caller's process can refuse them before an engine starts); the variants of
 gpt-oss and Llama 4 it runs pass. gpt-oss's own MXFP4 checkpoints pass; an
-'mxfp4' checkpoint of another model is refused at start-up by name."""
+'mxfp4' checkpoint of another model is refused at start-up by name, and so is
+--quantization asking for MXFP4 weights a bf16 checkpoint does not hold."""
 
 import json
 import shutil
@@ -85,5 +86,25 @@ def test_gpt_oss_mxfp4_checkpoint_passes_and_other_mxfp4_is_refused(tmp_path):
     config = EngineArgs(model=gpt_oss, enforce_eager=True).create_engine_config()
     assert config.model_config.quantization == "gpt_oss_mxfp4"
     llama = with_mxfp4_config("tiny-llama", tmp_path)
-    with pytest.raises(ValueError, match=r"'mxfp4' are supported on HPU for gpt-oss"):
+    with pytest.raises(ValueError, match=r"only as gpt-oss's own MXFP4 checkpoints"):
         EngineArgs(model=llama, enforce_eager=True).create_engine_config()
+
+
+@pytest.mark.parametrize(
+    ("method", "refusal"),
+    [
+        ("mxfp4", r"for a bf16 gpt-oss checkpoint, drop --quantization"),
+        ("gpt_oss_mxfp4", r"config.json has no quantization_config"),
+    ],
+)
+def test_mxfp4_asked_of_a_bf16_checkpoint_is_refused(method, refusal):
+    """Nothing quantizes to MXFP4 at load: --quantization mxfp4 (vLLM's name)
+    or gpt_oss_mxfp4 on bf16 gpt-oss would load its bf16 experts into MXFP4
+    parameters; both stop before an engine starts, saying to drop the flag."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=model_path("tiny-gpt-oss"), enforce_eager=True, quantization=method
+    )
+    with pytest.raises(ValueError, match=refusal):
+        args.create_engine_config()

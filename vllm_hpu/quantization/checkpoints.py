@@ -18,19 +18,44 @@ RUNS = (
 # vLLM's "... is currently not supported in hpu": method -> the whole message.
 # vLLM names gpt-oss's checkpoints (quant_method "mxfp4" on a gpt-oss config)
 # "gpt_oss_mxfp4", which runs (quantization/moe_configs.py); "mxfp4" is left
-# for any other model, whose experts vLLM would hand its GPU-only method.
+# for any other model's checkpoint, whose experts vLLM would hand its GPU-only
+# method, and for a user's --quantization mxfp4 (nothing quantizes at load).
 _OTHER_MXFP4 = (
-    "MXFP4 checkpoints with quantization_config quant_method 'mxfp4' are "
-    "supported on HPU for gpt-oss only (model_type 'gpt_oss'). Use this "
-    "model's bf16 checkpoint, or a compressed-tensors MXFP4-A16 quantization "
-    "of it (weight-only MXFP4 on dense layers and on experts without biases)."
+    "Quantization 'mxfp4' runs on HPU only as gpt-oss's own MXFP4 checkpoints "
+    "(model_type 'gpt_oss', quantization_config quant_method 'mxfp4', read "
+    "without --quantization); the plugin does not quantize weights to MXFP4 "
+    "at load. For another model use its bf16 checkpoint or a "
+    "compressed-tensors MXFP4-A16 quantization of it (weight-only MXFP4 on "
+    "dense layers and on experts without biases); for a bf16 gpt-oss "
+    "checkpoint, drop --quantization."
 )
 REFUSED_METHODS = {"mxfp4": _OTHER_MXFP4}
+# Methods that only read weights a checkpoint holds quantized, from the
+# quantization_config in its config.json: asked for by --quantization on a
+# checkpoint without one, they would build quantized parameters its
+# unquantized weights do not fit.
+CHECKPOINT_ONLY = ("gpt_oss_mxfp4",)
 
 
 def method_refusal(method: str) -> str | None:
     """The plugin's own refusal of a quantization method, or None."""
     return REFUSED_METHODS.get(method)
+
+
+def check_checkpoint_quantized(model_config: Any) -> None:
+    """Refuse a method that reads quantized weights on a checkpoint whose
+    config.json says they are not."""
+    method = getattr(model_config, "quantization", None)
+    if method not in CHECKPOINT_ONLY:
+        return
+    if getattr(model_config.hf_config, "quantization_config", None) is None:
+        raise ValueError(
+            f"--quantization {method} reads a checkpoint quantized in that "
+            f"format, but {model_config.model}'s config.json has no "
+            "quantization_config: its weights are not quantized, and the "
+            "plugin does not quantize them at load. Drop --quantization to "
+            "run it as it is, or use the model's MXFP4 checkpoint."
+        )
 
 
 def check_quant_config(quant_config: Any) -> None:
