@@ -405,13 +405,18 @@ def import_nixl_from_wheel() -> None:
 # the HPU worker runs neither of vLLM's runners, and that "user settings" disabled
 # Inductor: the platform turns vLLM's compilation off (our runner compiles per
 # bucket), and the engine process checks the config again after its handshake,
-# taking that for a user's choice.
+# taking that for a user's choice. And vLLM's weight loader warns once per
+# weight of a float32 checkpoint that runs in 16 bits ("Attempted to load
+# weight ... with dtype torch.float32 into parameter with dtype
+# torch.bfloat16"): emulation's default dtype on a CPU with bf16 instructions,
+# said once at start-up by the platform ("Emulation runs the model in ...") and
+# by vLLM ("Downcasting torch.float32 to torch.bfloat16").
 # How: a filter on each logger that emits them drops exactly those records; all else
 # those loggers say is kept. vLLM's "Failed to import from vllm._C" is avoided at the
 # source instead (HpuPlatform.import_kernels).
 # Upstream change that removes it: torchao loading CUDA kernels only with a CUDA
 # torch and registering enums as opaque types; vLLM not warning about runners and
-# compilation modes the platform chose.
+# compilation modes the platform chose, nor per weight about the model's dtype.
 _TORCHAO_CUDA_KERNEL = re.compile(r"Failed to load \S*torchao[/\\]_C[^/\\:]*\.so: ")
 _HARMLESS_VLLM_WARNINGS = (
     "Model Runner V2 requires Triton",
@@ -434,10 +439,22 @@ def _is_harmless_vllm_warning(record: logging.LogRecord) -> bool:
     return str(record.msg).startswith(_HARMLESS_VLLM_WARNINGS)
 
 
+def _is_announced_narrowing(record: logging.LogRecord) -> bool:
+    """A float32 weight loaded into a 16-bit parameter: the model's dtype."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return (
+        str(record.msg).startswith("Attempted to load weight %s with dtype")
+        and len(args) == 3
+        and args[1] == torch.float32
+        and args[2] in (torch.bfloat16, torch.float16)
+    )
+
+
 _HARMLESS_RECORDS: dict[str, Callable[[logging.LogRecord], bool]] = {
     "torchao": _is_torchao_cuda_kernel,
     "torch.utils._pytree": _is_torchao_enum_registration,
     "vllm.config.vllm": _is_harmless_vllm_warning,
+    "vllm.model_executor.models.utils": _is_announced_narrowing,
 }
 
 

@@ -1,10 +1,11 @@
-"""The start-up log filters (patches.py, patch 4) drop exactly the known-harmless
+"""The start-up log filters (patches.py, patch 7) drop exactly the known-harmless
 records; anything else the same loggers say still shows."""
 
 import enum
 import logging
 
 import pytest
+import torch
 
 from vllm_hpu import patches
 
@@ -16,6 +17,9 @@ PYTREE_DEPRECATION = (
     "%s is an Enum subclass and is now natively supported by torch.compile as an "
     "opaque value type. Calling register_constant() on Enum subclasses is deprecated"
 )
+
+
+NARROWING = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
 
 
 class TorchaoEnum(enum.Enum):
@@ -71,3 +75,14 @@ def test_vllm_runner_and_compilation_notices_are_dropped_others_kept():
     assert not shown(logger, "Model Runner V2 requires Triton; using the V1 one.")
     assert not shown(logger, "Inductor compilation was disabled by user settings, x")
     assert shown(logger, "Turing devices tensor cores do not support float32 matmul.")
+
+
+def test_float32_weights_into_the_16_bit_model_are_dropped_other_mismatches_kept():
+    """The model's dtype is said once at start-up; a weight that narrows
+    otherwise (fp16 into fp8, say) or a widening still shows."""
+    logger = "vllm.model_executor.models.utils"
+    assert not shown(logger, NARROWING, "lm_head.weight", torch.float32, torch.bfloat16)
+    assert not shown(logger, NARROWING, "norm.weight", torch.float32, torch.float16)
+    assert shown(logger, NARROWING, "w", torch.bfloat16, torch.float8_e4m3fn)
+    assert shown(logger, NARROWING, "w", torch.float64, torch.bfloat16)
+    assert shown(logger, "Attempted to load nested weight 'x' into a single parameter")
