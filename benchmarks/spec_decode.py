@@ -16,6 +16,10 @@ generation times wander by 10-20 % between two runs of one engine, quiet or
 not, and the fastest of a few is what the engine can do. The load average is
 printed with each round.
 
+With ``--pass-times`` each engine also reports its forward passes: per bucket,
+how many ran in the timed rounds and their mean milliseconds, from the plugin's
+step profiler (VLLM_PROFILER_ENABLED, its trace written to a temporary folder).
+
 Run: VLLM_HPU_EMULATION=1 PYTHONPATH=$PWD python -m benchmarks.spec_decode
 """
 
@@ -27,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -70,6 +75,11 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=3,
         help="generations per engine and round; the fastest counts",
+    )
+    parser.add_argument(
+        "--pass-times",
+        action="store_true",
+        help="report each engine's forward passes per bucket (count, mean ms)",
     )
     return parser.parse_args()
 
@@ -120,6 +130,24 @@ def padding_ratios(worker: Any) -> dict[str, float]:
     return {name: round(counter.ratio, 3) for name, counter in counters.items()}
 
 
+def clear_step_spans(worker: Any) -> None:
+    worker.model_runner.caps.profiler.events.clear()
+
+
+def pass_times(worker: Any) -> dict[str, list[float]]:
+    """Per forward pass kind and bucket: [count, mean ms] since the spans
+    were last cleared."""
+    durations: dict[str, list[float]] = {}
+    for event in worker.model_runner.caps.profiler.events:
+        if event["name"] == "forward":
+            key = f"{event['args']['phase']} {event['args']['bucket']}"
+            durations.setdefault(key, []).append(event["dur"] / 1e3)
+    return {
+        key: [len(values), round(statistics.fmean(values), 2)]
+        for key, values in sorted(durations.items())
+    }
+
+
 def spec_counters(llm: Any) -> tuple[float, float]:
     """(draft tokens, accepted tokens) since the engine started."""
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
@@ -135,6 +163,9 @@ def serve(
     ``--repeats`` times per "run" from the parent, answering the fastest
     seconds and the tokens; on "stop",
     the spec-decode counters and padding of every generation."""
+    if args.pass_times:
+        os.environ["VLLM_PROFILER_ENABLED"] = "1"
+        os.environ["VLLM_HPU_PROFILE_DIR"] = tempfile.mkdtemp(prefix="spec_decode_")
     from vllm import LLM, SamplingParams
 
     from vllm_hpu.patches import allow_torchvision_import
@@ -151,6 +182,8 @@ def serve(
     )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     llm.generate(PROMPTS, params, use_tqdm=False)
+    if args.pass_times:
+        llm.collective_rpc(clear_step_spans)
     conn.send("ready")
     while conn.recv() == "run":
         timings = []
@@ -166,6 +199,9 @@ def serve(
             "accepted_tokens": accepted,
             "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
             "padding": llm.collective_rpc(padding_ratios)[0],
+            **(
+                {"passes": llm.collective_rpc(pass_times)[0]} if args.pass_times else {}
+            ),
         }
     )
     llm.llm_engine.engine_core.shutdown()
