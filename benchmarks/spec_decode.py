@@ -161,8 +161,8 @@ def serve(
 ) -> None:
     """A child's engine: generate the batch once (first-run costs), then
     ``--repeats`` times per "run" from the parent, answering the fastest
-    seconds and the tokens; on "stop",
-    the spec-decode counters and padding of every generation."""
+    seconds and the tokens; on "stop", the spec-decode counters and padding
+    of every generation (and with ``--pass-times`` the timed rounds' passes)."""
     if args.pass_times:
         os.environ["VLLM_PROFILER_ENABLED"] = "1"
         os.environ["VLLM_HPU_PROFILE_DIR"] = tempfile.mkdtemp(prefix="spec_decode_")

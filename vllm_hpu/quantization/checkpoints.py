@@ -30,11 +30,6 @@ _OTHER_MXFP4 = (
     "checkpoint, drop --quantization."
 )
 REFUSED_METHODS = {"mxfp4": _OTHER_MXFP4}
-# Methods that only read weights a checkpoint holds quantized, from the
-# quantization_config in its config.json: asked for by --quantization on a
-# checkpoint without one, they would build quantized parameters its
-# unquantized weights do not fit.
-CHECKPOINT_ONLY = ("gpt_oss_mxfp4",)
 
 
 def method_refusal(method: str) -> str | None:
@@ -43,15 +38,15 @@ def method_refusal(method: str) -> str | None:
 
 
 def check_checkpoint_quantized(model_config: Any) -> None:
-    """Refuse a method that reads quantized weights on a checkpoint whose
-    config.json says they are not."""
-    method = getattr(model_config, "quantization", None)
-    if method not in CHECKPOINT_ONLY:
+    """Refuse ``gpt_oss_mxfp4`` on a checkpoint whose config.json has no
+    quantization_config: the method only reads experts stored as MXFP4, and
+    bf16 ones do not fit its parameters."""
+    if getattr(model_config, "quantization", None) != "gpt_oss_mxfp4":
         return
     if getattr(model_config.hf_config, "quantization_config", None) is None:
         raise ValueError(
-            f"--quantization {method} reads a checkpoint quantized in that "
-            f"format, but {model_config.model}'s config.json has no "
+            "--quantization gpt_oss_mxfp4 reads gpt-oss's MXFP4 checkpoints, "
+            f"but {model_config.model}'s config.json has no "
             "quantization_config: its weights are not quantized, and the "
             "plugin does not quantize them at load. Drop --quantization to "
             "run it as it is, or use the model's MXFP4 checkpoint."
