@@ -1,7 +1,10 @@
 """Op timings on the CPU against naive loops. Decode attention: flat paged attention
 vs gathering each sequence's tokens (batch 64, context 1024, block 128, 32 heads,
-8 kv heads, head size 128). MoE: a Mixtral-like layer (8 experts, top 2, 64 tokens)
-routed and run by ops/moe.py vs a per-token loop over its chosen experts.
+8 kv heads, head size 128), and the same batch verifying 3 drafts per row at a
+context that leaves the last block part-filled (its hidden keys cost the CPU's
+exp its slow underflow path unless floored: ops/paged_attention.py). MoE: a
+Mixtral-like layer (8 experts, top 2, 64 tokens) routed and run by ops/moe.py vs
+a per-token loop over its chosen experts.
 Quantized linear: each checkpoint format's dequantize-and-multiply (AWQ, GPTQ,
 online fp8, and the kernels vLLM selects for fp8, block fp8, int8 W8A8, WNA16 and
 MXFP4 checkpoints) vs the unquantized linear.
@@ -45,6 +48,7 @@ from vllm.scalar_type import scalar_types
 
 from benchmarks.moe_quant import quantized_moe_calls
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_metadata
+from vllm_hpu.attention.verify import build_verify_metadata, pack_rows
 from vllm_hpu.envs import SLICE_THRESHOLD
 from vllm_hpu.ops import dequant
 from vllm_hpu.ops.encoder_attention import encoder_attention
@@ -64,6 +68,9 @@ from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 from vllm_hpu.ops.wna16 import HpuWNA16LinearKernel
 
 BATCH_SIZE, CONTEXT, BLOCK_SIZE = 64, 1024, 128
+# Verification: each row's last sampled token and its drafts, 60 slots short
+# of a full last block.
+NUM_QUERIES, VERIFY_CONTEXT = 4, 960
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE = 32, 8, 128
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Mixtral's 8 experts, top 2 and hidden:intermediate ratio, at a quarter of its
@@ -326,6 +333,30 @@ def time_attention(name: str, dtype: torch.dtype, iters: int) -> None:
     print(f"flat paged attention : {flat * 1e3:8.2f} ms")
     print(f"naive gather + attend: {naive * 1e3:8.2f} ms")
     print(f"naive / flat         : {naive / flat:8.2f}x")
+    verify = measure(verify_attention(tables, key_cache, value_cache, geometry), iters)
+    print(
+        f"verification, {NUM_QUERIES} queries per row at context {VERIFY_CONTEXT}: "
+        f"{verify * 1e3:8.2f} ms"
+    )
+
+
+def verify_attention(
+    tables: list[list[int]],
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    geometry: CacheGeometry,
+) -> Callable[[], torch.Tensor]:
+    """One verification pass's attention: every row's NUM_QUERIES tokens after
+    VERIFY_CONTEXT cached ones, causal among them."""
+    seqs = [SeqLayout(t, VERIFY_CONTEXT, NUM_QUERIES) for t in tables]
+    starts = pack_rows([NUM_QUERIES] * len(seqs), NUM_QUERIES)
+    blocks = build_verify_metadata(
+        seqs, starts, len(seqs), NUM_QUERIES, geometry.num_blocks, geometry
+    ).decode_blocks()
+    query = torch.randn(len(seqs) * NUM_QUERIES, NUM_HEADS, HEAD_SIZE)
+    query = query.to(key_cache.dtype)
+    scoring = Scoring(HEAD_SIZE**-0.5)
+    return lambda: paged_attention(query, key_cache, value_cache, blocks, scoring)
 
 
 def encoder_pass_peak(

@@ -56,9 +56,23 @@ def test_verify_attention_matches_naive(
         _check_verify(seed, group, variant, dtype, block_slice)
 
 
+def test_hidden_keys_weigh_nothing() -> None:
+    """Hidden keys' probabilities are floored for the CPU's exp
+    (ops/paged_attention.py, EXP_FLOOR), not zeroed: even values 1e20 times
+    the visible ones' in every hidden slot change no output."""
+    for seed, group in enumerate((1, 4)):
+        _check_verify(seed, group, PLAIN, torch.float32, ALL_BLOCKS, garbage=1e20)
+
+
 def _check_verify(
-    seed: int, group: int, variant: Variant, dtype: torch.dtype, block_slice: int
+    seed: int,
+    group: int,
+    variant: Variant,
+    dtype: torch.dtype,
+    block_slice: int,
+    garbage: float = 1.0,
 ) -> None:
+    """``garbage`` scales the values of the cache slots no row sees."""
     rng = random.Random(seed)
     num_kv_heads, head_size, batch_size = 2, 32, 6
     num_heads = num_kv_heads * group
@@ -67,6 +81,7 @@ def _check_verify(
     query_lens[0] = NUM_QUERIES
     seq_lens = [c + q for c, q in zip(contexts, query_lens, strict=True)]
     layout = random_layout(rng, seq_lens, BLOCK_SIZE, (num_kv_heads, head_size), dtype)
+    layout.value_cache.mul_(garbage)
     fill_cache(layout, contexts, BLOCK_SIZE)
     seqs = [
         SeqLayout(table, c, q)
