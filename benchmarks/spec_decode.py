@@ -276,8 +276,8 @@ def main() -> None:
         if name != "none":
             ratios = [a / b for a, b in zip(rates[name], rates["none"], strict=True)]
             summary["ratio_to_none_median"] = round(statistics.median(ratios), 3)
-            fastest = max(rates[name]) / max(rates["none"])
-            summary["ratio_of_fastest"] = round(fastest, 3)
+            fastest_ratio = max(rates[name]) / max(rates["none"])
+            summary["ratio_of_fastest"] = round(fastest_ratio, 3)
             summary["same_tokens_as_none"] = tokens[name] == tokens["none"]
         print(json.dumps(summary), flush=True)
 
