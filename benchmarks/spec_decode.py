@@ -19,6 +19,11 @@ the ratio of each engine's fastest generation over all rounds to no
 speculation's (``ratio_of_fastest``): what the engines can do. The load
 average is printed with each round.
 
+``--batch-size`` sets how many of the prompts each generate call sends at
+once: all four by default (a batch, whose slowest request sets its time), 1
+for one request at a time (the latency case speculation is for, where a
+decode's compute sits idle).
+
 With ``--pass-times`` each engine also reports its forward passes: per bucket,
 how many ran in the timed rounds and their mean milliseconds, from the plugin's
 step profiler (VLLM_PROFILER_ENABLED, its trace written to a temporary folder).
@@ -80,11 +85,20 @@ def parse_args() -> argparse.Namespace:
         help="generations per engine and round; the fastest counts",
     )
     parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=len(PROMPTS),
+        help="requests per generate call: the prompts in turn, this many at once",
+    )
+    parser.add_argument(
         "--pass-times",
         action="store_true",
         help="report each engine's forward passes per bucket (count, mean ms)",
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    if not 1 <= args.batch_size <= len(PROMPTS):
+        parser.error(f"--batch-size must be 1 to {len(PROMPTS)} (the prompts)")
+    return args
 
 
 def speculative_configs(args: argparse.Namespace) -> dict[str, dict | None]:
@@ -159,6 +173,17 @@ def spec_counters(llm: Any) -> tuple[float, float]:
     return drafted, accepted
 
 
+def generate_in_batches(llm: Any, params: Any, batch_size: int) -> list[Any]:
+    """The prompts' outputs, ``batch_size`` requests per generate call."""
+    return [
+        output
+        for begin in range(0, len(PROMPTS), batch_size)
+        for output in llm.generate(
+            PROMPTS[begin : begin + batch_size], params, use_tqdm=False
+        )
+    ]
+
+
 def serve(
     conn: Connection, args: argparse.Namespace, speculative_config: dict | None
 ) -> None:
@@ -190,7 +215,7 @@ def serve(
     conn.send("ready")
     while conn.recv() == "run":
         started = time.perf_counter()
-        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+        outputs = generate_in_batches(llm, params, args.batch_size)
         seconds = time.perf_counter() - started
         conn.send((seconds, [list(o.outputs[0].token_ids) for o in outputs]))
     drafted, accepted = spec_counters(llm)
