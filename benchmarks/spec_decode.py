@@ -294,6 +294,7 @@ def main() -> None:
         summary = {
             "method": name,
             "draft": (config or {}).get("model"),
+            "batch_size": args.batch_size,
             "tokens_per_s_median": round(statistics.median(rates[name]), 2),
             "tokens_per_s_fastest": round(max(rates[name]), 2),
             **counters[name],
