@@ -187,10 +187,10 @@ def generate_in_batches(llm: Any, params: Any, batch_size: int) -> list[Any]:
 def serve(
     conn: Connection, args: argparse.Namespace, speculative_config: dict | None
 ) -> None:
-    """A child's engine: generate the batch once (first-run costs), then once
-    per "run" from the parent, answering the seconds and the tokens; on
-    "stop", the spec-decode counters and padding of every generation (and
-    with ``--pass-times`` the timed rounds' passes)."""
+    """A child's engine: generate the prompts once in the timed runs' batches
+    (first-run costs), then once per "run" from the parent, answering the
+    seconds and the tokens; on "stop", the spec-decode counters and padding
+    of every generation (and with ``--pass-times`` the timed rounds' passes)."""
     if args.pass_times:
         os.environ["VLLM_PROFILER_ENABLED"] = "1"
         os.environ["VLLM_HPU_PROFILE_DIR"] = tempfile.mkdtemp(prefix="spec_decode_")
@@ -209,7 +209,7 @@ def serve(
         speculative_config=speculative_config,
     )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    llm.generate(PROMPTS, params, use_tqdm=False)
+    generate_in_batches(llm, params, args.batch_size)
     if args.pass_times:
         llm.collective_rpc(clear_step_spans)
     conn.send("ready")
