@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 import torch
+from config_passes import engine_core_pass
 
 from e2e.references import cached_tokens
 
@@ -147,13 +148,35 @@ def _engine(model_dir: str, kwargs: dict[str, Any]) -> Iterator[Any]:
     # counting compilations would depend on what ran before it on its worker.
     torch._dynamo.reset()
     with _heap_frozen():
-        llm = LLM(model=model_dir, **kwargs)
+        with _engine_core_pass_checked():
+            llm = LLM(model=model_dir, **kwargs)
         try:
             yield llm
         finally:
             llm.llm_engine.engine_core.shutdown()
             del llm
             cleanup_dist_env_and_memory()  # collects the engine's garbage
+
+
+@contextlib.contextmanager
+def _engine_core_pass_checked() -> Iterator[None]:
+    """The pass vLLM's default engine core runs over the config it is sent, run
+    on a copy of the config this engine is built from: an in-process engine
+    never runs it, and a config it would change or refuse fails the test
+    (tests/config_passes.py)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    create = EngineArgs.create_engine_config
+
+    def checked(self: EngineArgs, *args: Any, **kwargs: Any) -> Any:
+        config = create(self, *args, **kwargs)
+        changed = engine_core_pass(config)
+        assert not changed, f"the engine core's pass would change {changed}"
+        return config
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EngineArgs, "create_engine_config", checked)
+        yield
 
 
 @contextlib.contextmanager
