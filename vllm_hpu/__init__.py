@@ -23,6 +23,7 @@ def register() -> str | None:
     patches.import_nixl_from_wheel()
     if device.hpu_available() or device.is_emulation():
         patches.drop_harmless_log_records()
+        patches.report_engine_failures()
         return PLATFORM_CLS
     _say_why_inactive()
     return None

@@ -265,6 +265,9 @@ class HpuPlatform(Platform):
         earlier pass changed, and a decision taken once is marked there."""
         requested = patches.requested_options(vllm_config)
         _check_envs()  # 0. a malformed variable stops start-up here
+        if patches.first_pass(vllm_config, "failure notes"):
+            patches.prepare_failure_notes()  # the caller's: why its engine died
+        _fail_on_the_engine_cores_pass(vllm_config)  # a test hook
         _use_our_worker(vllm_config)  # 1.
         _set_block_size(vllm_config)  # 2.
         _disable_vllm_compilation(vllm_config)  # 3.
@@ -287,6 +290,16 @@ def _check_envs() -> None:
     """Parse every variable now; name the reference's ones that do nothing here."""
     for note in envs.no_effect_notes(envs.get_envs()):
         logger.info_once(note)
+
+
+def _fail_on_the_engine_cores_pass(vllm_config: "VllmConfig") -> None:
+    """VLLM_HPU_FAIL_AT=config: the engine core's pass over the config fails,
+    after the core has told the caller it is ready (the caller's pass marks
+    the config)."""
+    if envs.get_envs().fail_at != "config":
+        return
+    if not patches.first_pass(vllm_config, "injected config failure"):
+        envs.fail_if_injected("config")
 
 
 def _spawn_processes() -> None:

@@ -28,7 +28,7 @@ from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_hpu import device
-from vllm_hpu.envs import get_envs
+from vllm_hpu.envs import fail_if_injected, get_envs
 from vllm_hpu.host_network import choose_gloo_interface
 from vllm_hpu.kv_transfer.config import check_worker_config
 from vllm_hpu.metrics import HpuMetrics
@@ -94,6 +94,7 @@ class HpuWorker(WorkerBase):
         self.model_runner = HpuModelRunner(self.vllm_config, self.device)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        fail_if_injected("model_load")
         if load_dummy_weights:
             self.load_config.load_format = "dummy"
         self.runner.load_model()
@@ -150,6 +151,7 @@ class HpuWorker(WorkerBase):
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         # The connector exists before the caches it registers (vLLM's order).
         kv_connector.initialize_kv_transfer(self.vllm_config, kv_cache_config)
+        fail_if_injected("kv_allocation")
         self.runner.initialize_kv_cache(kv_cache_config)
 
     def get_kv_connector_handshake_metadata(
@@ -159,6 +161,7 @@ class HpuWorker(WorkerBase):
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
         started = time.perf_counter()
+        fail_if_injected("warmup")
         warm_up_model(self.runner, self._graph_mem())
         start_step_trace(self.runner)
         # The seed is reset so that profiling does not shift seeded sampling.
@@ -189,6 +192,8 @@ class HpuWorker(WorkerBase):
             self.metrics = HpuMetrics(self.runner.buckets)
         received = None
         stage = self.runner.stage
+        if scheduler_output.total_num_scheduled_tokens:
+            fail_if_injected("first_step")
         if scheduler_output.total_num_scheduled_tokens and not stage.is_first:
             received = pipeline.receive()
         with self.compilations.step(), self.fallbacks.step():
