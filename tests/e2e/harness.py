@@ -42,6 +42,10 @@ from e2e.references import cached_tokens
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 KV_CACHE_BYTES = 64 << 20  # small, so tests never size a cache from host RAM
+# vLLM's default engine, the engine core in a process of its own (as LLM(...)
+# and vllm serve run it): a spec's or plugin_env's variables for tests of the
+# path a user takes, where the harness's engines otherwise run in-process.
+DEFAULT_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 
 def one_bucket(dimension: str, size: int) -> dict[str, str]:
@@ -208,6 +212,14 @@ def vllm_greedy(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[lis
     return [list(r.outputs[0].token_ids) for r in results]
 
 
+def core_in_own_process(llm: Any) -> bool:
+    """Whether the engine runs as vLLM's default does: its core in a process
+    of its own (DEFAULT_ENGINE), not in this one."""
+    from vllm.v1.engine.core_client import MPClient
+
+    return isinstance(llm.llm_engine.engine_core, MPClient)
+
+
 def counters(llm: Any) -> dict[str, float]:
     """vLLM's counters so far, by name (a shared engine's count since it started)."""
     return {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
@@ -263,19 +275,24 @@ def uses_engines(*specs: EngineSpec) -> pytest.MarkDecorator:
 
 @contextlib.contextmanager
 def plugin_env(values: Iterable[tuple[str, str]]) -> Iterator[None]:
-    """Plugin variables set inside the block, the plugin's cached reading
-    dropped on entry and exit."""
+    """Plugin (and vLLM) variables set inside the block, the plugin's and
+    vLLM's cached readings dropped on entry and exit (an engine's start turns
+    vLLM's cache on)."""
+    import vllm.envs
+
     from vllm_hpu import envs
 
     patch = pytest.MonkeyPatch()
     for name, value in values:
         patch.setenv(name, value)
     envs.get_envs.cache_clear()
+    vllm.envs.disable_envs_cache()
     try:
         yield
     finally:
         patch.undo()
         envs.get_envs.cache_clear()
+        vllm.envs.disable_envs_cache()
 
 
 class SharedPool:
