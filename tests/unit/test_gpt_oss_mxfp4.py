@@ -13,8 +13,8 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from vllm_hpu.ops import fused_moe
 from vllm_hpu.ops.activations import SWIGLUOAI, swiglu_oai
-from vllm_hpu.ops.dequant import E2M1_VALUES, dequantize_mxfp4
-from vllm_hpu.ops.packed_moe import HpuGptOssMxfp4MoEMethod
+from vllm_hpu.quantization.dequant import E2M1_VALUES, dequantize_mxfp4
+from vllm_hpu.quantization.packed_moe import HpuGptOssMxfp4MoEMethod
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from tiny_mxfp4 import quantize_mxfp4

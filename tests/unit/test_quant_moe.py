@@ -9,14 +9,14 @@ import torch
 from compressed_tensors.quantization import QuantizationArgs
 
 from vllm_hpu.ops import fused_moe
-from vllm_hpu.ops.fp8_moe import (
+from vllm_hpu.ops.moe import fused_experts
+from vllm_hpu.quantization.fp8_moe import (
     PER_TENSOR,
     PER_TOKEN,
     STATIC,
     dequantize_w13_blocks,
     quantize_input,
 )
-from vllm_hpu.ops.moe import fused_experts
 from vllm_hpu.quantization.moe_configs import (
     HpuCompressedTensorsConfig,
     compressed_tensors_method,

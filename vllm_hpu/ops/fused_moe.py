@@ -1,5 +1,5 @@
 """vLLM's FusedMoE layers on the plugin: the out-of-tree unquantized MoE method, and
-the base of the quantized ones (ops/fp8_moe.py, ops/packed_moe.py).
+the base of the quantized ones (quantization/fp8_moe.py, quantization/packed_moe.py).
 
 For an out-of-tree platform vLLM picks no expert kernel (``experts_cls`` is None),
 so its method cannot even say whether it is monolithic. Ours is: it routes from the
