@@ -28,8 +28,9 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod
 from vllm.model_executor.utils import set_weight_attrs
 
-from vllm_hpu.ops.fused_moe import HpuQuantizedMoE, refuse
+from vllm_hpu.ops.fused_moe import refuse
 from vllm_hpu.quantization import dequant
+from vllm_hpu.quantization.moe_methods import HpuQuantizedMoE
 
 MXFP4_GROUP_SIZE = dequant.MXFP4_GROUP_SIZE
 

@@ -33,7 +33,7 @@ from vllm_hpu import device
 from vllm_hpu.attention.metadata import CacheGeometry
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
 from vllm_hpu.envs import get_envs
-from vllm_hpu.ops.fused_moe import check_moe_layers
+from vllm_hpu.quantization.moe_methods import check_moe_layers
 from vllm_hpu.worker.capabilities import pipeline
 from vllm_hpu.worker.capabilities.factory import attach_model, build_capabilities
 from vllm_hpu.worker.capabilities.weight_updates import weights_change

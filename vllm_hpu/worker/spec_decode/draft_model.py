@@ -49,7 +49,7 @@ from vllm.model_executor.model_loader import get_model
 
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import SeqLayout
-from vllm_hpu.ops.fused_moe import check_moe_layers
+from vllm_hpu.quantization.moe_methods import check_moe_layers
 from vllm_hpu.worker.compilation.execution import (
     CompileOptions,
     ExecutionMode,
