@@ -10,15 +10,17 @@ import torch
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from vllm_hpu import device, envs, patches, refusals
-from vllm_hpu.hybrid_config import configure_hybrid
+from vllm_hpu import device, envs
+from vllm_hpu.config import refusals
+from vllm_hpu.config.hybrid import configure_hybrid
 from vllm_hpu.kv_transfer import blocks
-from vllm_hpu.kv_transfer.config import (
+from vllm_hpu.kv_transfer.connectors import (
     HOST_BUFFER_DEVICE,
     SYNCHRONOUS_STEPS,
     has_kv_connector,
     resolve_kv_transfer_config,
 )
+from vllm_hpu.patches import engine_args, engine_failures
 from vllm_hpu.quantization.checkpoints import (
     check_checkpoint_quantized,
     check_quant_config,
@@ -171,11 +173,11 @@ class HpuPlatform(Platform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        return "vllm_hpu.ops.lora.HpuPunicaWrapper"
+        return "vllm_hpu.ops.punica.HpuPunicaWrapper"
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
-        return "vllm_hpu.distributed.HpuCommunicator"
+        return "vllm_hpu.distributed.communicator.HpuCommunicator"
 
     @classmethod
     def use_sync_weight_loader(cls) -> bool:
@@ -252,7 +254,7 @@ class HpuPlatform(Platform):
     def apply_config_platform_defaults(cls, vllm_config: "VllmConfig") -> None:
         """Before vLLM's defaults: the user's compilation settings, honoured where
         the runner can, else refused or logged with the reason."""
-        from vllm_hpu.compilation_settings import apply_user_compilation
+        from vllm_hpu.config.compilation import apply_user_compilation
 
         apply_user_compilation(vllm_config)
 
@@ -261,12 +263,12 @@ class HpuPlatform(Platform):
         """Runs on every pass of ``VllmConfig.__post_init__``: the caller's, and
         the engine core's again on the config it was sent. Each step gives the
         same config the second time: it reads what the user asked from the
-        config's record (``patches.requested_options``), not from fields an
+        config's record (``engine_args.requested_options``), not from fields an
         earlier pass changed, and a decision taken once is marked there."""
-        requested = patches.requested_options(vllm_config)
+        requested = engine_args.requested_options(vllm_config)
         _check_envs()  # 0. a malformed variable stops start-up here
-        if patches.first_pass(vllm_config, "failure notes"):
-            patches.prepare_failure_notes()  # the caller's: why its engine died
+        if engine_args.first_pass(vllm_config, "failure notes"):
+            engine_failures.prepare_failure_notes()  # the caller's: why its engine died
         _fail_on_the_engine_cores_pass(vllm_config)  # a test hook
         _use_our_worker(vllm_config)  # 1.
         _set_block_size(vllm_config)  # 2.
@@ -298,7 +300,7 @@ def _fail_on_the_engine_cores_pass(vllm_config: "VllmConfig") -> None:
     the config)."""
     if envs.get_envs().fail_at != "config":
         return
-    if not patches.first_pass(vllm_config, "injected config failure"):
+    if not engine_args.first_pass(vllm_config, "injected config failure"):
         envs.fail_if_injected("config")
 
 
@@ -317,7 +319,7 @@ def _use_hpu_ray_executor(vllm_config: "VllmConfig") -> None:
     once when the cluster has too few HPUs (vLLM would wait 30 minutes)."""
     parallel_config = vllm_config.parallel_config
     if parallel_config.distributed_executor_backend == "ray":
-        from vllm_hpu.ray_cluster import hpu_ray_executor
+        from vllm_hpu.distributed.ray_cluster import hpu_ray_executor
 
         parallel_config.distributed_executor_backend = hpu_ray_executor()
 
@@ -347,7 +349,7 @@ def _disable_vllm_compilation(vllm_config: "VllmConfig") -> None:
 
 
 def _use_fast_cpu_dtype(
-    vllm_config: "VllmConfig", requested: patches.RequestedOptions
+    vllm_config: "VllmConfig", requested: engine_args.RequestedOptions
 ) -> None:
     """Emulation only: a dtype left to vLLM ("auto") becomes the one this CPU runs
     fast; an explicit --dtype is honoured (tests use float32). Unquantized models
@@ -360,7 +362,7 @@ def _use_fast_cpu_dtype(
         return
     if envs.get_envs().quant_config:
         return
-    if not patches.first_pass(vllm_config, "emulation dtype"):
+    if not engine_args.first_pass(vllm_config, "emulation dtype"):
         return  # chosen, and said, on the caller's pass
     fast, chosen = device.fast_dtype(), model_config.dtype
     logger.info_once(
@@ -385,13 +387,13 @@ def _use_fast_cpu_dtype(
 
 
 def _disable_unsupported_scheduling(
-    vllm_config: "VllmConfig", requested: patches.RequestedOptions
+    vllm_config: "VllmConfig", requested: engine_args.RequestedOptions
 ) -> None:
     """Async scheduling where the runner supports it; the log says which is in
     force and why (the CLI, VLLM_DELAYED_SAMPLING or vLLM's default), once."""
     scheduler_config = vllm_config.scheduler_config
     why_not = _why_not_async(vllm_config)
-    first_pass = patches.first_pass(vllm_config, "async scheduling")
+    first_pass = engine_args.first_pass(vllm_config, "async scheduling")
     if scheduler_config.async_scheduling and why_not:
         logger.info("Async scheduling disabled: %s.", why_not)
         scheduler_config.async_scheduling = False
@@ -416,7 +418,7 @@ def _why_not_async(vllm_config: "VllmConfig") -> str | None:
 
 
 def _choose_kv_cache_manager(
-    vllm_config: "VllmConfig", requested: patches.RequestedOptions
+    vllm_config: "VllmConfig", requested: engine_args.RequestedOptions
 ) -> None:
     from vllm_hpu.attention.windows import choose_kv_cache_manager
 

@@ -183,10 +183,10 @@ def test_the_record_travels_with_the_config():
     """What the user asked is in the config's additional_config, as JSON."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_hpu import patches
+    from vllm_hpu.patches import engine_args
 
     config = EngineArgs(model=model_path("tiny-llama"), **SMALL).create_engine_config()
-    recorded = config.additional_config[patches.REQUESTED]
+    recorded = config.additional_config[engine_args.REQUESTED]
     assert json.loads(json.dumps(recorded)) == recorded
-    assert patches.requested_options(config).dtype_auto is False
-    assert "async scheduling" in config.additional_config[patches.DECIDED]
+    assert engine_args.requested_options(config).dtype_auto is False
+    assert "async scheduling" in config.additional_config[engine_args.DECIDED]

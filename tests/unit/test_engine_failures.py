@@ -1,5 +1,5 @@
 """A dead engine's cause reaches its caller, and no utility call waits on it
-(patches.py, patch 8; end to end: tests/e2e/test_failures.py)."""
+(patches/engine_failures.py; end to end: tests/e2e/test_failures.py)."""
 
 import asyncio
 import logging
@@ -8,7 +8,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from vllm_hpu import envs, patches
+from vllm_hpu import envs
+from vllm_hpu.patches import engine_failures
 
 
 def test_pending_utility_calls_fail_when_the_client_shuts_down():
@@ -22,7 +23,7 @@ def test_pending_utility_calls_fail_when_the_client_shuts_down():
     try:
         waiting_async = asyncio.run_coroutine_threadsafe(_future(), loop).result()
         pending = {1: waiting, 2: answered, 3: waiting_async}
-        patches._fail_pending_calls(pending)
+        engine_failures._fail_pending_calls(pending)
         assert pending == {}
         with pytest.raises(EngineDeadError):
             waiting.result(timeout=5)
@@ -46,10 +47,10 @@ async def _wait(future: asyncio.Future) -> object:
 def test_a_fatal_engine_record_names_its_cause_in_engine_dead_error(monkeypatch):
     from vllm.v1.engine.exceptions import EngineDeadError
 
-    monkeypatch.setattr(patches, "_caller_notes", [])
+    monkeypatch.setattr(engine_failures, "_caller_notes", [])
     monkeypatch.delenv("VLLM_HPU_FAILURE_NOTES", raising=False)
-    patches.report_engine_failures()
-    patches.prepare_failure_notes()
+    engine_failures.report_engine_failures()
+    engine_failures.prepare_failure_notes()
     envs.get_envs.cache_clear()  # as a process the caller started reads it
     try:
         assert "said" not in str(EngineDeadError())
@@ -61,7 +62,7 @@ def test_a_fatal_engine_record_names_its_cause_in_engine_dead_error(monkeypatch)
             )
         said = "The engine said: ValueError: the KV cache does not fit"
         assert str(EngineDeadError()).endswith(said)
-        patches.prepare_failure_notes()  # the next engine starts with none
+        engine_failures.prepare_failure_notes()  # the next engine starts with none
         assert "said" not in str(EngineDeadError())
     finally:
         envs.get_envs.cache_clear()
