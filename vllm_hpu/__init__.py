@@ -20,6 +20,7 @@ def register() -> str | None:
     from vllm_hpu.patches import (
         engine_args,
         engine_failures,
+        engine_shutdown,
         log_records,
         nixl,
         torchvision_import,
@@ -31,6 +32,7 @@ def register() -> str | None:
     if device.hpu_available() or device.is_emulation():
         log_records.drop_harmless_log_records()
         engine_failures.report_engine_failures()
+        engine_shutdown.give_engines_time_to_exit()
         return PLATFORM_CLS
     _say_why_inactive()
     return None

@@ -514,6 +514,15 @@ def set_default(name: str, value: str) -> str:
     return os.environ.setdefault(name, value)
 
 
+def emulation_at_start() -> bool:
+    """VLLM_HPU_EMULATION as an interpreter starts, before the table is read (a
+    malformed value reads as off here; get_envs reports it at start-up)."""
+    try:
+        return _bool("VLLM_HPU_EMULATION", os.environ.get("VLLM_HPU_EMULATION", "0"))
+    except ValueError:
+        return False
+
+
 def set_environ(name: str, value: str) -> None:
     """``name`` set to ``value`` for this process and those it starts (a
     variable the plugin owns, such as VLLM_HPU_FAILURE_NOTES)."""

@@ -272,6 +272,16 @@ class PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def patch_when_imported(name: str, patch: Callable[[ModuleType], None]) -> None:
+    """``patch`` applied to module ``name`` now if it is imported, else right
+    after its import."""
+    module = sys.modules.get(name)
+    if module is None:
+        sys.meta_path.insert(0, PatchAfterImport(name, patch))
+    else:
+        patch(module)
+
+
 def accept_device_option() -> None:
     """Idempotent; safe to call while vLLM is being imported. Called from the
     platform entry point, and again from the general plugin, which vLLM's CLI

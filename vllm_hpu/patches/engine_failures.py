@@ -8,15 +8,13 @@ import logging
 import os
 import pathlib
 import shutil
-import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from vllm_hpu.patches.engine_args import PatchAfterImport
+from vllm_hpu.patches.engine_args import patch_when_imported
 
 # Why: when vLLM's engine core or one of its workers fails, the caller's client
 # raises "Engine core initialization failed. See root cause above." or
@@ -176,12 +174,4 @@ def report_engine_failures() -> None:
     for name, messages in _FATAL_RECORDS.items():
         logging.getLogger(name).addFilter(_NoteFatalRecords(messages))
     for name, patch in _ENGINE_FAILURE_PATCHES.items():
-        _patch_when_imported(name, patch)
-
-
-def _patch_when_imported(name: str, patch: Callable[[ModuleType], None]) -> None:
-    module = sys.modules.get(name)
-    if module is None:
-        sys.meta_path.insert(0, PatchAfterImport(name, patch))
-    else:
-        patch(module)
+        patch_when_imported(name, patch)

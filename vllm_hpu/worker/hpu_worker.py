@@ -7,6 +7,8 @@ step to :class:`HpuModelRunner`.
 import atexit
 import gc
 import multiprocessing
+import signal
+import threading
 import time
 from typing import Any
 
@@ -328,17 +330,25 @@ class HpuWorker(WorkerBase):
         if self.metrics is not None:
             self.metrics.log()
         kv_connector.shutdown_kv_transfer()
-        _skip_collection_at_exit()
+        _exit_quickly()
 
 
-def _skip_collection_at_exit() -> None:
+def _exit_quickly() -> None:
     """In a process vLLM started for the engine (an engine core, a worker): the
     heap (vLLM, torch, the model; about a million objects) is kept out of the
     garbage collection Python runs as it exits. That collection took 3 to 5 s
     on a busy core, past vLLM's 5-second grace for an engine to stop ("force
     killing" in the log); the process's memory goes back to the system anyway,
     and what the engine held was released above. vLLM does the same on ROCm
-    after a clean shutdown. A caller's own process (an in-process engine) is
-    left alone."""
-    if multiprocessing.parent_process() is not None:
-        atexit.register(gc.freeze)
+    after a clean shutdown. And a second stop signal no longer interrupts the
+    exit: a terminal's Ctrl-C reaches every process of ``vllm serve``, whose
+    API server then sends the core another (vLLM's handler is gone by then),
+    and a core killed by it left its semaphores to Python's resource tracker
+    ("leaked semaphore objects"). A caller's own process (an in-process
+    engine) is left alone."""
+    if multiprocessing.parent_process() is None:
+        return
+    atexit.register(gc.freeze)
+    if threading.current_thread() is threading.main_thread():
+        for stop in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stop, signal.SIG_IGN)
