@@ -26,6 +26,9 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
 NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 
 # (test id, model, EngineArgs keywords, plugin variables)
+# INC's unit scales quantize the KV cache too: its dtype says so.
+INC = {"dtype": "bfloat16", "kv_cache_dtype": "fp8_inc"}
+
 CONFIGURATIONS: list[tuple[str, str, dict[str, Any], dict[str, str]]] = [
     ("plain", "tiny-llama", {}, {}),
     ("dtype-auto", "tiny-llama", {"dtype": "auto"}, {}),
@@ -139,6 +142,9 @@ CONFIGURATIONS: list[tuple[str, str, dict[str, Any], dict[str, str]]] = [
         {},
     ),
     ("llama4-vision", "tiny-llama4-vision", {}, COMPILED),
+    # QUANT_CONFIG alone asks for INC's flow (the platform names the method).
+    ("inc-unit-scale", "tiny-llama", INC, {"QUANT_CONFIG": "{inc}"}),
+    ("inc", "tiny-llama", {**INC, "quantization": "inc"}, {"QUANT_CONFIG": "{inc}"}),
 ]
 
 
@@ -155,10 +161,13 @@ def _model_paths(kwargs: dict[str, Any]) -> dict[str, Any]:
     ("model", "kwargs", "env"),
     [pytest.param(m, k, e, id=name) for name, m, k, e in CONFIGURATIONS],
 )
-def test_engine_core_pass_changes_nothing(hpu_env, model, kwargs, env):
+def test_engine_core_pass_changes_nothing(hpu_env, tmp_path, model, kwargs, env):
     from vllm.engine.arg_utils import EngineArgs
 
-    hpu_env(**env)
+    inc = tmp_path / "unit_scale.json"
+    unit_scale = {"mode": "QUANTIZE", "scale_method": "unit_scale"}
+    inc.write_text(json.dumps({**unit_scale, "dump_stats_path": str(tmp_path)}))
+    hpu_env(**{name: value.format(inc=inc) for name, value in env.items()})
     args = EngineArgs(model=model_path(model), **(SMALL | _model_paths(kwargs)))
     config = args.create_engine_config()
     assert engine_core_pass(config) == {}
