@@ -46,6 +46,10 @@ KV_CACHE_BYTES = 64 << 20  # small, so tests never size a cache from host RAM
 # and vllm serve run it): a spec's or plugin_env's variables for tests of the
 # path a user takes, where the harness's engines otherwise run in-process.
 DEFAULT_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+# What a fresh default_engine adds: the callables a test sends to the engine's
+# process (apply_model, collective_rpc) travel pickled. Set for the engine's
+# whole life: its client and core must agree on it for every message.
+SENDS_CALLABLES = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
 
 def one_bucket(dimension: str, size: int) -> dict[str, str]:
@@ -139,6 +143,17 @@ def vllm_engine(model_dir: str, **kwargs: Any) -> Iterator[Any]:
     engine still alive is shut down first: one engine at a time)."""
     ENGINE_POOL.release()
     with _engine(model_dir, _with_defaults(kwargs)) as llm:
+        yield llm
+
+
+@contextlib.contextmanager
+def default_engine(model_dir: str, **kwargs: Any) -> Iterator[Any]:
+    """A fresh engine as :func:`vllm_engine` starts it, but through vLLM's
+    default path: its core in a process of its own (DEFAULT_ENGINE), taking the
+    test's callables (SENDS_CALLABLES)."""
+    variables = {**DEFAULT_ENGINE, **SENDS_CALLABLES}.items()
+    with plugin_env(variables), vllm_engine(model_dir, **kwargs) as llm:
+        assert core_in_own_process(llm)
         yield llm
 
 

@@ -17,7 +17,7 @@ from models import model_path
 from PIL import Image
 from vllm import LLM, SamplingParams
 
-from e2e.harness import engine_spec, uses_engines
+from e2e.harness import DEFAULT_ENGINE, engine_spec, uses_engines
 
 MODEL = "tiny-llama4-vision"
 MAX_TOKENS = 8
@@ -45,6 +45,7 @@ COMPILED = engine_spec(
     # three blocks merged in one pass), decodes of 1 to 3 sequences; warmup
     # runs the encoder's tile buckets too.
     env={
+        **DEFAULT_ENGINE,  # vLLM's default engine: its core in its own process
         "VLLM_HPU_COMPILE_BACKEND": "eager",
         "VLLM_PROMPT_SEQ_BUCKET_MIN": str(CHUNK),
         "VLLM_PROMPT_SEQ_BUCKET_STEP": str(CHUNK),
