@@ -1,0 +1,63 @@
+"""``hpu_backend``, the bridge's torch.compile backend (bridge v1.19.0
+dynamo/compile_backend/backends.py:47-72): AOT autograd over the HPU graph
+compiler. Here the graph dynamo captured runs as it is on the emulated device,
+counted as one compiled graph: the same results, without AOT autograd's
+functionalization, which would copy every mutated input (a whole KV cache per
+layer and step) where the graph compiler writes in place.
+
+Two documented limits are enforced:
+- lazy mode: torch.compile with hpu_backend is not supported there (Intel
+  Gaudi PyTorch Support Matrix); the double refuses it rather than guess;
+- symbolic shapes: Habana's recipe compiler raises "TypeError: Cannot convert
+  symbols to int" on graphs with symbolic sizes, e.g. ``dynamic=True`` or
+  ``mark_unbacked`` (vllm-gaudi 091bbad vllm_gaudi/patches.py:21-27).
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._dynamo.backends.registry import register_backend
+
+from habana_frameworks.torch._double import native
+from habana_frameworks.torch.utils.internal import is_lazy
+
+
+def _has_symbolic_sizes(example_inputs: list[Any]) -> bool:
+    for value in example_inputs:
+        if isinstance(value, torch.SymInt):
+            return True
+        if isinstance(value, torch.Tensor) and any(
+            isinstance(size, torch.SymInt) for size in value.shape
+        ):
+            return True
+    return False
+
+
+def _recipe_compiler(
+    gm: torch.fx.GraphModule, example_inputs: list[Any]
+) -> Callable[..., Any]:
+    if _has_symbolic_sizes(example_inputs):
+        raise TypeError("Cannot convert symbols to int")
+    native.count_compilation()
+
+    def run(*args: Any) -> Any:
+        native.pause_counting(True)
+        try:
+            return gm(*args)
+        finally:
+            native.pause_counting(False)
+
+    return run
+
+
+@register_backend
+def hpu_backend(
+    graph_module: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any
+) -> Any:
+    if is_lazy():
+        raise RuntimeError(
+            "hpu_backend: torch.compile is not supported in lazy mode "
+            "(PT_HPU_LAZY_MODE=1); use PT_HPU_LAZY_MODE=0"
+        )
+    return _recipe_compiler(graph_module, example_inputs)
