@@ -10,8 +10,8 @@ import dataclasses
 import math
 
 from vllm_hpu.bucketing.buckets import Bucket, context_tokens, smallest_padded
-from vllm_hpu.bucketing.config import BucketingConfig
 from vllm_hpu.bucketing.ranges import geometric_range, points_per_doubling
+from vllm_hpu.bucketing.settings import BucketingConfig
 
 
 @dataclasses.dataclass(frozen=True)

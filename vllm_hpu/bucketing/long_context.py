@@ -19,8 +19,8 @@ from vllm_hpu.bucketing.compact import (
     compact_decode_batch_sizes,
     compact_decode_buckets,
 )
-from vllm_hpu.bucketing.config import BucketingConfig
-from vllm_hpu.bucketing.merged import merged_token_ladder
+from vllm_hpu.bucketing.merged_buckets import merged_token_ladder
+from vllm_hpu.bucketing.settings import BucketingConfig
 
 # From this max_model_len on, the compact strategy uses these ladders.
 LONG_CONTEXT_LEN = 32768

@@ -8,8 +8,8 @@ ladder up to the step budget, and context 0 or the most one request can hold.
 import math
 
 from vllm_hpu.bucketing.buckets import Bucket
-from vllm_hpu.bucketing.config import BucketingConfig
 from vllm_hpu.bucketing.ranges import geometric_range, points_per_doubling
+from vllm_hpu.bucketing.settings import BucketingConfig
 
 
 def merged_token_ladder(config: BucketingConfig) -> list[int]:
