@@ -8,9 +8,11 @@ layer and step) where the graph compiler writes in place.
 Two documented limits are enforced:
 - lazy mode: torch.compile with hpu_backend is not supported there (Intel
   Gaudi PyTorch Support Matrix); the double refuses it rather than guess;
-- symbolic shapes: Habana's recipe compiler raises "TypeError: Cannot convert
-  symbols to int" on graphs with symbolic sizes, e.g. ``dynamic=True`` or
-  ``mark_unbacked`` (vllm-gaudi 091bbad vllm_gaudi/patches.py:21-27).
+- unbacked sizes: Habana's recipe compiler raises "TypeError: Cannot convert
+  symbols to int" where a size has no value to fall back on, as the sizes
+  ``mark_unbacked`` makes (vllm-gaudi 091bbad vllm_gaudi/patches.py:21-27,
+  286-292); sizes ``dynamic=True`` makes symbolic keep a value, and vllm-gaudi
+  itself compiles with them (ops/hpu_grouped_topk_router.py:13-17).
 """
 
 from collections.abc import Callable
@@ -18,18 +20,17 @@ from typing import Any
 
 import torch
 from torch._dynamo.backends.registry import register_backend
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from habana_frameworks.torch._double import native
 from habana_frameworks.torch.utils.internal import is_lazy
 
 
-def _has_symbolic_sizes(example_inputs: list[Any]) -> bool:
-    for value in example_inputs:
-        if isinstance(value, torch.SymInt):
-            return True
-        if isinstance(value, torch.Tensor) and any(
-            isinstance(size, torch.SymInt) for size in value.shape
-        ):
+def _has_unbacked_sizes(gm: torch.fx.GraphModule) -> bool:
+    """Whether a graph input has a size dynamo traced as unbacked."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("example_value")
+        if node.meta.get("unbacked_bindings") or free_unbacked_symbols(value):
             return True
     return False
 
@@ -37,7 +38,7 @@ def _has_symbolic_sizes(example_inputs: list[Any]) -> bool:
 def _recipe_compiler(
     gm: torch.fx.GraphModule, example_inputs: list[Any]
 ) -> Callable[..., Any]:
-    if _has_symbolic_sizes(example_inputs):
+    if _has_unbacked_sizes(gm):
         raise TypeError("Cannot convert symbols to int")
     native.count_compilation()
 
