@@ -1,9 +1,10 @@
 """Host time on the critical path per decode step, async scheduling off and on.
 
 Per decode step at batch 1, 16 and 64 (64-token prompts, 32 output tokens): the
-wall time, the device's busy time (the device stream's, ``vllm_hpu/device_stream.py``:
-passes, logits, sampling) and their difference, the time the device waited for
-the host (vLLM's scheduler and output processing, the runner's preparation).
+wall time, the device's busy time (the device stream's,
+``vllm_hpu/emulation/device_stream.py``: passes, logits, sampling) and their
+difference, the time the device waited for the host (vLLM's scheduler and
+output processing, the runner's preparation).
 Async on should hide most of it behind the device. Async off, the device work
 runs on the host thread, on, on the stream's thread: with the same torch
 threads (``device.compute_threads``) their device times per step agree, apart
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace, async_scheduling: bool) -> list[dict[str, floa
 
 
 def main() -> None:
-    from vllm_hpu.patches import allow_torchvision_import
+    from vllm_hpu.patches.torchvision_import import allow_torchvision_import
     from vllm_hpu.worker.model_runner import HpuModelRunner
 
     allow_torchvision_import()

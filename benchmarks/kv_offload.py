@@ -88,7 +88,7 @@ def one_round(llm: Any, args: argparse.Namespace, rng: random.Random) -> dict:
 def main() -> None:
     from vllm import LLM
 
-    from vllm_hpu.patches import allow_torchvision_import
+    from vllm_hpu.patches.torchvision_import import allow_torchvision_import
 
     allow_torchvision_import()
     args = parse_args()

@@ -20,7 +20,7 @@ from pathlib import Path
 from benchmarks.long_context_trace import WORKLOADS, LongWorkload, simulate
 from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager, ServingLimits
 from vllm_hpu.bucketing.compact import compact_decode_buckets
-from vllm_hpu.bucketing.merged import merged_prompt_buckets
+from vllm_hpu.bucketing.merged_buckets import merged_prompt_buckets
 from vllm_hpu.bucketing.replay import ReplayResult, replay_trace
 from vllm_hpu.bucketing.trace import StepTrace
 from vllm_hpu.envs import read_envs

@@ -20,7 +20,7 @@ from vllm_hpu.attention.metadata import (
     build_prompt_metadata,
 )
 from vllm_hpu.attention.mla import HpuMLAImpl
-from vllm_hpu.ops.mla import allocate_latent_cache
+from vllm_hpu.ops.mla_kernels import allocate_latent_cache
 
 NUM_HEADS, KV_LORA_RANK, ROPE, NOPE, V_HEAD = 16, 512, 64, 128, 128
 CHUNK, BLOCK_SIZE = 128, 128

@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from vllm_hpu.ops.fp8_moe import (
+from vllm_hpu.ops.moe import MoeRouting, fused_experts, select_experts
+from vllm_hpu.quantization.fp8_moe import (
     PER_TOKEN,
     HpuCompressedTensorsW8A8Fp8MoEMethod,
     HpuFp8MoEMethod,
 )
-from vllm_hpu.ops.moe import MoeRouting, fused_experts, select_experts
-from vllm_hpu.ops.packed_moe import (
+from vllm_hpu.quantization.packed_moe import (
     HpuAWQMoEMethod,
     HpuCompressedTensorsMxfp4MoEMethod,
     HpuCompressedTensorsWNA16MoEMethod,

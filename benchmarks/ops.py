@@ -50,22 +50,22 @@ from benchmarks.moe_quant import quantized_moe_calls
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_metadata
 from vllm_hpu.attention.verify import build_verify_metadata, pack_rows
 from vllm_hpu.envs import SLICE_THRESHOLD
-from vllm_hpu.ops import dequant
 from vllm_hpu.ops.encoder_attention import encoder_attention
-from vllm_hpu.ops.fp8 import (
+from vllm_hpu.ops.kv_cache import allocate_kv_cache, gather_blocks
+from vllm_hpu.ops.moe import MoeRouting, experts_dense, fused_experts, select_experts
+from vllm_hpu.ops.paged_attention import paged_attention
+from vllm_hpu.ops.score_mods import Scoring
+from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
+from vllm_hpu.quantization import dequant
+from vllm_hpu.quantization.fp8 import (
     HpuFp8BlockScaledMMLinearKernel,
     HpuFp8ScaledMMLinearKernel,
     fp8_linear,
     quantize_per_tensor,
 )
-from vllm_hpu.ops.int8 import HpuInt8ScaledMMLinearKernel
-from vllm_hpu.ops.kv_cache import allocate_kv_cache, gather_blocks
-from vllm_hpu.ops.moe import MoeRouting, experts_dense, fused_experts, select_experts
-from vllm_hpu.ops.mxfp4 import HpuMxfp4LinearKernel
-from vllm_hpu.ops.paged_attention import paged_attention
-from vllm_hpu.ops.score_mods import Scoring
-from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
-from vllm_hpu.ops.wna16 import HpuWNA16LinearKernel
+from vllm_hpu.quantization.int8 import HpuInt8ScaledMMLinearKernel
+from vllm_hpu.quantization.mxfp4 import HpuMxfp4LinearKernel
+from vllm_hpu.quantization.wna16 import HpuWNA16LinearKernel
 
 BATCH_SIZE, CONTEXT, BLOCK_SIZE = 64, 1024, 128
 # Verification: each row's last sampled token and its drafts, 60 slots short

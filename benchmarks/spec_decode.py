@@ -196,7 +196,7 @@ def serve(
         os.environ["VLLM_HPU_PROFILE_DIR"] = tempfile.mkdtemp(prefix="spec_decode_")
     from vllm import LLM, SamplingParams
 
-    from vllm_hpu.patches import allow_torchvision_import
+    from vllm_hpu.patches.torchvision_import import allow_torchvision_import
 
     allow_torchvision_import()
     llm = LLM(

@@ -53,7 +53,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     """In the child: start the engine, report its buckets and warmup time."""
     from vllm import LLM
 
-    from vllm_hpu.worker.warmup.compile_cache import graphs_compiled
+    from vllm_hpu.worker.compilation.compile_cache import graphs_compiled
 
     started = time.perf_counter()
     llm = LLM(

@@ -70,8 +70,8 @@ def run_setup(args: argparse.Namespace) -> dict[str, float | int | str]:
     import torch
 
     from vllm_hpu import device
-    from vllm_hpu.device_stream import DeviceStream
-    from vllm_hpu.patches import allow_torchvision_import
+    from vllm_hpu.emulation.device_stream import DeviceStream
+    from vllm_hpu.patches.torchvision_import import allow_torchvision_import
 
     allow_torchvision_import()  # transformers imports torchvision
     if args.setup == "plugin":

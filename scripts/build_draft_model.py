@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from draft_prompts import draft_prompts
 
-from vllm_hpu.patches import allow_torchvision_import
+from vllm_hpu.patches.torchvision_import import allow_torchvision_import
 
 # transformers imports torchvision once it is installed (see that patch).
 allow_torchvision_import()

@@ -17,7 +17,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from tokenizers.trainers import BpeTrainer
 
-from vllm_hpu.patches import allow_torchvision_import
+from vllm_hpu.patches.torchvision_import import allow_torchvision_import
 
 # transformers imports torchvision once it is installed (see that patch).
 allow_torchvision_import()

@@ -1,6 +1,7 @@
-"""Set-up step: a ``.pth`` file in the venv that imports ``vllm_hpu.torchvision_hook``
-at interpreter start, so PyPI's CUDA-built torchvision imports beside the CPU torch
-in every process, also before the plugin loads (vllm_hpu/torchvision_hook.py)."""
+"""Set-up step: a ``.pth`` file in the venv that imports the torchvision patch at
+interpreter start, so PyPI's CUDA-built torchvision imports beside the CPU torch
+in every process, also before the plugin loads
+(vllm_hpu/patches/torchvision_import.py)."""
 
 import sysconfig
 from pathlib import Path
@@ -8,5 +9,5 @@ from pathlib import Path
 PTH = Path(sysconfig.get_paths()["purelib"]) / "vllm_hpu_torchvision.pth"
 
 if __name__ == "__main__":
-    PTH.write_text("import vllm_hpu.torchvision_hook\n")
+    PTH.write_text("import vllm_hpu.patches.torchvision_import\n")
     print(f"wrote {PTH}")

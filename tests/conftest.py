@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # The tests import transformers themselves, before vLLM loads the plugin.
-from vllm_hpu.patches import allow_torchvision_import
+from vllm_hpu.patches.torchvision_import import allow_torchvision_import
 
 allow_torchvision_import()
 

@@ -16,13 +16,14 @@ def register() -> str | None:
     Either way it lets vLLM take ``--device hpu`` / ``device="hpu"`` and check it,
     since vLLM calls this as it is imported, before it builds any ``EngineArgs``.
     """
-    from vllm_hpu import device, patches
+    from vllm_hpu import device
+    from vllm_hpu.patches import engine_args, log_records, nixl, torchvision_import
 
-    patches.accept_device_option()
-    patches.allow_torchvision_import()
-    patches.import_nixl_from_wheel()
+    engine_args.accept_device_option()
+    torchvision_import.allow_torchvision_import()
+    nixl.import_nixl_from_wheel()
     if device.hpu_available() or device.is_emulation():
-        patches.drop_harmless_log_records()
+        log_records.drop_harmless_log_records()
         return PLATFORM_CLS
     _say_why_inactive()
     return None
@@ -43,26 +44,36 @@ def _say_why_inactive() -> None:
 
 def register_ops() -> None:
     """Register custom-op overrides and the attention backend (idempotent)."""
-    from vllm_hpu import device, patches
+    from vllm_hpu import device
+    from vllm_hpu.patches import accelerator, engine_args, fp8_kernels
 
-    patches.accept_device_option()
+    engine_args.accept_device_option()
     if register() is None:
         return
 
     if device.is_emulation():
-        patches.apply_emulation_patches()
+        accelerator.apply_emulation_patches()
     import vllm_hpu.attention.backend
     import vllm_hpu.ops.custom_ops  # registers the op overrides
     import vllm_hpu.ops.fused_moe  # noqa: F401  registers the MoE method
-    from vllm_hpu import weight_transfer
-    from vllm_hpu.ops import awq, fp8, gptq, int8, mxfp4, wna16
-    from vllm_hpu.quantization import inc_config, moe_configs
+    from vllm_hpu.distributed import weight_transfer
+    from vllm_hpu.quantization import (
+        awq,
+        fp8,
+        gptq,
+        inc_config,
+        int8,
+        moe_configs,
+        mxfp4,
+        wna16,
+    )
 
     awq.register()
     gptq.register()
     for kernels in (fp8, int8, wna16, mxfp4):
         kernels.register()
-    patches.keep_fp8_shard_scales()
+    fp8_kernels.register_block_fp8_kernel()
+    fp8_kernels.keep_fp8_shard_scales()
     moe_configs.register()
     inc_config.register()
     weight_transfer.register()  # the "hpu" weight transfer backend

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from vllm_hpu import emulated_memory, envs
-from vllm_hpu.device_stream import DeviceStream
+from vllm_hpu import envs
+from vllm_hpu.emulation import device_memory
+from vllm_hpu.emulation.device_stream import DeviceStream
 from vllm_hpu.envs import get_envs
 
 GiB = 1 << 30
@@ -63,7 +64,7 @@ def device_type() -> str:
 def cpu_has_bf16_instructions() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX tiles): there
     oneDNN runs packed bf16 linear layers; elsewhere bf16 matmuls run unpacked,
-    several times slower than float32 (``ops/packed_linear.py``)."""
+    several times slower than float32 (``emulation/packed_linear.py``)."""
     return bool(
         torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     )
@@ -208,9 +209,9 @@ def init_device_memory() -> None:
     engine in this process), which the pool would hand out again uncounted."""
     if hpu_available():
         return
-    emulated_memory.pool_host_memory()
+    device_memory.pool_host_memory()
     release_freed_memory()
-    emulated_memory.meter().restart()
+    device_memory.meter().restart()
 
 
 def mem_get_info() -> tuple[int, int]:
@@ -218,7 +219,7 @@ def mem_get_info() -> tuple[int, int]:
     if hpu_available():
         free, total = torch.hpu.mem_get_info()  # type: ignore[attr-defined]
         return int(free), int(total)
-    memory = emulated_memory.meter()
+    memory = device_memory.meter()
     return memory.free(), memory.total()
 
 
@@ -228,7 +229,7 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
     if hpu_available():
         return tensor.to("cpu")
     copy = tensor.detach().clone()
-    emulated_memory.meter().hold_on_host(copy)
+    device_memory.meter().hold_on_host(copy)
     return copy
 
 
@@ -236,10 +237,10 @@ def release_freed_memory() -> None:
     """Hand what freed tensors held back to the device: on Gaudi the bridge's
     allocator takes freed blocks back itself once queued work completes; in
     emulation glibc returns the heap's free pages to the system, which the
-    pooling set by ``emulated_memory.pool_host_memory`` otherwise keeps."""
+    pooling set by ``device_memory.pool_host_memory`` otherwise keeps."""
     synchronize()
     if not hpu_available():
-        emulated_memory.trim_host_heap()
+        device_memory.trim_host_heap()
 
 
 def memory_used() -> int:
@@ -270,22 +271,13 @@ def reset_graphs(wrapped: Any) -> None:
 
 def prepare_weights(model: torch.nn.Module) -> bool:
     """Before an eager run: Gaudi runs the loaded weights as they are; the CPU
-    packs the linear layers' for oneDNN (see ``ops/packed_linear.py``). Whether
+    packs the linear layers' for oneDNN (see ``emulation/packed_linear.py``). Whether
     any layer was packed."""
     if hpu_available():
         return False
-    from vllm_hpu.ops.packed_linear import pack_linear_layers
+    from vllm_hpu.emulation.packed_linear import pack_linear_layers
 
     return pack_linear_layers(model) > 0
-
-
-def enable_inc() -> None:
-    """Before Intel Neural Compressor prepares or converts a model: on Gaudi INC
-    runs as it is; in emulation it is made to take its Gaudi path on the CPU."""
-    if not hpu_available():
-        from vllm_hpu.quantization import inc_emulation
-
-        inc_emulation.install()
 
 
 # Kernels are looked up once per process: compiled regions ask for them on every
@@ -421,7 +413,7 @@ def fused_moe() -> Callable[..., Any] | None:
 def fused_moe_fp8() -> Callable[..., Any] | None:
     """Gaudi's fused MoE kernel on fp8 tokens and experts with their scales
     (``torch.ops.hpu.mixture_of_experts.fp8_fused_weights``), or None without
-    Gaudi, where ``ops/fp8_moe.py`` rounds the input through fp8 and runs the
+    Gaudi, where ``quantization/fp8_moe.py`` rounds the input through fp8 and runs the
     dequantized experts."""
     key = "torch.ops.hpu.mixture_of_experts.fp8_fused_weights"
     if key not in _KERNELS:
@@ -432,8 +424,8 @@ def fused_moe_fp8() -> Callable[..., Any] | None:
 
 def fp8_gemm() -> Callable[..., Any] | None:
     """Gaudi's fp8 matmul with per-tensor or per-row/column dequantization scales
-    (``torch.ops.hpu.fp8_gemm_v2``), or None without Gaudi, where ``ops/fp8.py``
-    multiplies the fp8 values upcast in plain torch."""
+    (``torch.ops.hpu.fp8_gemm_v2``), or None without Gaudi, where
+    ``quantization/fp8.py`` multiplies the fp8 values upcast in plain torch."""
     key = "torch.ops.hpu.fp8_gemm_v2"
     if key not in _KERNELS:
         kernels = torch.ops.hpu if hpu_available() else None

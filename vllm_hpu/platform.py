@@ -10,15 +10,17 @@ import torch
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from vllm_hpu import device, envs, patches, refusals
-from vllm_hpu.hybrid_config import configure_hybrid
+from vllm_hpu import device, envs
+from vllm_hpu.config import refusals
+from vllm_hpu.config.hybrid import configure_hybrid
 from vllm_hpu.kv_transfer import blocks
-from vllm_hpu.kv_transfer.config import (
+from vllm_hpu.kv_transfer.connectors import (
     HOST_BUFFER_DEVICE,
     SYNCHRONOUS_STEPS,
     has_kv_connector,
     resolve_kv_transfer_config,
 )
+from vllm_hpu.patches import engine_args
 from vllm_hpu.quantization.checkpoints import (
     check_checkpoint_quantized,
     check_quant_config,
@@ -171,11 +173,11 @@ class HpuPlatform(Platform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        return "vllm_hpu.ops.lora.HpuPunicaWrapper"
+        return "vllm_hpu.ops.punica.HpuPunicaWrapper"
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
-        return "vllm_hpu.distributed.HpuCommunicator"
+        return "vllm_hpu.distributed.communicator.HpuCommunicator"
 
     @classmethod
     def use_sync_weight_loader(cls) -> bool:
@@ -252,7 +254,7 @@ class HpuPlatform(Platform):
     def apply_config_platform_defaults(cls, vllm_config: "VllmConfig") -> None:
         """Before vLLM's defaults: the user's compilation settings, honoured where
         the runner can, else refused or logged with the reason."""
-        from vllm_hpu.compilation_settings import apply_user_compilation
+        from vllm_hpu.config.compilation import apply_user_compilation
 
         apply_user_compilation(vllm_config)
 
@@ -298,7 +300,7 @@ def _use_hpu_ray_executor(vllm_config: "VllmConfig") -> None:
     once when the cluster has too few HPUs (vLLM would wait 30 minutes)."""
     parallel_config = vllm_config.parallel_config
     if parallel_config.distributed_executor_backend == "ray":
-        from vllm_hpu.ray_cluster import hpu_ray_executor
+        from vllm_hpu.distributed.ray_cluster import hpu_ray_executor
 
         parallel_config.distributed_executor_backend = hpu_ray_executor()
 
@@ -333,7 +335,7 @@ def _use_fast_cpu_dtype(vllm_config: "VllmConfig") -> None:
     only: quantized checkpoints and INC's flow keep vLLM's choice, the 16-bit dtype
     their kernels were validated in."""
     model_config = vllm_config.model_config
-    if device.hpu_available() or patches.requested_dtype != "auto":
+    if device.hpu_available() or engine_args.requested_dtype != "auto":
         return
     if model_config is None or model_config.quantization:
         return
@@ -371,7 +373,7 @@ def _disable_unsupported_scheduling(vllm_config: "VllmConfig") -> None:
         scheduler_config.async_scheduling = False
         return
     state = "on" if scheduler_config.async_scheduling else "off"
-    logger.info("Async scheduling %s (%s).", state, patches.async_scheduling_source)
+    logger.info("Async scheduling %s (%s).", state, engine_args.async_scheduling_source)
 
 
 def _why_not_async(vllm_config: "VllmConfig") -> str | None:

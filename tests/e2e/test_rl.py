@@ -59,7 +59,7 @@ def _sender(tp: int, transport: str) -> Any:
     update_weights calls."""
     from vllm.utils.network_utils import get_open_port
 
-    from vllm_hpu.weight_transfer import HpuTrainerInitInfo
+    from vllm_hpu.distributed.weight_transfer import HpuTrainerInitInfo
 
     if transport == "shm":
         return HpuTrainerInitInfo(rank=0, chunk_bytes=1 << 20)
@@ -85,7 +85,7 @@ def test_rl_loop(tp: int, transport: str) -> None:
         WeightTransferTrainerFactory,
     )
 
-    from vllm_hpu.weight_transfer import LLMClient
+    from vllm_hpu.distributed.weight_transfer import LLMClient
 
     trainer = AutoModelForCausalLM.from_pretrained(
         model_path(MODEL), dtype=torch.float32
@@ -118,7 +118,8 @@ def test_rl_loop(tp: int, transport: str) -> None:
 
 def _meter(worker: Any) -> dict[str, int]:
     """The worker's device meter, and what its weights and KV cache hold."""
-    from vllm_hpu import device, emulated_memory
+    from vllm_hpu import device
+    from vllm_hpu.emulation import device_memory as emulated_memory
 
     runner = worker.model_runner
     params = runner.model.parameters()

@@ -9,12 +9,13 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
 from vllm_hpu import platform
-from vllm_hpu.attention import backend, layer_options
+from vllm_hpu.attention import backend
 from vllm_hpu.attention.backend import (
     HpuAttentionBackend,
     HpuAttentionImpl,
     check_supported,
 )
+from vllm_hpu.ops import layer_options
 
 
 def _config(**overrides: object) -> AttentionSelectorConfig:

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_hpu.bucketing.config import BucketingConfig, ServingLimits
 from vllm_hpu.bucketing.ranges import BucketRange
+from vllm_hpu.bucketing.settings import BucketingConfig, ServingLimits
 from vllm_hpu.envs import read_envs
 
 LIMITS = ServingLimits(

@@ -12,7 +12,7 @@ from vllm_hpu.bucketing.long_context import (
     LONG_CONTEXT_LEN,
     square_root_ladder,
 )
-from vllm_hpu.bucketing.merged import merged_prompt_buckets
+from vllm_hpu.bucketing.merged_buckets import merged_prompt_buckets
 from vllm_hpu.envs import read_envs
 
 BLOCK = 128

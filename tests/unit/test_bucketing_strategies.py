@@ -14,7 +14,7 @@ from vllm_hpu.bucketing.bucket_file import (
     read_bucket_file,
     write_bucket_file,
 )
-from vllm_hpu.bucketing.planner import plan_buckets, traced_shapes
+from vllm_hpu.bucketing.bucket_planner import plan_buckets, traced_shapes
 from vllm_hpu.bucketing.replay import replay_trace
 from vllm_hpu.bucketing.trace import PromptChunk, StepShape, StepTrace, TraceRecorder
 from vllm_hpu.envs import read_envs

@@ -8,8 +8,8 @@ from models import model_path
 from vllm.engine.arg_utils import EngineArgs
 
 from vllm_hpu.bucketing import Bucket
-from vllm_hpu.worker.warmup import compile_cache
-from vllm_hpu.worker.warmup.compile_cache import cache_key
+from vllm_hpu.worker.compilation import compile_cache
+from vllm_hpu.worker.compilation.compile_cache import cache_key
 
 BUCKETS = ([Bucket(1, 32, 0)], [Bucket(1, 1, 2), Bucket(2, 1, 4)])
 

@@ -11,7 +11,7 @@ import pytest
 import transformers
 from models import model_path
 
-from vllm_hpu.model_support import config_feature_reason
+from vllm_hpu.config.model_support import config_feature_reason
 
 CASES = [
     (

@@ -8,7 +8,7 @@ import pytest
 import torch
 from quant_checkpoints import AWQ_ORDER, Scheme, layer_tensors, pack, quantize
 
-from vllm_hpu.ops import dequant
+from vllm_hpu.quantization import dequant
 
 
 def naive_unpack(packed: torch.Tensor, bits: int, order: tuple[int, ...]):

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from vllm_hpu.device_stream import DeviceStream
+from vllm_hpu.emulation.device_stream import DeviceStream
 
 
 def test_device_stream_threaded_returns_before_the_work_runs():

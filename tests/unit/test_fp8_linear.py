@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from vllm_hpu.ops.fp8 import FP8_DTYPE, FP8_MAX, fp8_linear, quantize_per_tensor
+from vllm_hpu.quantization.fp8 import (
+    FP8_DTYPE,
+    FP8_MAX,
+    fp8_linear,
+    quantize_per_tensor,
+)
 
 
 def test_quantize_per_tensor_maps_the_largest_magnitude_to_fp8_max():

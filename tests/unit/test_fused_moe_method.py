@@ -21,12 +21,8 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 )
 
 from vllm_hpu.ops.activations import GATED_ACTIVATIONS
-from vllm_hpu.ops.fused_moe import (
-    HpuUnquantizedFusedMoEMethod,
-    check_layer,
-    check_router,
-    check_supported,
-)
+from vllm_hpu.ops.fused_moe import HpuUnquantizedFusedMoEMethod, check_supported
+from vllm_hpu.quantization.moe_methods import check_layer, check_router
 
 
 def moe_config(**changes) -> FusedMoEConfig:

@@ -10,11 +10,13 @@ import torch
 from models import model_path
 from vllm.config import ParallelConfig
 
-from vllm_hpu import envs, patches, ray_cluster
-from vllm_hpu.bucketing.config import base_strategy
-from vllm_hpu.ray_cluster import check_hpu_resources
+from vllm_hpu import envs
+from vllm_hpu.bucketing.settings import base_strategy
+from vllm_hpu.distributed import ray_cluster
+from vllm_hpu.distributed.ray_cluster import check_hpu_resources
+from vllm_hpu.patches import engine_args
+from vllm_hpu.worker.compilation import layer_split
 from vllm_hpu.worker.diagnostics.fallback_stats import StepFallbacks, new_fallbacks
-from vllm_hpu.worker.warmup import layer_split
 
 BUCKET_DIMS = [
     ("PROMPT", "BS"),
@@ -216,12 +218,12 @@ def test_device_option_refused_with_its_fix(monkeypatch, value, active, message)
     monkeypatch.setattr("vllm_hpu.device.hpu_available", lambda: False)
     monkeypatch.setattr("vllm_hpu.device.is_emulation", lambda: active)
     with pytest.raises(ValueError, match=message):
-        patches.check_device(value)
+        engine_args.check_device(value)
 
 
 @pytest.mark.parametrize("value", [None, "auto", "hpu"])
 def test_device_option_accepted_on_the_hpu_platform(value):
-    patches.check_device(value)
+    engine_args.check_device(value)
 
 
 def test_contract_engine_args_take_device_and_cli_has_the_option():

@@ -3,7 +3,7 @@
 import pytest
 
 from vllm_hpu.bucketing import Bucket
-from vllm_hpu.worker.warmup.graphs import (
+from vllm_hpu.worker.compilation.graphs import (
     DECODE,
     PROMPT,
     CapturePlan,

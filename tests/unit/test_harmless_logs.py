@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from vllm_hpu import patches
+from vllm_hpu.patches import log_records
 
 TORCHAO_KERNEL = (
     "Failed to load /venv/site-packages/torchao/_C_mxfp8.cpython-310-x86_64-linux"
@@ -56,7 +56,7 @@ def shown(logger_name: str, message: str, *args: object) -> bool:
 
 @pytest.fixture(autouse=True)
 def filters():
-    patches.drop_harmless_log_records()
+    log_records.drop_harmless_log_records()
 
 
 def test_torchao_cuda_kernels_are_dropped_other_failures_kept():

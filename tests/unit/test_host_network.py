@@ -6,7 +6,10 @@ import os
 
 import pytest
 
-from vllm_hpu.host_network import choose_gloo_interface, interface_with_address
+from vllm_hpu.distributed.host_network import (
+    choose_gloo_interface,
+    interface_with_address,
+)
 
 NOT_HERE = "192.0.2.1"  # TEST-NET-1: documentation only, on no interface
 

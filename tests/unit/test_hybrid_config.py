@@ -1,4 +1,4 @@
-"""A hybrid model's start-up settings (vllm_hpu/hybrid_config.py, platform step
+"""A hybrid model's start-up settings (vllm_hpu/config/hybrid.py, platform step
 10b/c): one state per request without prefix caching, a state block per KV
 cache block with it (vLLM's "align"), refusals naming each option hybrids
 cannot use yet, and the attention block sized to hold a state page before the
@@ -42,7 +42,7 @@ def test_hybrid_caches_states_per_block_with_prefix_caching():
     block per KV cache block; the Mamba2 spec asks for no in-pass checkpoint."""
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
-    from vllm_hpu.ops.state_layers import HpuMambaMixer2
+    from vllm_hpu.attention.state_layers import HpuMambaMixer2
 
     config = _engine_config(model_path(GRANITE), block_size=16)
     cache = config.cache_config

@@ -136,3 +136,80 @@ def test_import_graph_runner_parts_never_import_the_runner():
 def test_import_graph_attention_metadata_builders_never_call_back():
     """Planning calls the attention metadata builders, one way."""
     assert _importers(import_graph(), "vllm_hpu.attention", "vllm_hpu.worker") == []
+
+
+# The package's rooms, lowest first: a module imports only from its own room and
+# the rooms before it (docs/architecture.md draws this order). A module belongs to
+# the longest room its name starts with; the entry points come last, and nothing
+# in the package imports them.
+ROOMS = (
+    "envs",
+    "emulation",
+    "device",
+    "ops",
+    "quantization",
+    "distributed",
+    "kv_transfer",
+    "attention",
+    "bucketing",
+    "worker.passes",
+    "worker.state",
+    "worker.compilation",
+    "worker.diagnostics",
+    "worker.spec_decode",
+    "worker.capabilities",
+    "worker",  # the model runner, its KV caches and its sampling
+    "worker.warmup",  # drives the runner through every bucket
+    "worker.hpu_worker",
+    "patches",
+    "config",
+)
+ENTRY_POINTS = ("platform", "calibrate", "selfcheck")
+
+
+def room_of(module: str) -> int:
+    """The room's place in ``ROOMS``; entry points (the package itself, commands,
+    ``__main__`` modules) share one place after every room."""
+    name = module.removeprefix(PACKAGE).removeprefix(".")
+    if not name or name in ENTRY_POINTS or name.endswith("__main__"):
+        return len(ROOMS)
+    rooms = [room for room in ROOMS if name == room or name.startswith(room + ".")]
+    assert rooms, f"{module} is in no room: add its folder to ROOMS"
+    return ROOMS.index(max(rooms, key=len))
+
+
+def backward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a later room, or of an entry point, as 'a -> b'."""
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if room_of(target) > room_of(module) or room_of(target) == len(ROOMS)
+    )
+
+
+def test_rooms_import_one_way():
+    assert backward_imports(import_graph()) == []
+
+
+def test_rooms_detector_sees_a_backward_import(tmp_path):
+    """The detector itself: ops importing the worker is a backward import."""
+    package = tmp_path / PACKAGE
+    (package / "ops").mkdir(parents=True)
+    (package / "worker").mkdir()
+    for path in (package, package / "ops", package / "worker"):
+        (path / "__init__.py").write_text("")
+    (package / "ops" / "a.py").write_text("from vllm_hpu.worker import b\n")
+    (package / "worker" / "b.py").write_text("import vllm_hpu.ops.a\n")
+    graph = import_graph(tmp_path)
+    assert backward_imports(graph) == ["vllm_hpu.ops.a -> vllm_hpu.worker.b"]
+
+
+def test_module_names_are_unique():
+    """One name, one concept: no two modules share a file name."""
+    names = [
+        path.name
+        for path in (ROOT / PACKAGE).rglob("*.py")
+        if path.name not in ("__init__.py", "__main__.py")
+    ]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

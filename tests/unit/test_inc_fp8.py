@@ -15,9 +15,10 @@ from vllm_hpu.attention.inc_modules import (
     Softmax,
     VLLMKVCache,
 )
-from vllm_hpu.device import _CpuFusedSDPA, enable_inc
+from vllm_hpu.device import _CpuFusedSDPA
 from vllm_hpu.quantization import inc_emulation as emulated
 from vllm_hpu.quantization.inc import apply_fp8_options
+from vllm_hpu.quantization.inc_flow import enable_inc
 
 FP8 = torch.float8_e4m3fn
 MODULES = ("proj", "matmul_qk", "softmax", "matmul_av", "k_cache", "fused_sdpa")

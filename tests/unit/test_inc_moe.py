@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from vllm_hpu.device import enable_inc
 from vllm_hpu.quantization import inc_emulation as emulated
+from vllm_hpu.quantization.inc_flow import enable_inc
 from vllm_hpu.quantization.inc_moe import VllmMixtureOfExpertsOp
 
 FP8 = torch.float8_e4m3fn

@@ -7,7 +7,7 @@ import importlib
 import pytest
 from models import model_path
 
-from vllm_hpu.kv_transfer.config import (
+from vllm_hpu.kv_transfer.connectors import (
     HPU_OFFLOADING_CONNECTOR,
     HPU_OFFLOADING_MODULE,
     HPU_OFFLOADING_SPEC,

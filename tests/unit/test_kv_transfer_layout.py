@@ -23,7 +23,7 @@ from vllm_hpu.kv_transfer.layout import (
 )
 from vllm_hpu.kv_transfer.offloading import HostBlockCopier, host_rows
 from vllm_hpu.ops.kv_cache import allocate_kv_cache, write_to_cache
-from vllm_hpu.ops.mla import allocate_latent_cache
+from vllm_hpu.ops.mla_kernels import allocate_latent_cache
 
 NUM_BLOCKS, BLOCK_SIZE, HEADS, HEAD_SIZE = 5, 4, 2, 8
 

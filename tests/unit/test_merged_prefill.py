@@ -24,7 +24,7 @@ from test_ops_reference import (
 )
 
 from vllm_hpu import device, envs
-from vllm_hpu.attention.merged import build_merged_prompt_metadata
+from vllm_hpu.attention.merged_metadata import build_merged_prompt_metadata
 from vllm_hpu.attention.metadata import (
     CacheGeometry,
     HpuAttentionMetadata,
@@ -32,7 +32,8 @@ from vllm_hpu.attention.metadata import (
 )
 from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager, ServingLimits
 from vllm_hpu.bucketing.buckets import Bucket
-from vllm_hpu.bucketing.merged import merged_prompt_buckets
+from vllm_hpu.bucketing.merged_buckets import merged_prompt_buckets
+from vllm_hpu.bucketing.prompt_passes import pass_shape, split_merged
 from vllm_hpu.envs import read_envs
 from vllm_hpu.ops.kv_cache import write_to_cache
 from vllm_hpu.ops.prompt_attention import PassKeys, gather_context, prompt_attention
@@ -40,8 +41,6 @@ from vllm_hpu.ops.prompt_mask import PromptBias, PromptMask
 from vllm_hpu.ops.score_mods import Scoring
 from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 from vllm_hpu.worker.passes.seqs import ScheduledSeq
-from vllm_hpu.worker.passes.shapes import pass_shape
-from vllm_hpu.worker.passes.split import split_merged
 from vllm_hpu.worker.passes.synthetic import merged_fake_chunks
 
 BLOCK = 16

@@ -6,7 +6,7 @@ import torch
 
 from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager, ServingLimits
 from vllm_hpu.envs import read_envs
-from vllm_hpu.metrics import HpuMetrics, compile_count
+from vllm_hpu.worker.diagnostics.metrics import HpuMetrics, compile_count
 
 LIMITS = ServingLimits(128, 4096, 1024, 128)  # prompt buckets up to (4, 1024)
 ENVIRON = {"VLLM_PROMPT_BS_BUCKET_MAX": "4", "VLLM_PROMPT_SEQ_BUCKET_MAX": "1024"}

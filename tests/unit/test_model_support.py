@@ -13,8 +13,8 @@ import pytest
 from models import model_path
 from vllm.model_executor.models.registry import ModelRegistry, _ModelInfo
 
-from vllm_hpu import refusals
-from vllm_hpu.model_support import (
+from vllm_hpu.config import refusals
+from vllm_hpu.config.model_support import (
     FED_MULTIMODAL_ARCHS,
     RUNNABLE_HYBRID_ARCHS,
     unsupported_reason,

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vllm_hpu.bucketing.tile_buckets import TileBuckets
+from vllm_hpu.bucketing.vision_buckets import PatchBuckets, group_by_patches
 from vllm_hpu.worker.capabilities.multimodal import encoder_batch_sizes
-from vllm_hpu.worker.capabilities.tile_buckets import TileBuckets
-from vllm_hpu.worker.capabilities.vision_buckets import PatchBuckets, group_by_patches
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 NUM_HEADS = 4
 SEQ_LEN = 64
 # Span boundaries of a 64-patch pass: one image; images of different lengths
-# ending in a 4-patch padding image (worker/capabilities/vision_buckets.py); and
+# ending in a 4-patch padding image (bucketing/vision_buckets.py); and
 # the repeated trailing boundaries Qwen2-VL's prepare_encoder_metadata pads
 # cu_seqlens with.
 CU_SEQLENS = {

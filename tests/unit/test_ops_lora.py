@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vllm_hpu.ops.lora import lora_expand, lora_shrink
+from vllm_hpu.ops.punica import lora_expand, lora_shrink
 
 NUM_SLOTS, RANK, IN_SIZE, OUT_SIZE = 3, 8, 32, 24
 
@@ -34,7 +34,7 @@ def test_punica_wrapper_adds_each_tokens_adapter_beyond_its_buffers():
     wrapper was sized for, through two output slices (as q/k/v packed)."""
     from vllm.lora.layers import LoRAMapping
 
-    from vllm_hpu.ops.lora import HpuPunicaWrapper
+    from vllm_hpu.ops.punica import HpuPunicaWrapper
 
     wrapper = HpuPunicaWrapper(4, 2, "cpu")
     lora_ids = (7, 0, 9, 9, 7, 0)

@@ -21,7 +21,7 @@ from vllm_hpu.attention.metadata import (
     build_decode_metadata,
     build_prompt_metadata,
 )
-from vllm_hpu.ops.mla import (
+from vllm_hpu.ops.mla_kernels import (
     LatentContext,
     LatentExpansion,
     LatentKeys,

@@ -14,7 +14,7 @@ import torch
 from test_ops_prompt_attention import fused_sdpa  # noqa: F401  (fixture)
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vllm_hpu.ops.mla import (
+from vllm_hpu.ops.mla_kernels import (
     LatentContext,
     LatentExpansion,
     LatentKeys,

@@ -7,7 +7,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     UnquantizedEmbeddingMethod,
 )
 
-from vllm_hpu.ops.packed_linear import pack_linear_layers
+from vllm_hpu.emulation.packed_linear import pack_linear_layers
 
 
 class _Linear(torch.nn.Module):

@@ -4,9 +4,9 @@ import random
 
 from vllm_hpu.attention.metadata import SeqLayout
 from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager, ServingLimits
+from vllm_hpu.bucketing.prompt_passes import split_prefills
 from vllm_hpu.envs import read_envs
 from vllm_hpu.worker.passes.seqs import ScheduledSeq
-from vllm_hpu.worker.passes.split import split_prefills
 
 BLOCK = 128
 BUDGET = 2048

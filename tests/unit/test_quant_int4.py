@@ -3,9 +3,9 @@
 
 import pytest
 
-from vllm_hpu.ops.awq import HpuAWQConfig
-from vllm_hpu.ops.gptq import HpuGPTQConfig
 from vllm_hpu.platform import HpuPlatform
+from vllm_hpu.quantization.awq import HpuAWQConfig
+from vllm_hpu.quantization.gptq import HpuGPTQConfig
 
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}

@@ -39,12 +39,15 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
 )
 from vllm.scalar_type import scalar_types
 
-from vllm_hpu import patches
-from vllm_hpu.ops.dequant import dequantize_mxfp4
-from vllm_hpu.ops.fp8 import HpuFp8BlockScaledMMLinearKernel, HpuFp8ScaledMMLinearKernel
-from vllm_hpu.ops.int8 import HpuInt8ScaledMMLinearKernel
-from vllm_hpu.ops.mxfp4 import HpuMxfp4LinearKernel
-from vllm_hpu.ops.wna16 import HpuWNA16LinearKernel
+from vllm_hpu.patches import fp8_kernels
+from vllm_hpu.quantization.dequant import dequantize_mxfp4
+from vllm_hpu.quantization.fp8 import (
+    HpuFp8BlockScaledMMLinearKernel,
+    HpuFp8ScaledMMLinearKernel,
+)
+from vllm_hpu.quantization.int8 import HpuInt8ScaledMMLinearKernel
+from vllm_hpu.quantization.mxfp4 import HpuMxfp4LinearKernel
+from vllm_hpu.quantization.wna16 import HpuWNA16LinearKernel
 
 
 @pytest.fixture(autouse=True)
@@ -213,11 +216,11 @@ def test_mxfp4_kernel_is_weight_only():
 def test_fused_per_tensor_fp8_scales_become_per_row_without_requantizing():
     weight = (torch.randn(6, 8) * 100).to(torch.float8_e4m3fn)
     shard_scales = torch.tensor([0.5, 2.0])
-    scale, kept = patches._shard_scales_per_row(weight, shard_scales, [4, 2])
+    scale, kept = fp8_kernels._shard_scales_per_row(weight, shard_scales, [4, 2])
     assert kept is weight
     torch.testing.assert_close(scale.flatten(), torch.tensor([0.5] * 4 + [2.0] * 2))
     one_fused = torch.tensor([0.25, torch.finfo(torch.float32).min])  # one loaded
-    assert patches._shard_scales_per_row(weight, one_fused, [4, 2])[0] == 0.25
+    assert fp8_kernels._shard_scales_per_row(weight, one_fused, [4, 2])[0] == 0.25
 
 
 def test_kernels_are_registered_for_the_platform():

@@ -8,15 +8,15 @@ import pytest
 import torch
 from compressed_tensors.quantization import QuantizationArgs
 
-from vllm_hpu.ops import fused_moe
-from vllm_hpu.ops.fp8_moe import (
+from vllm_hpu.ops.moe import fused_experts
+from vllm_hpu.quantization import moe_methods
+from vllm_hpu.quantization.fp8_moe import (
     PER_TENSOR,
     PER_TOKEN,
     STATIC,
     dequantize_w13_blocks,
     quantize_input,
 )
-from vllm_hpu.ops.moe import fused_experts
 from vllm_hpu.quantization.moe_configs import (
     HpuCompressedTensorsConfig,
     compressed_tensors_method,
@@ -54,7 +54,7 @@ def test_groups_of_experts_add_up_to_all_of_them(group):
     assert not torch.allclose(parts[0], want)
 
 
-class _Dequantized(fused_moe.HpuQuantizedMoE):
+class _Dequantized(moe_methods.HpuQuantizedMoE):
     """Experts kept in float32, 'dequantized' by slicing; counts the groups."""
 
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
@@ -77,7 +77,7 @@ def test_experts_dequantize_in_groups_of_bounded_bytes(monkeypatch):
     )
     method = _Dequantized(w13, w2)
     one_expert = 3 * HIDDEN * INTERMEDIATE * 4  # float32 bytes
-    monkeypatch.setattr(fused_moe, "EXPERT_GROUP_BYTES", 3 * one_expert)
+    monkeypatch.setattr(moe_methods, "EXPERT_GROUP_BYTES", 3 * one_expert)
     out = method.run_experts(layer, x, weights, ids)
     assert method.groups == [(0, 3), (3, 6), (6, 8)]
     want = fused_experts(x, w13, w2, weights, ids)

@@ -11,8 +11,8 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
 from vllm.v1.sample.sampler import Sampler
 
-from vllm_hpu.worker.spec_decode.config import check_speculative_config
 from vllm_hpu.worker.spec_decode.decoder import spec_decode_metadata
+from vllm_hpu.worker.spec_decode.methods import check_speculative_config
 from vllm_hpu.worker.spec_decode.rejection_sampler import HpuRejectionSampler
 
 VOCAB = 4

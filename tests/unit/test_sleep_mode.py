@@ -5,7 +5,7 @@ tensor objects, and that the weights and the KV cache wake separately."""
 import pytest
 import torch
 
-from vllm_hpu import emulated_memory
+from vllm_hpu.emulation import device_memory as emulated_memory
 from vllm_hpu.worker.capabilities.sleep import HpuSleepMode
 
 

@@ -8,13 +8,13 @@ import torch
 
 from vllm_hpu.bucketing import BucketingConfig, HpuBucketManager, ServingLimits
 from vllm_hpu.envs import read_envs
-from vllm_hpu.metrics import compile_count
-from vllm_hpu.worker.warmup.execution import (
+from vllm_hpu.worker.compilation.execution import (
     CompileOptions,
     ExecutionMode,
     compile_model,
     select_mode,
 )
+from vllm_hpu.worker.diagnostics.metrics import compile_count
 from vllm_hpu.worker.warmup.warmup import HpuWarmup
 
 

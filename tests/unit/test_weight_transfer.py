@@ -1,6 +1,6 @@
-"""The "hpu" weight transfer backend (vllm_hpu/weight_transfer.py) without an
-engine: chunks written by the trainer side read back bit for bit, and one round
-drives vLLM's client protocol in order, every chunk within its size."""
+"""The "hpu" weight transfer backend (vllm_hpu/distributed/weight_transfer.py)
+without an engine: chunks written by the trainer side read back bit for bit, and
+one round drives vLLM's client protocol in order, every chunk within its size."""
 
 import os
 from typing import Any
@@ -13,7 +13,7 @@ from vllm.distributed.weight_transfer import (
     WeightTransferTrainerFactory,
 )
 
-from vllm_hpu.weight_transfer import (
+from vllm_hpu.distributed.weight_transfer import (
     HpuTrainerInitInfo,
     HpuWeightTransferUpdateInfo,
     read_chunk,

@@ -24,15 +24,15 @@ from vllm_hpu.attention.inc_modules import (
     Softmax,
     VLLMKVCache,
 )
-from vllm_hpu.attention.layer_options import (
+from vllm_hpu.attention.metadata import HpuAttentionMetadata
+from vllm_hpu.ops.attention_kernels import AttentionKernels
+from vllm_hpu.ops.kv_cache import kv_cache_shape
+from vllm_hpu.ops.layer_options import (
     binding_window,
     decode_block_slice,
     prompt_slicing,
     use_fused,
 )
-from vllm_hpu.attention.metadata import HpuAttentionMetadata
-from vllm_hpu.ops.attention_kernels import AttentionKernels
-from vllm_hpu.ops.kv_cache import kv_cache_shape
 from vllm_hpu.ops.paged_attention import (
     DecodeBlocks,
     blocks_with_alibi,

@@ -4,7 +4,7 @@ vLLM's ``MLAAttention.forward_impl`` absorbs W_UK into decode queries and projec
 decode outputs through W_UV itself; our impl writes the latent cache, runs prompt
 tokens as MHA over their expanded latents, their cached context in latent space
 (queries absorbed through our own split of kv_b_proj) and decode tokens as flat
-MQA (``ops/mla.py``).
+MQA (``ops/mla_kernels.py``).
 """
 
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -19,10 +19,10 @@ from vllm_hpu.attention.backend import (
     cache_problems,
     raise_first_problem,
 )
-from vllm_hpu.attention.layer_options import decode_block_slice, prompt_slicing
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
 from vllm_hpu.envs import get_envs
-from vllm_hpu.ops.mla import (
+from vllm_hpu.ops.layer_options import decode_block_slice, prompt_slicing
+from vllm_hpu.ops.mla_kernels import (
     LatentContext,
     LatentExpansion,
     LatentKeys,

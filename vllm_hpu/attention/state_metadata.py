@@ -1,4 +1,4 @@
-"""What a hybrid model's state layers (ops/state_layers.py) read of a pass, in
+"""What a hybrid model's state layers (attention/state_layers.py) read of a pass, in
 place of vLLM's Mamba2 metadata: each padded row's state slot, whether it
 continues a state, and (prompt passes) how many of its tokens are real.
 

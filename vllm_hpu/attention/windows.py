@@ -50,7 +50,7 @@ def layer_spec(spec: AttentionSpec, block_size: int, hybrid: bool) -> AttentionS
 def groups_unsupported(vllm_config: VllmConfig) -> str | None:
     """Why the runner cannot run KV cache groups of their own with this
     configuration (None: it can)."""
-    from vllm_hpu.kv_transfer.config import has_kv_connector
+    from vllm_hpu.kv_transfer.connectors import has_kv_connector
 
     model_config = vllm_config.model_config
     if vllm_config.speculative_config is not None:

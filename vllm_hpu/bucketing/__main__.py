@@ -14,8 +14,8 @@ from pathlib import Path
 
 from vllm_hpu import envs
 from vllm_hpu.bucketing.bucket_file import BucketSets, write_bucket_file
-from vllm_hpu.bucketing.config import BucketingConfig, ServingLimits
 from vllm_hpu.bucketing.manager import HpuBucketManager
+from vllm_hpu.bucketing.settings import BucketingConfig, ServingLimits
 from vllm_hpu.bucketing.trace import StepTrace
 
 # vLLM's scheduler defaults and the plugin's block size, so a bare call is typical.
@@ -175,7 +175,7 @@ def trace_report(manager: HpuBucketManager, trace: StepTrace) -> str:
 
 def plan(args: argparse.Namespace, trace: StepTrace) -> HpuBucketManager:
     """Plan buckets for the trace, write them, and return a manager using them."""
-    from vllm_hpu.bucketing.planner import plan_buckets
+    from vllm_hpu.bucketing.bucket_planner import plan_buckets
 
     manager = build_manager(args, trace)
     sets = plan_buckets(trace, manager.config, args.budget)

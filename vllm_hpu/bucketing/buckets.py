@@ -7,8 +7,8 @@ the filters look at the smallest such request (one above the previous value).
 import math
 from typing import NamedTuple
 
-from vllm_hpu.bucketing.config import BucketingConfig
 from vllm_hpu.bucketing.ranges import BucketRange, exponential_range, linear_range
+from vllm_hpu.bucketing.settings import BucketingConfig
 
 
 class Bucket(NamedTuple):

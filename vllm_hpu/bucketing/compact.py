@@ -20,8 +20,8 @@ from vllm_hpu.bucketing.buckets import (
     fillable_batch_sizes,
     smallest_padded,
 )
-from vllm_hpu.bucketing.config import BucketingConfig
 from vllm_hpu.bucketing.ranges import geometric_range, points_per_doubling
+from vllm_hpu.bucketing.settings import BucketingConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,8 +25,8 @@ from vllm_hpu.bucketing.compact import (
     growing_block_counts,
     short_sequence_buckets,
 )
-from vllm_hpu.bucketing.config import BucketingConfig
-from vllm_hpu.bucketing.merged import context_token_values, merged_token_ladder
+from vllm_hpu.bucketing.merged_buckets import context_token_values, merged_token_ladder
+from vllm_hpu.bucketing.settings import BucketingConfig
 
 # From this max_model_len on, the compact strategy uses these ladders.
 LONG_CONTEXT_LEN = 32768

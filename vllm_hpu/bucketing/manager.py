@@ -16,9 +16,9 @@ from vllm_hpu.bucketing.buckets import (
     decode_dims,
     prompt_dims,
 )
-from vllm_hpu.bucketing.config import BucketingConfig
 from vllm_hpu.bucketing.padding import PaddingStats
 from vllm_hpu.bucketing.ranges import BucketRange, cover_value, round_beyond
+from vllm_hpu.bucketing.settings import BucketingConfig
 from vllm_hpu.bucketing.strategies import (
     RANGE_STRATEGIES,
     strategy_decode_buckets,

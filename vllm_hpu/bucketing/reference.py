@@ -15,7 +15,7 @@ import dataclasses
 import math
 
 from vllm_hpu.bucketing.buckets import Bucket
-from vllm_hpu.bucketing.config import BucketingConfig
+from vllm_hpu.bucketing.settings import BucketingConfig
 
 # From this max_model_len the prompt context ladder ends at the context the
 # token budget leaves, and each query length gets the most context it can have.

@@ -11,10 +11,12 @@ from collections.abc import Iterable
 from vllm_hpu.attention.metadata import SeqLayout
 from vllm_hpu.bucketing.manager import HpuBucketManager
 from vllm_hpu.bucketing.padding import PaddingCounter, PaddingStats
+from vllm_hpu.bucketing.prompt_passes import (
+    context_blocks,
+    pass_shape,
+    split_prompt_passes,
+)
 from vllm_hpu.bucketing.trace import StepShape, StepTrace
-from vllm_hpu.worker.passes.seqs import ScheduledSeq, context_blocks
-from vllm_hpu.worker.passes.shapes import pass_shape
-from vllm_hpu.worker.passes.split import split_prompt_passes
 
 
 @dataclasses.dataclass
@@ -35,18 +37,29 @@ class ReplayResult:
         return self.passes / self.steps if self.steps else 0.0
 
 
-def _scheduled_seqs(step: StepShape, block_size: int) -> list[ScheduledSeq]:
-    """Prompt chunks as the runner's ScheduledSeq; distinct blocks per request,
-    so no chunk reads what another writes (a trace does not record sharing)."""
+@dataclasses.dataclass(frozen=True)
+class _TraceChunk:
+    """A recorded prompt chunk, as the split sees the runner's."""
+
+    layout: SeqLayout
+
+    @property
+    def tables(self) -> tuple[list[int], ...]:
+        return (self.layout.block_table,)
+
+
+def _prompt_chunks(step: StepShape, block_size: int) -> list[_TraceChunk]:
+    """The step's prompt chunks; distinct blocks per request, so no chunk reads
+    what another writes (a trace does not record sharing)."""
     seqs, next_block = [], 0
-    for row, chunk in enumerate(step.prompts):
+    for chunk in step.prompts:
         num_blocks = math.ceil(
             (chunk.num_computed_tokens + chunk.query_len) / block_size
         )
         table = list(range(next_block, next_block + num_blocks))
         next_block += num_blocks
         layout = SeqLayout(table, chunk.num_computed_tokens, chunk.query_len)
-        seqs.append(ScheduledSeq(row=row, layout=layout))
+        seqs.append(_TraceChunk(layout))
     return seqs
 
 
@@ -55,7 +68,7 @@ def replay_step(
 ) -> None:
     """Plan one step's passes as the runner does, pad them, count into ``result``."""
     config = manager.config
-    seqs = _scheduled_seqs(step, config.block_size)
+    seqs = _prompt_chunks(step, config.block_size)
     batches = split_prompt_passes(
         seqs, config.max_num_batched_tokens, manager, config.block_size
     )

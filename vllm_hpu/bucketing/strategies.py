@@ -10,17 +10,17 @@ from vllm_hpu.bucketing.buckets import (
     generate_prompt_buckets,
 )
 from vllm_hpu.bucketing.compact import compact_decode_buckets, compact_prompt_buckets
-from vllm_hpu.bucketing.config import BucketingConfig
 from vllm_hpu.bucketing.long_context import (
     is_long_context,
     long_context_decode_buckets,
     long_context_prompt_buckets,
 )
-from vllm_hpu.bucketing.merged import merged_prompt_buckets, single_row_buckets
+from vllm_hpu.bucketing.merged_buckets import merged_prompt_buckets, single_row_buckets
 from vllm_hpu.bucketing.reference import (
     reference_decode_buckets,
     reference_prompt_buckets,
 )
+from vllm_hpu.bucketing.settings import BucketingConfig
 
 # Strategies whose values come from the (min, step, max) ranges.
 RANGE_STRATEGIES = ("linear", "exponential")

@@ -16,8 +16,8 @@ from vllm.model_executor.layers.rotary_embedding.llama4_vision_rope import (
 )
 
 from vllm_hpu import device
-from vllm_hpu.attention.layer_options import prompt_slicing
 from vllm_hpu.ops.encoder_attention import encoder_attention
+from vllm_hpu.ops.layer_options import prompt_slicing
 
 
 def _register_oot(base: type[CustomOp], op_cls: type[CustomOp]) -> None:

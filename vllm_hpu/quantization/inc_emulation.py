@@ -6,7 +6,7 @@ through a per-device wrapper table, and refuses anything but fake quantization
 on Gaudi (docs/fp8.md): the Gaudi module entries in the CPU table, torch
 stand-ins for the fp8 ops (the fused MoE op's measuring variant, which INC calls
 directly, as a ``torch.ops.hpu`` op), and a config parser that takes the real
-path with Gaudi 3 scales. Applied once, by ``device.enable_inc`` in emulation
+path with Gaudi 3 scales. Applied once, by ``inc_flow.enable_inc`` in emulation
 only.
 
 Why: INC has no CPU backend for its Gaudi path. How: table entries and one

@@ -10,7 +10,7 @@ import torch
 from vllm.logger import init_logger
 
 from vllm_hpu import device
-from vllm_hpu.quantization import inc_moe
+from vllm_hpu.quantization import inc_emulation, inc_moe
 from vllm_hpu.quantization.inc import IncSettings, inc_settings
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ class IncFlow:
         from neural_compressor.torch.quantization import FP8Config, convert, prepare
 
         started = time.perf_counter()
-        device.enable_inc()
+        enable_inc()
         config = FP8Config.from_json_file(self.settings.path)
         inc_moe.attach_moe_ops(model)
         if self.settings.measures:
@@ -83,3 +83,10 @@ def _warn_left_in_bf16(model: torch.nn.Module) -> None:
             "stay in bf16: %s.",
             left,
         )
+
+
+def enable_inc() -> None:
+    """Before Intel Neural Compressor prepares or converts a model: on Gaudi INC
+    runs as it is; in emulation it is made to take its Gaudi path on the CPU."""
+    if not device.hpu_available():
+        inc_emulation.install()

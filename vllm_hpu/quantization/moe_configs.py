@@ -1,6 +1,6 @@
 """``fp8``, compressed-tensors and gpt-oss's MXFP4 checkpoints: vLLM's own
-configs, except that their experts get the plugin's methods (ops/fp8_moe.py,
-ops/packed_moe.py).
+configs, except that their experts get the plugin's methods (quantization/fp8_moe.py,
+quantization/packed_moe.py).
 
 vLLM's configs hand a MoE layer a method that asks vLLM's kernel oracle for a
 CUDA/ROCm/CPU/XPU backend; an out-of-tree platform gets none ("Unsupported FP8
@@ -26,15 +26,18 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
     is_layer_skipped,
 )
 
-from vllm_hpu.ops.fp8 import HpuFp8Config as DenseFp8Config
-from vllm_hpu.ops.fp8_moe import HpuCompressedTensorsW8A8Fp8MoEMethod, HpuFp8MoEMethod
 from vllm_hpu.ops.fused_moe import check_supported, refuse
-from vllm_hpu.ops.packed_moe import (
+from vllm_hpu.quantization.checkpoints import describe
+from vllm_hpu.quantization.fp8 import HpuFp8Config as DenseFp8Config
+from vllm_hpu.quantization.fp8_moe import (
+    HpuCompressedTensorsW8A8Fp8MoEMethod,
+    HpuFp8MoEMethod,
+)
+from vllm_hpu.quantization.packed_moe import (
     HpuCompressedTensorsMxfp4MoEMethod,
     HpuCompressedTensorsWNA16MoEMethod,
     HpuGptOssMxfp4MoEMethod,
 )
-from vllm_hpu.quantization.checkpoints import describe
 
 PACK_QUANTIZED = "pack-quantized"
 PACKED_BITS = (4, 8)
@@ -44,7 +47,7 @@ ACT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 class HpuFp8Config(DenseFp8Config):
     """``quant_method: fp8`` (per-tensor or block scales): the dense layers as
-    ops/fp8.py runs them, the experts with the plugin's method."""
+    quantization/fp8.py runs them, the experts with the plugin's method."""
 
     def get_quant_method(
         self, layer: torch.nn.Module, prefix: str

@@ -28,10 +28,9 @@ from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_hpu import device
+from vllm_hpu.distributed.host_network import choose_gloo_interface
 from vllm_hpu.envs import get_envs
-from vllm_hpu.host_network import choose_gloo_interface
-from vllm_hpu.kv_transfer.config import check_worker_config
-from vllm_hpu.metrics import HpuMetrics
+from vllm_hpu.kv_transfer.connectors import check_worker_config
 from vllm_hpu.worker.capabilities import kv_connector, pipeline
 from vllm_hpu.worker.capabilities.lora import HpuLoRA
 from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
@@ -42,6 +41,7 @@ from vllm_hpu.worker.capabilities.weight_updates import (
 )
 from vllm_hpu.worker.diagnostics.compile_stats import StepCompilations
 from vllm_hpu.worker.diagnostics.fallback_stats import StepFallbacks
+from vllm_hpu.worker.diagnostics.metrics import HpuMetrics
 from vllm_hpu.worker.model_runner import HpuModelRunner
 from vllm_hpu.worker.warmup.memory import MemorySplit, split_memory
 from vllm_hpu.worker.warmup.warmup import start_step_trace, warm_up_model

@@ -31,7 +31,7 @@ from vllm_hpu.attention.windows import (
     layer_windows,
 )
 from vllm_hpu.ops.kv_cache import allocate_kv_cache
-from vllm_hpu.ops.mla import allocate_latent_cache
+from vllm_hpu.ops.mla_kernels import allocate_latent_cache
 from vllm_hpu.worker.capabilities.pooling import encoder_only_kv_cache_spec
 
 Layers = Mapping[str, AttentionLayerBase]

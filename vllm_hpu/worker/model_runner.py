@@ -33,10 +33,12 @@ from vllm_hpu import device
 from vllm_hpu.attention.metadata import CacheGeometry
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager
 from vllm_hpu.envs import get_envs
-from vllm_hpu.ops.fused_moe import check_moe_layers
+from vllm_hpu.quantization.moe_methods import check_moe_layers
 from vllm_hpu.worker.capabilities import pipeline
 from vllm_hpu.worker.capabilities.factory import attach_model, build_capabilities
 from vllm_hpu.worker.capabilities.weight_updates import weights_change
+from vllm_hpu.worker.compilation.execution import pack_linear_weights, select_mode
+from vllm_hpu.worker.compilation.layer_split import split_graph_every
 from vllm_hpu.worker.kv_caches import (
     bind_kv_caches,
     bind_scratch_kv_caches,
@@ -54,9 +56,7 @@ from vllm_hpu.worker.passes.synthetic import largest_prompt_bucket, profile_seqs
 from vllm_hpu.worker.state.async_output import HpuAsyncOutput, StepLogits
 from vllm_hpu.worker.state.prompt_logprobs import PromptLogprobs
 from vllm_hpu.worker.state.request_states import RequestStates, make_input_batch
-from vllm_hpu.worker.state.sampling import PendingStep, StepSampler
-from vllm_hpu.worker.warmup.execution import pack_linear_weights, select_mode
-from vllm_hpu.worker.warmup.layer_split import split_graph_every
+from vllm_hpu.worker.step_sampler import PendingStep, StepSampler
 
 logger = init_logger("vllm.hpu.model_runner")
 
@@ -120,7 +120,7 @@ class HpuModelRunner:
         used_before = device.memory_used()
         with set_current_vllm_config(self.vllm_config):
             if self.model_config.is_hybrid:
-                from vllm_hpu.ops.state_layers import register_state_layers
+                from vllm_hpu.attention.state_layers import register_state_layers
 
                 register_state_layers()  # before vLLM builds the layers
             self.model = get_model(vllm_config=self.vllm_config)

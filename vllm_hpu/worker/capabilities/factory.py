@@ -44,10 +44,9 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker.gpu_input_batch import CachedRequestState
 
 from vllm_hpu.bucketing.trace import TraceRecorder
-from vllm_hpu.device_stream import DeviceStream
+from vllm_hpu.emulation.device_stream import DeviceStream
 from vllm_hpu.envs import get_envs
-from vllm_hpu.kv_transfer.config import has_kv_connector
-from vllm_hpu.profiler import StepProfiler
+from vllm_hpu.kv_transfer.connectors import has_kv_connector
 from vllm_hpu.quantization.inc_flow import IncFlow
 from vllm_hpu.worker.capabilities.data_parallel import (
     DataParallelPasses,
@@ -61,6 +60,7 @@ from vllm_hpu.worker.capabilities.pooling import StepPooler
 from vllm_hpu.worker.capabilities.sleep import HpuSleepMode
 from vllm_hpu.worker.capabilities.state_cache import HpuStateCache
 from vllm_hpu.worker.capabilities.weight_updates import WeightUpdates
+from vllm_hpu.worker.diagnostics.profiler import StepProfiler
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.spec_decode.decoder import SpecDecoder
 from vllm_hpu.worker.spec_decode.interface import TargetRunner

@@ -18,12 +18,12 @@ from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm.v1.worker.utils import sanity_check_mm_encoder_outputs
 
 from vllm_hpu import device
-from vllm_hpu.worker.capabilities.tile_buckets import (
+from vllm_hpu.bucketing.tile_buckets import (
     TileBuckets,
     is_tiled_item,
     item_tiles,
 )
-from vllm_hpu.worker.capabilities.vision_buckets import (
+from vllm_hpu.bucketing.vision_buckets import (
     PatchBuckets,
     group_by_patches,
     is_grid_item,

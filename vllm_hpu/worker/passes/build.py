@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from vllm.utils.math_utils import cdiv
 
-from vllm_hpu.attention.merged import build_merged_prompt_metadata
+from vllm_hpu.attention.merged_metadata import build_merged_prompt_metadata
 from vllm_hpu.attention.metadata import (
     CacheGeometry,
     HpuAttentionMetadata,
@@ -26,9 +27,9 @@ from vllm_hpu.attention.metadata import (
 )
 from vllm_hpu.attention.verify import build_verify_metadata, num_groups, pack_rows
 from vllm_hpu.bucketing import Bucket, HpuBucketManager
+from vllm_hpu.bucketing.prompt_passes import pass_shape
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
-from vllm_hpu.worker.passes.seqs import ScheduledSeq, cdiv
-from vllm_hpu.worker.passes.shapes import pass_shape
+from vllm_hpu.worker.passes.seqs import ScheduledSeq
 
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from vllm.config import VllmConfig
+from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
 from vllm_hpu.attention.metadata import CacheGeometry
 from vllm_hpu.bucketing import HpuBucketManager
+from vllm_hpu.bucketing.prompt_passes import split_prompt_passes
 from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
 from vllm_hpu.worker.passes.build import (
     build_decode_pass,
@@ -28,11 +30,9 @@ from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.passes.seqs import (
     ImageSpans,
     ScheduledSeq,
-    cdiv,
     scheduled_seqs,
     split_by_phase,
 )
-from vllm_hpu.worker.passes.split import split_prompt_passes
 
 
 @dataclass

@@ -40,14 +40,6 @@ class ScheduledSeq:
         return self.layout.num_computed_tokens + self.layout.num_scheduled_tokens
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def context_blocks(seq: ScheduledSeq, block_size: int) -> int:
-    return cdiv(seq.layout.num_computed_tokens, block_size)
-
-
 @dataclass(frozen=True)
 class ImageSpans:
     """vLLM's PrefixLM ranges (``ModelConfig.is_mm_prefix_lm``: Gemma 3): the

@@ -1,9 +1,11 @@
 """Scheduled seqs made up to fill a bucket exactly: the memory profile's run and
 warmup's packed requests (real steps never come through here)."""
 
+from vllm.utils.math_utils import cdiv
+
 from vllm_hpu.attention.metadata import SeqLayout
 from vllm_hpu.bucketing import Bucket, HpuBucketManager
-from vllm_hpu.worker.passes.seqs import ScheduledSeq, cdiv
+from vllm_hpu.worker.passes.seqs import ScheduledSeq
 
 
 def merged_fake_chunks(

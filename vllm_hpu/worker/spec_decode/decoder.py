@@ -16,10 +16,10 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm.v1.worker.gpu_input_batch import CachedRequestState
 
-from vllm_hpu.worker.spec_decode.config import SUPPORTED_METHODS
 from vllm_hpu.worker.spec_decode.draft_model import HpuDraftModelProposer
 from vllm_hpu.worker.spec_decode.eagle import HpuEagle3Proposer, HpuEagleProposer
 from vllm_hpu.worker.spec_decode.interface import Proposer, TargetRunner
+from vllm_hpu.worker.spec_decode.methods import SUPPORTED_METHODS
 from vllm_hpu.worker.spec_decode.ngram import NgramDrafts
 from vllm_hpu.worker.spec_decode.rejection_sampler import HpuRejectionSampler
 

@@ -49,16 +49,16 @@ from vllm.model_executor.model_loader import get_model
 
 from vllm_hpu import device
 from vllm_hpu.attention.metadata import SeqLayout
-from vllm_hpu.ops.fused_moe import check_moe_layers
-from vllm_hpu.worker.passes.build import build_decode_pass, build_verify_pass
-from vllm_hpu.worker.passes.forward_pass import ForwardPass
-from vllm_hpu.worker.passes.seqs import ScheduledSeq
-from vllm_hpu.worker.spec_decode.interface import TargetRunner
-from vllm_hpu.worker.warmup.execution import (
+from vllm_hpu.quantization.moe_methods import check_moe_layers
+from vllm_hpu.worker.compilation.execution import (
     CompileOptions,
     ExecutionMode,
     prepare_model,
 )
+from vllm_hpu.worker.passes.build import build_decode_pass, build_verify_pass
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
+from vllm_hpu.worker.passes.seqs import ScheduledSeq
+from vllm_hpu.worker.spec_decode.interface import TargetRunner
 
 
 def draft_vllm_config(vllm_config: VllmConfig) -> VllmConfig:

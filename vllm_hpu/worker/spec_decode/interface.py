@@ -11,9 +11,9 @@ from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu.attention.metadata import CacheGeometry
 from vllm_hpu.bucketing import Bucket, HpuBucketManager
+from vllm_hpu.worker.compilation.execution import CompileOptions, ExecutionMode
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.state.request_states import RequestStates
-from vllm_hpu.worker.warmup.execution import CompileOptions, ExecutionMode
 
 
 class TargetRunner(Protocol):

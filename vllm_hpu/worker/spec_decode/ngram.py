@@ -5,8 +5,8 @@ from typing import Any
 from vllm.config import VllmConfig
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
+from vllm_hpu.worker.compilation.execution import CompileOptions, ExecutionMode
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
-from vllm_hpu.worker.warmup.execution import CompileOptions, ExecutionMode
 
 
 class NgramDrafts:

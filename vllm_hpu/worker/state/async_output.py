@@ -6,8 +6,8 @@ them into the next decode pass's input ids there, and records them on the host
 later, before anything on the host reads them (sampling, resumed prompts).
 
 The step's device work (passes, logits, sampling) runs on the device stream
-(``vllm_hpu/device_stream.py``) while the host prepares the next step; who owns
-what meanwhile:
+(``vllm_hpu/emulation/device_stream.py``) while the host prepares the next step;
+who owns what meanwhile:
 - a step's inputs (input ids, positions, attention metadata with its block
   tables and slot mappings) are fresh tensors per step: the host hands them to
   the stream and never writes them again; in-flight tokens are written into
@@ -37,7 +37,7 @@ from vllm.v1.outputs import (
 from vllm.v1.sample.logits_processor.builtin import MinTokensLogitsProcessor
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
-from vllm_hpu.device_stream import DeviceStream
+from vllm_hpu.emulation.device_stream import DeviceStream
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.state.request_states import RequestStates
 

@@ -28,16 +28,13 @@ from vllm_hpu.bucketing.buckets import context_tokens
 from vllm_hpu.bucketing.padding import PaddingStats
 from vllm_hpu.envs import get_envs
 from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
-from vllm_hpu.worker.model_runner import HpuModelRunner
-from vllm_hpu.worker.passes.planner import step_trace_header
-from vllm_hpu.worker.passes.synthetic import merged_fake_chunks
-from vllm_hpu.worker.warmup.compile_cache import cache_key, compile_cache
-from vllm_hpu.worker.warmup.execution import (
+from vllm_hpu.worker.compilation.compile_cache import cache_key, compile_cache
+from vllm_hpu.worker.compilation.execution import (
     RECOMPILE_HEADROOM,
     CompileOptions,
     prepare_model,
 )
-from vllm_hpu.worker.warmup.graphs import (
+from vllm_hpu.worker.compilation.graphs import (
     DECODE,
     PROMPT,
     CapturePlan,
@@ -45,6 +42,9 @@ from vllm_hpu.worker.warmup.graphs import (
     describe_budget,
     left_out_message,
 )
+from vllm_hpu.worker.model_runner import HpuModelRunner
+from vllm_hpu.worker.passes.planner import step_trace_header
+from vllm_hpu.worker.passes.synthetic import merged_fake_chunks
 
 logger = init_logger("vllm.hpu.warmup")
 

@@ -2,7 +2,7 @@
 the model dtype): compressed-tensors WNA16 (``pack-quantized``, 4 or 8 bits,
 groups or channels, symmetric or with zero points), MXFP4A16 and gpt-oss's own
 MXFP4 as vLLM's methods load them, and AutoAWQ / GPTQ checkpoints in their own
-layouts. Each forward dequantizes a group of experts with ops/dequant.py (see
+layouts. Each forward dequantizes a group of experts with quantization/dequant.py (see
 ``HpuQuantizedMoE``)."""
 
 import abc
@@ -28,8 +28,9 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod
 from vllm.model_executor.utils import set_weight_attrs
 
-from vllm_hpu.ops import dequant
-from vllm_hpu.ops.fused_moe import HpuQuantizedMoE, refuse
+from vllm_hpu.ops.fused_moe import refuse
+from vllm_hpu.quantization import dequant
+from vllm_hpu.quantization.moe_methods import HpuQuantizedMoE
 
 MXFP4_GROUP_SIZE = dequant.MXFP4_GROUP_SIZE
 

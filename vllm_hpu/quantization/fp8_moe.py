@@ -19,9 +19,9 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 from vllm.model_executor.layers.quantization.fp8 import Fp8MoEMethod
 
 from vllm_hpu import device
-from vllm_hpu.ops.dequant import dequantize_fp8
-from vllm_hpu.ops.fp8 import FP8_DTYPE, FP8_MAX
-from vllm_hpu.ops.fused_moe import HpuQuantizedMoE
+from vllm_hpu.quantization.dequant import dequantize_fp8
+from vllm_hpu.quantization.fp8 import FP8_DTYPE, FP8_MAX
+from vllm_hpu.quantization.moe_methods import HpuQuantizedMoE
 
 _MIN_SCALE = 1e-12  # an all-zero input still gets a usable scale
 # How the experts' input is rounded through fp8: with the checkpoint's scale, or

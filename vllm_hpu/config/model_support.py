@@ -43,7 +43,7 @@ _MISSING_PIECES = (
     ),
 )
 # Hybrid classes whose state layers (Mamba2, gated delta-net) have HPU versions
-# (ops/state_layers.py) and whose generations were validated end to end against
+# (attention/state_layers.py) and whose generations were validated end to end against
 # transformers: the state-cache refusals above do not apply to them. Granite-4.0-H
 # and Qwen3-Next are the candidates (design_hybrid); each is listed once its
 # layer runs.
@@ -71,7 +71,7 @@ FED_MULTIMODAL_ARCHS = frozenset(
         # Pixtral tower: images at their own size, row breaks between tokens.
         "Mistral3ForConditionalGeneration",
         # Tiled tower with a 2-D rotary embedding and pixel shuffle: passes
-        # bucketed by tiles (worker/capabilities/tile_buckets.py).
+        # bucketed by tiles (bucketing/tile_buckets.py).
         "Llama4ForConditionalGeneration",
     }
 )

@@ -1,20 +1,59 @@
-"""Step 2 of planning: a step's prompt chunks grouped into passes, packed
-(merged prefill, the default) or one row per chunk (``VLLM_HPU_MERGED_PREFILL=
-false`` and pooling models, chosen at start-up in ``BucketingConfig``). The
-bucket manager is only asked which warmed-up bucket would cover a group; the
-passes themselves are built in ``build.py``."""
+"""How a step's prompt chunks become bucketed passes: the shape a pass pads up to a
+bucket, (rows, query length, context blocks), one row per chunk or, under merged
+prefill, every chunk packed into one row (the packing's arithmetic is the merged
+metadata builder's own); and which chunks share a pass, packed (merged prefill,
+the default) or one row per chunk (``VLLM_HPU_MERGED_PREFILL=false`` and pooling
+models, chosen at start-up in ``BucketingConfig``). The bucket manager is only
+asked which warmed-up bucket would cover a group. The runner's planner
+(worker/passes/) and the trace replay (``replay.py``) both split this way."""
 
-from vllm_hpu.bucketing import HpuBucketManager
-from vllm_hpu.worker.passes.seqs import ScheduledSeq, cdiv, context_blocks
-from vllm_hpu.worker.passes.shapes import pass_shape
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+from vllm.utils.math_utils import cdiv
+
+from vllm_hpu.attention.merged_metadata import packed_context_blocks, packed_tokens
+from vllm_hpu.attention.metadata import SeqLayout
+from vllm_hpu.bucketing.manager import HpuBucketManager
+
+
+class SplitChunk(Protocol):
+    """A prompt chunk as the split sees it."""
+
+    @property
+    def layout(self) -> SeqLayout: ...  # with the first KV cache group's table
+
+    @property
+    def tables(self) -> tuple[list[int], ...]: ...  # every group's block table
+
+
+Chunk = TypeVar("Chunk", bound=SplitChunk)
+
+
+def context_blocks(chunk: SplitChunk, block_size: int) -> int:
+    return cdiv(chunk.layout.num_computed_tokens, block_size)
+
+
+def pass_shape(
+    seqs: Sequence[SplitChunk], merged: bool, block_size: int
+) -> tuple[int, int, int]:
+    """(rows, query length, context blocks) a prompt pass over ``seqs`` pads up."""
+    if merged:
+        layouts = [s.layout for s in seqs]
+        return 1, packed_tokens(layouts), packed_context_blocks(layouts, block_size)
+    return (
+        len(seqs),
+        max(s.layout.num_scheduled_tokens for s in seqs),
+        max(context_blocks(s, block_size) for s in seqs),
+    )
 
 
 def split_prompt_passes(
-    seqs: list[ScheduledSeq],
+    seqs: list[Chunk],
     max_num_tokens: int,
     buckets: HpuBucketManager,
     block_size: int,
-) -> list[list[ScheduledSeq]]:
+) -> list[list[Chunk]]:
     """The step's prompt passes, packed or one row per chunk."""
     if buckets.config.merged_prefill:
         return split_merged(seqs, buckets, block_size)
@@ -22,13 +61,13 @@ def split_prompt_passes(
 
 
 def split_merged(
-    seqs: list[ScheduledSeq], buckets: HpuBucketManager, block_size: int
-) -> list[list[ScheduledSeq]]:
+    seqs: list[Chunk], buckets: HpuBucketManager, block_size: int
+) -> list[list[Chunk]]:
     """Packs, first fit: a chunk joins the first pack that still has a warmed-up
     bucket with it (the step's tokens always fit one; context may not). A chunk
     reading blocks another chunk of its pack writes is fine: every layer writes
     the pass's KV before it gathers context."""
-    packs: list[list[ScheduledSeq]] = []
+    packs: list[list[Chunk]] = []
     for seq in seqs:
         for pack in packs:
             if buckets.has_prompt_bucket(*pass_shape([*pack, seq], True, block_size)):
@@ -40,14 +79,14 @@ def split_merged(
 
 
 def _prompt_tokens(
-    seqs: list[ScheduledSeq], buckets: HpuBucketManager, block_size: int
+    seqs: Sequence[SplitChunk], buckets: HpuBucketManager, block_size: int
 ) -> int:
     """Tokens ``seqs`` run as in one unpacked prompt pass, padded to its bucket."""
     bucket = buckets.covering_prompt_bucket(*pass_shape(seqs, False, block_size))
     return bucket.batch_size * bucket.query_len
 
 
-def _dependency_depths(seqs: list[ScheduledSeq], block_size: int) -> list[int]:
+def _dependency_depths(seqs: Sequence[SplitChunk], block_size: int) -> list[int]:
     """How many passes must run before each chunk.
 
     vLLM can hand a prompt, as cached context, full blocks that another prompt
@@ -59,7 +98,8 @@ def _dependency_depths(seqs: list[ScheduledSeq], block_size: int) -> list[int]:
     writers: dict[int, int] = {}
     for index, seq in enumerate(seqs):
         for table in seq.tables:  # a full layer may read what a window skips
-            for block in table[seq.start // block_size : cdiv(seq.end, block_size)]:
+            first = seq.layout.num_computed_tokens // block_size
+            for block in table[first : cdiv(_end(seq), block_size)]:
                 writers[block] = index
     depths: dict[int, int] = {}
 
@@ -76,11 +116,11 @@ def _dependency_depths(seqs: list[ScheduledSeq], block_size: int) -> list[int]:
 
 
 def split_prefills(
-    seqs: list[ScheduledSeq],
+    seqs: list[Chunk],
     max_num_tokens: int,
     buckets: HpuBucketManager,
     block_size: int,
-) -> list[list[ScheduledSeq]]:
+) -> list[list[Chunk]]:
     """Group prompt chunks into passes of similar length.
 
     Chunks are taken shortest first (then least cached context), after every chunk
@@ -94,7 +134,7 @@ def split_prefills(
     prompt bucket by default): a long chunk must not stretch every short row.
     """
     depths = _dependency_depths(seqs, block_size)
-    batches: list[list[ScheduledSeq]] = []
+    batches: list[list[Chunk]] = []
     for level in sorted(set(depths)):
         ready = [seq for seq, d in zip(seqs, depths, strict=True) if d == level]
         batches += _group_by_length(ready, max_num_tokens, buckets, block_size)
@@ -102,13 +142,13 @@ def split_prefills(
 
 
 def _group_by_length(
-    seqs: list[ScheduledSeq],
+    seqs: list[Chunk],
     max_num_tokens: int,
     buckets: HpuBucketManager,
     block_size: int,
-) -> list[list[ScheduledSeq]]:
-    batches: list[list[ScheduledSeq]] = []
-    current: list[ScheduledSeq] = []
+) -> list[list[Chunk]]:
+    batches: list[list[Chunk]] = []
+    current: list[Chunk] = []
     by_length = sorted(
         seqs,
         key=lambda s: (s.layout.num_scheduled_tokens, s.layout.num_computed_tokens),
@@ -129,3 +169,7 @@ def _group_by_length(
     if current:
         batches.append(current)
     return batches
+
+
+def _end(chunk: SplitChunk) -> int:
+    return chunk.layout.num_computed_tokens + chunk.layout.num_scheduled_tokens

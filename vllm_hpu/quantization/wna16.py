@@ -15,7 +15,7 @@ from vllm.model_executor.kernels.linear import (
 from vllm.platforms import PlatformEnum
 from vllm.scalar_type import scalar_types
 
-from vllm_hpu.ops.dequant import dequantize_pack_quantized, pack_factor
+from vllm_hpu.quantization.dequant import dequantize_pack_quantized, pack_factor
 
 # uint4b8 / uint8b128: symmetric values stored with a bias of half their range.
 SUPPORTED_WEIGHT_TYPES = (

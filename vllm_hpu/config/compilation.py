@@ -1,6 +1,6 @@
 """A user's vLLM compilation settings (``-O``, ``--compilation-config``) on the HPU
 runner, which compiles and captures graphs per bucket itself
-(``worker/warmup/execution.py``).
+(``worker/compilation/execution.py``).
 
 Read before vLLM fills in its defaults, so only what the user set is seen. Each
 setting is honoured where the runner has its equivalent; otherwise start-up stops
@@ -17,7 +17,7 @@ from vllm_hpu import device
 if TYPE_CHECKING:
     from vllm.config import CompilationConfig, VllmConfig
 
-    from vllm_hpu.worker.warmup.execution import ExecutionMode
+    from vllm_hpu.worker.compilation.execution import ExecutionMode
 
 logger = init_logger("vllm.hpu.compilation")
 
@@ -46,7 +46,7 @@ def apply_user_compilation(vllm_config: "VllmConfig") -> None:
 
 
 def runner_mode(vllm_config: "VllmConfig") -> "ExecutionMode":
-    from vllm_hpu.worker.warmup.execution import select_mode
+    from vllm_hpu.worker.compilation.execution import select_mode
 
     model_config = vllm_config.model_config
     eager = model_config is not None and model_config.enforce_eager
@@ -82,7 +82,7 @@ def _compilation_mode(
     does the same, refused with the fix otherwise; vLLM's own compile (3) logged."""
     from vllm.config import CompilationMode
 
-    from vllm_hpu.worker.warmup.execution import ExecutionMode
+    from vllm_hpu.worker.compilation.execution import ExecutionMode
 
     mode = compilation.mode
     if mode is None:

@@ -14,7 +14,7 @@ values are three per doubling (at most a third apart).
 import math
 
 from vllm_hpu.bucketing.buckets import Bucket
-from vllm_hpu.bucketing.config import BucketingConfig
+from vllm_hpu.bucketing.settings import BucketingConfig
 
 # Token values step by this many tokens below COMPUTE_BOUND_TOKENS.
 SHORT_PASS_STEP = 64

@@ -14,9 +14,9 @@ from collections import Counter
 
 from vllm_hpu.bucketing.bucket_file import BucketSets
 from vllm_hpu.bucketing.buckets import Bucket
-from vllm_hpu.bucketing.config import BucketingConfig
 from vllm_hpu.bucketing.manager import BucketIndex, HpuBucketManager
 from vllm_hpu.bucketing.replay import ReplayResult, replay_step, replay_trace
+from vllm_hpu.bucketing.settings import BucketingConfig
 from vllm_hpu.bucketing.trace import StepTrace
 
 Shapes = Counter[Bucket]

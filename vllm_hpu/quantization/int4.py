@@ -1,7 +1,7 @@
 """What the AWQ and GPTQ configs share: their 4-bit packing and the checkpoint
 variants they refuse (the dequantization itself is in ``dequant.py``)."""
 
-from vllm_hpu.ops.dequant import pack_factor
+from vllm_hpu.quantization.dequant import pack_factor
 
 PACK_FACTOR = pack_factor(4)  # 4-bit values in one int32
 

@@ -22,7 +22,7 @@ from vllm.model_executor.layers.quantization.utils.w8a8_utils import (
 from vllm.model_executor.utils import replace_parameter
 from vllm.platforms import PlatformEnum
 
-from vllm_hpu.ops.dequant import scaled_matmul
+from vllm_hpu.quantization.dequant import scaled_matmul
 
 INT8_MIN, INT8_MAX = -128, 127
 

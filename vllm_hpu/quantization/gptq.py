@@ -25,11 +25,11 @@ from vllm.model_executor.parameter import (
     RowvLLMParameter,
 )
 
-from vllm_hpu.ops import int4
-from vllm_hpu.ops.dequant import dequantize_gptq
 from vllm_hpu.ops.fused_moe import check_supported, refuse
-from vllm_hpu.ops.int4_config import HpuInt4Config
-from vllm_hpu.ops.packed_moe import HpuGPTQMoEMethod
+from vllm_hpu.quantization import int4
+from vllm_hpu.quantization.dequant import dequantize_gptq
+from vllm_hpu.quantization.int4_config import HpuInt4Config
+from vllm_hpu.quantization.packed_moe import HpuGPTQMoEMethod
 
 
 class HpuGPTQConfig(HpuInt4Config):

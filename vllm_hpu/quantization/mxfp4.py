@@ -15,7 +15,7 @@ from vllm.model_executor.kernels.linear import (
 )
 from vllm.platforms import PlatformEnum
 
-from vllm_hpu.ops.dequant import dequantize_mxfp4
+from vllm_hpu.quantization.dequant import dequantize_mxfp4
 
 
 class HpuMxfp4LinearKernel(MxFp4LinearKernel):

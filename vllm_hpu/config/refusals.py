@@ -4,8 +4,9 @@ feature, option or model the HPU plugin cannot run, each error naming the fix.""
 import importlib.util
 from typing import TYPE_CHECKING
 
-from vllm_hpu import envs, model_support
-from vllm_hpu.kv_transfer.config import has_kv_connector
+from vllm_hpu import envs
+from vllm_hpu.config import model_support
+from vllm_hpu.kv_transfer.connectors import has_kv_connector
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -41,7 +42,7 @@ def reject_unsupported_features(vllm_config: "VllmConfig") -> None:
             raise ValueError(
                 f"The HPU plugin does not support {feature} yet; start vLLM without it."
             )
-    from vllm_hpu.worker.spec_decode.config import check_speculative_config
+    from vllm_hpu.worker.spec_decode.methods import check_speculative_config
 
     check_speculative_config(vllm_config)
     _require_optional_packages(vllm_config)

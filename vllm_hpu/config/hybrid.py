@@ -11,8 +11,8 @@ before weights load.
 
 from typing import TYPE_CHECKING
 
-from vllm_hpu import patches
-from vllm_hpu.kv_transfer.config import has_kv_connector
+from vllm_hpu.kv_transfer.connectors import has_kv_connector
+from vllm_hpu.patches import engine_args
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -42,7 +42,7 @@ def _unsupported_features(vllm_config: "VllmConfig") -> dict[str, bool]:
 
     parallel = vllm_config.parallel_config
     cache_config = vllm_config.cache_config
-    asked = patches.requested_state_options
+    asked = engine_args.requested_state_options
     return {
         "speculative decoding (--speculative-config)": (
             vllm_config.speculative_config is not None

@@ -30,8 +30,12 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
 from vllm.model_executor.utils import replace_parameter
 from vllm.platforms import PlatformEnum
 
-from vllm_hpu import device, patches
-from vllm_hpu.ops.dequant import dequantize_fp8, expand_block_scales, scaled_matmul
+from vllm_hpu import device
+from vllm_hpu.quantization.dequant import (
+    dequantize_fp8,
+    expand_block_scales,
+    scaled_matmul,
+)
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max
@@ -192,11 +196,10 @@ class HpuFp8BlockScaledMMLinearKernel(Fp8BlockScaledMMLinearKernel):
 
 @functools.cache
 def register() -> None:
-    """The checkpoint kernels through vLLM's registry (the block kernel through a
-    patch: the registry has no kind for it); vLLM builds its online config itself
-    and looks its linear methods up in a module-level table, with no registration
-    hook: the per-tensor entry is ours."""
+    """The checkpoint kernels through vLLM's registry (the block kernel through
+    patches/fp8_kernels.py: the registry has no kind for it); vLLM builds its
+    online config itself and looks its linear methods up in a module-level table,
+    with no registration hook: the per-tensor entry is ours."""
     register_linear_kernel(HpuFp8ScaledMMLinearKernel, PlatformEnum.OOT, "fp8")
-    patches.register_block_fp8_kernel(HpuFp8BlockScaledMMLinearKernel)
     methods: dict[Any, type] = online_base._ONLINE_LINEAR_METHODS
     methods[kFp8StaticTensorSym] = HpuFp8PerTensorOnlineLinearMethod

@@ -21,11 +21,11 @@ from vllm.model_executor.parameter import (
     PackedvLLMParameter,
 )
 
-from vllm_hpu.ops import int4
-from vllm_hpu.ops.dequant import dequantize_awq
 from vllm_hpu.ops.fused_moe import check_supported
-from vllm_hpu.ops.int4_config import HpuInt4Config
-from vllm_hpu.ops.packed_moe import HpuAWQMoEMethod
+from vllm_hpu.quantization import int4
+from vllm_hpu.quantization.dequant import dequantize_awq
+from vllm_hpu.quantization.int4_config import HpuInt4Config
+from vllm_hpu.quantization.packed_moe import HpuAWQMoEMethod
 
 
 class HpuAWQConfig(HpuInt4Config):

@@ -1,0 +1,85 @@
+"""Log lines that read as failures and are not, dropped at their loggers."""
+
+import functools
+import logging
+import re
+from collections.abc import Callable
+
+import torch
+
+# Log lines that read as failures and are not.
+# Why: every process of a normal start printed them. torchao (installed with Intel
+# Neural Compressor, imported by transformers whenever present) tries to load its CUDA
+# kernels (``_C_mxfp8``, ``_C_cutlass_90a``), which cannot load beside a torch built
+# without CUDA and which no CPU or Gaudi path calls, and it registers two enums in a
+# way torch now deprecates. vLLM warns that its Model Runner V2 needs Triton, though
+# the HPU worker runs neither of vLLM's runners, and that "user settings" disabled
+# Inductor: the platform turns vLLM's compilation off (our runner compiles per
+# bucket), and the engine process checks the config again after its handshake,
+# taking that for a user's choice. And vLLM's weight loader warns once per
+# weight of a float32 checkpoint that runs in 16 bits ("Attempted to load
+# weight ... with dtype torch.float32 into parameter with dtype
+# torch.bfloat16"): emulation's default dtype on a CPU with bf16 instructions,
+# said once at start-up by the platform ("Emulation runs the model in ...") and
+# by vLLM ("Downcasting torch.float32 to torch.bfloat16").
+# How: a filter on each logger that emits them drops exactly those records; all else
+# those loggers say is kept. vLLM's "Failed to import from vllm._C" is avoided at the
+# source instead (HpuPlatform.import_kernels).
+# Upstream change that removes it: torchao loading CUDA kernels only with a CUDA
+# torch and registering enums as opaque types; vLLM not warning about runners and
+# compilation modes the platform chose, nor per weight about the model's dtype.
+_TORCHAO_CUDA_KERNEL = re.compile(r"Failed to load \S*torchao[/\\]_C[^/\\:]*\.so: ")
+_HARMLESS_VLLM_WARNINGS = (
+    "Model Runner V2 requires Triton",
+    "Inductor compilation was disabled by user settings",
+)
+
+
+def _is_torchao_cuda_kernel(record: logging.LogRecord) -> bool:
+    cuda_torch = torch.version.cuda is not None
+    return not cuda_torch and bool(_TORCHAO_CUDA_KERNEL.match(record.getMessage()))
+
+
+def _is_torchao_enum_registration(record: logging.LogRecord) -> bool:
+    args = record.args if isinstance(record.args, tuple) else ()
+    module = getattr(args[0], "__module__", "") if args else ""
+    return "is an Enum subclass" in str(record.msg) and module.startswith("torchao.")
+
+
+def _is_harmless_vllm_warning(record: logging.LogRecord) -> bool:
+    return str(record.msg).startswith(_HARMLESS_VLLM_WARNINGS)
+
+
+def _is_announced_narrowing(record: logging.LogRecord) -> bool:
+    """A float32 weight loaded into a 16-bit parameter: the model's dtype."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return (
+        str(record.msg).startswith("Attempted to load weight %s with dtype")
+        and len(args) == 3
+        and args[1] == torch.float32
+        and args[2] in (torch.bfloat16, torch.float16)
+    )
+
+
+_HARMLESS_RECORDS: dict[str, Callable[[logging.LogRecord], bool]] = {
+    "torchao": _is_torchao_cuda_kernel,
+    "torch.utils._pytree": _is_torchao_enum_registration,
+    "vllm.config.vllm": _is_harmless_vllm_warning,
+    "vllm.model_executor.models.utils": _is_announced_narrowing,
+}
+
+
+class _DropRecords(logging.Filter):
+    def __init__(self, drop: Callable[[logging.LogRecord], bool]) -> None:
+        super().__init__()
+        self.drop = drop
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.drop(record)
+
+
+@functools.cache
+def drop_harmless_log_records() -> None:
+    """Idempotent; call before torchao is imported (the platform entry point)."""
+    for name, harmless in _HARMLESS_RECORDS.items():
+        logging.getLogger(name).addFilter(_DropRecords(harmless))

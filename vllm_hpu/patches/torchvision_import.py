@@ -1,0 +1,78 @@
+"""``import torchvision`` beside a torch its PyPI wheel was not built for."""
+
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import pathlib
+import sys
+from typing import Any
+
+# torchvision's PyPI wheel beside the CPU build of torch.
+# Why: vLLM's LLaVA-style models import transformers' image processors, which import
+# torchvision; once torchvision is installed, transformers imports it even for text
+# models. The only torchvision 0.28 on PyPI is built for CUDA torch: beside
+# ``torch 2.13.0+cpu`` its extension ``_C`` does not load, and
+# ``torchvision/_meta_registrations.py`` then fails on "operator torchvision::nms
+# does not exist" (it registers fake kernels for nms and qnms unconditionally).
+# How: before torchvision is first imported, load its extension the way it does
+# itself; only if that fails, define the two operator schemas, without kernels.
+# Image transforms work; detection ops (nms, roi_align) stay unavailable, and image
+# processors do not use them. On Gaudi, torchvision comes with the software stack,
+# its extension loads and nothing is defined.
+# Upstream change that removes it: a CPU torchvision wheel on PyPI, or torchvision
+# guarding those registrations like its other ops'.
+_TORCHVISION_SCHEMAS = (
+    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor",
+)
+_torchvision_library: list[Any] = []
+
+
+def _torchvision_extension() -> pathlib.Path | None:
+    # The path finder alone: the import hook below calls in here.
+    spec = importlib.machinery.PathFinder.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package = pathlib.Path(next(iter(spec.submodule_search_locations)))
+    return next(package.glob("_C*.so"), None)
+
+
+@functools.cache
+def allow_torchvision_import() -> None:
+    """Idempotent; makes ``import torchvision`` work beside a torch it was not built
+    for (see above). Call before anything imports transformers' image code."""
+    extension = _torchvision_extension()
+    if extension is None or "torchvision" in sys.modules:
+        return
+    import torch
+
+    try:
+        torch.ops.load_library(str(extension))
+    except (OSError, RuntimeError):
+        library = torch.library.Library("torchvision", "DEF")
+        for schema in _TORCHVISION_SCHEMAS:
+            library.define(schema)
+        _torchvision_library.append(library)
+
+
+# The set-up's ``.pth`` file imports this module at interpreter start (a process
+# that imports transformers first reaches torchvision before any plugin code): it
+# only installs a finder; torch is imported once torchvision itself is.
+class _BeforeTorchvision(importlib.abc.MetaPathFinder):
+    """Runs ``allow_torchvision_import`` before torchvision's first import."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == "torchvision":
+            sys.meta_path.remove(self)
+            allow_torchvision_import()
+        return None  # the usual finders import it
+
+
+def install() -> None:
+    """Idempotent."""
+    if not any(isinstance(f, _BeforeTorchvision) for f in sys.meta_path):
+        sys.meta_path.insert(0, _BeforeTorchvision())
+
+
+install()
