@@ -107,7 +107,7 @@ $(OTHER_VENV)/.installed: requirements-emulation.txt requirements-vllm-0.33.txt 
 	touch $@
 
 .PHONY: test-other-vllm
-test-other-vllm: $(OTHER_VENV)/.installed $(MODELS)/.built
+test-other-vllm: $(OTHER_VENV)/.installed $(MODELS)/.smollm2 $(MODELS)/.built
 	$(OTHER_PY) -m pytest -q $(XDIST) --durations=10 -m "not slow or smoke or other_vllm" tests
 
 lint: $(VENV)/.test-installed
