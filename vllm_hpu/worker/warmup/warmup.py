@@ -133,9 +133,17 @@ class HpuWarmup:
         return None
 
     def _merged_prompt_seqs(self, bucket: Bucket) -> list[FakeSeq] | None:
-        """Requests packing into ``bucket``: its tokens, the most context first."""
+        """Requests packing into ``bucket``: its tokens, the most context first;
+        where more requests than a step holds would take them, as many tokens
+        as the first ``max_num_seqs`` take (they pad to the bucket if the check
+        below says so)."""
+        size, max_len = self.block_size, self.max_len
         for blocks in range(bucket.num_blocks, -1, -1):
-            chunks = merged_fake_chunks(bucket, blocks, self.block_size, self.max_len)
+            chunks = merged_fake_chunks(bucket, blocks, size, max_len)
+            if len(chunks) > self.max_num_seqs:
+                held = sum(n - c for n, c in chunks[: self.max_num_seqs])
+                fewer = bucket._replace(query_len=held)
+                chunks = merged_fake_chunks(fewer, blocks, size, max_len)
             if not chunks or len(chunks) > self.max_num_seqs:
                 continue
             shape = (1, sum(n - c for n, c in chunks), blocks)
