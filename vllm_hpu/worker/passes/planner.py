@@ -23,7 +23,6 @@ from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
 from vllm_hpu.worker.passes.build import (
     build_decode_pass,
     build_prompt_forward,
-    build_verify_pass,
     flat_blocks,
 )
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
@@ -125,7 +124,7 @@ class PassPlanner:
         without join it, one query each)."""
         num_blocks = flat_blocks(decodes, self.block_size)
         if max(s.layout.num_scheduled_tokens for s in decodes) > 1:
-            forward_pass = build_verify_pass(
+            forward_pass = build_decode_pass(
                 decodes, self.buckets, token_ids, cache, self.verify_queries
             )
             query_lens = [s.layout.num_scheduled_tokens for s in decodes]

@@ -55,7 +55,7 @@ from vllm_hpu.worker.compilation.execution import (
     ExecutionMode,
     prepare_model,
 )
-from vllm_hpu.worker.passes.build import build_decode_pass, build_verify_pass
+from vllm_hpu.worker.passes.build import build_decode_pass
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.passes.seqs import ScheduledSeq
 from vllm_hpu.worker.spec_decode.interface import TargetRunner
@@ -273,14 +273,10 @@ class HpuDraftModelProposer:
     def _draft_pass(self, seqs: list[ScheduledSeq]) -> ForwardPass:
         """A decode pass, or a verification-shaped one where a row catches up."""
         token_ids = self.runner.input_batch.token_ids_cpu
-        if all(seq.layout.num_scheduled_tokens == 1 for seq in seqs):
-            return build_decode_pass(
-                seqs, self.runner.buckets, token_ids, self._cache()
-            )
-        queries = self.runner.buckets.config.verify_queries
-        return build_verify_pass(
-            seqs, self.runner.buckets, token_ids, self._cache(), queries
-        )
+        buckets = self.runner.buckets
+        catching_up = any(seq.layout.num_scheduled_tokens > 1 for seq in seqs)
+        queries = buckets.config.verify_queries if catching_up else 1
+        return build_decode_pass(seqs, buckets, token_ids, self._cache(), queries)
 
     def _block_table(self, row: int) -> list[int]:
         req_id = self.runner.input_batch.req_ids[row]
