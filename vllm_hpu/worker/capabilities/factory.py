@@ -85,8 +85,7 @@ class Capabilities:
     def model_inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
         """A pass's positions ([num_tokens], or [3, num_tokens] for M-RoPE) and
         token ids, or for a multimodal model input embeddings."""
-        with self.profiler.span("embed", bucket=forward_pass.bucket):
-            inputs = self.multimodal.inputs(forward_pass)
+        inputs = self.multimodal.inputs(forward_pass)
         return inputs | {"positions": self.mrope.positions(forward_pass)}
 
 
@@ -147,7 +146,12 @@ def attach_model(
     takes_media = supports_multimodal(model) and model_config.supports_multimodal_inputs
     if takes_media and is_first_stage:
         capabilities.multimodal = MultimodalInputs(
-            runner.vllm_config, model, runner.input_batch, requests, runner.device
+            runner.vllm_config,
+            model,
+            runner.input_batch,
+            requests,
+            runner.device,
+            capabilities.profiler,
         )
 
 

@@ -29,6 +29,7 @@ from vllm_hpu.bucketing.vision_buckets import (
     is_grid_item,
     item_patches,
 )
+from vllm_hpu.worker.diagnostics.profiler import StepProfiler
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 
 logger = init_logger("vllm.hpu.multimodal")
@@ -80,8 +81,10 @@ class MultimodalInputs(TextInputs):
         input_batch: InputBatch,
         requests: dict[str, CachedRequestState],
         torch_device: torch.device,
+        profiler: StepProfiler,
     ):
         self.model = model
+        self.profiler = profiler
         self.device = torch_device
         self.input_batch = input_batch
         self.requests = requests
@@ -287,7 +290,9 @@ class MultimodalInputs(TextInputs):
     def inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
         """Input embeddings on every pass (encoder outputs merged in), so each
         bucket compiles one graph."""
-        return {"input_ids": None, "inputs_embeds": self._embed(forward_pass)}
+        with self.profiler.span("embed", bucket=forward_pass.bucket):
+            embeds = self._embed(forward_pass)
+        return {"input_ids": None, "inputs_embeds": embeds}
 
     def _embed(self, forward_pass: ForwardPass) -> torch.Tensor:
         """The pass's input embeddings, encoder outputs at their placeholders."""

@@ -85,64 +85,34 @@ def build_prompt_forward(
     token_ids: np.ndarray,
     cache: CacheGeometry,
 ) -> ForwardPass:
-    """The prompt pass over ``seqs``, packed or one row per chunk as the
-    bucketing config says; ``token_ids`` is InputBatch.token_ids_cpu."""
-    if buckets.config.merged_prefill:
-        return build_merged_pass(seqs, buckets, token_ids, cache)
-    return build_prompt_pass(seqs, buckets, token_ids, cache)
+    """The prompt pass over ``seqs``: one row per chunk, or under merged
+    prefill the chunks packed one after another into one row;
+    ``token_ids`` is InputBatch.token_ids_cpu."""
+    merged = buckets.config.merged_prefill
+    bucket = buckets.find_prompt_bucket(*pass_shape(seqs, merged, cache.block_size))
+    if merged:
+        lengths = [seq.layout.num_scheduled_tokens for seq in seqs]
+        first_token_indices = np.cumsum([0, *lengths[:-1]]).tolist()
 
+        def build(
+            layouts: list[SeqLayout], group: CacheGeometry
+        ) -> HpuAttentionMetadata:
+            return build_merged_prompt_metadata(
+                layouts, bucket.query_len, bucket.num_blocks, group
+            )
+    else:
+        first_token_indices = [i * bucket.query_len for i in range(len(seqs))]
 
-def build_prompt_pass(
-    seqs: list[ScheduledSeq],
-    buckets: HpuBucketManager,
-    token_ids: np.ndarray,
-    cache: CacheGeometry,
-) -> ForwardPass:
-    """A prompt pass over ``seqs``, one row each; ``token_ids`` is
-    InputBatch.token_ids_cpu."""
-    shape = pass_shape(seqs, False, cache.block_size)
-    bucket = buckets.find_prompt_bucket(*shape)
-    first_token_indices = [i * bucket.query_len for i in range(len(seqs))]
-    input_ids, positions = _placed_tokens(
-        seqs, token_ids, first_token_indices, bucket.batch_size * bucket.query_len
-    )
-    return _forward_pass(
-        True,
-        bucket,
-        seqs,
-        (input_ids, positions),
-        cache,
-        first_token_indices,
-        lambda layouts, group: build_prompt_metadata(
-            layouts, bucket.batch_size, bucket.query_len, bucket.num_blocks, group
-        ),
-    )
+        def build(
+            layouts: list[SeqLayout], group: CacheGeometry
+        ) -> HpuAttentionMetadata:
+            return build_prompt_metadata(
+                layouts, bucket.batch_size, bucket.query_len, bucket.num_blocks, group
+            )
 
-
-def build_merged_pass(
-    seqs: list[ScheduledSeq],
-    buckets: HpuBucketManager,
-    token_ids: np.ndarray,
-    cache: CacheGeometry,
-) -> ForwardPass:
-    """One packed prompt pass; ``token_ids`` is InputBatch.token_ids_cpu."""
-    bucket = buckets.find_prompt_bucket(*pass_shape(seqs, True, cache.block_size))
-    lengths = [seq.layout.num_scheduled_tokens for seq in seqs]
-    first_token_indices = np.cumsum([0, *lengths[:-1]]).tolist()
-    input_ids, positions = _placed_tokens(
-        seqs, token_ids, first_token_indices, bucket.query_len
-    )
-    return _forward_pass(
-        True,
-        bucket,
-        seqs,
-        (input_ids, positions),
-        cache,
-        first_token_indices,
-        lambda layouts, group: build_merged_prompt_metadata(
-            layouts, bucket.query_len, bucket.num_blocks, group
-        ),
-    )
+    num_tokens = bucket.batch_size * bucket.query_len
+    tokens = _placed_tokens(seqs, token_ids, first_token_indices, num_tokens)
+    return _forward_pass(True, bucket, seqs, tokens, cache, first_token_indices, build)
 
 
 def build_decode_pass(
