@@ -256,14 +256,11 @@ GraphCall = Callable[..., Any]  # call(use_graph, **inputs) -> the forward's out
 
 
 def wrap_in_graph(module: torch.nn.Module) -> GraphCall:
-    """Wrap ``module``'s forward for HPU graphs, once: returns ``call(use_graph,
-    **inputs)``. On Gaudi the bridge replaces the forward in place; a call with
-    ``use_graph`` records a graph per structure of ``inputs`` on first use and
-    replays it after, and a replay reads afresh only the tensors among
-    ``inputs`` (every other tensor it reads is the one recorded, read at its
-    address); without ``use_graph`` the forward runs as it is (the bridge's
-    ``bypass_hpu_graphs``). In emulation nothing is recorded: every call runs
-    the forward."""
+    """Wrap ``module``'s forward for HPU graphs, once (in place, on Gaudi):
+    returns ``call(use_graph, **inputs)``, which with ``use_graph`` records a
+    graph per structure of ``inputs`` and replays it after, reading afresh only
+    the tensors among ``inputs``; else runs the forward (the bridge's
+    ``bypass_hpu_graphs``). In emulation every call runs the forward."""
     graphs = _hpu_graphs()
     if graphs is None:
         return lambda use_graph, **inputs: module(**inputs)

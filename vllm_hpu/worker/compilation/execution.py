@@ -118,16 +118,13 @@ def graph_key(forward_pass: ForwardPass) -> GraphKey:
 
 
 class GraphedModel(torch.nn.Module):
-    """A model as a step runs it. Its ``forward`` is the model's with every
-    layer's attention and state metadata among its arguments (it sets vLLM's
-    forward context itself), so that a replayed graph reads this pass's
-    metadata (the bridge copies only its arguments' tensors). It is compiled or
-    wrapped for graphs once (``prepare``); ``run`` replays a bucket's graph
-    where the bucket is in ``graphed`` (recorded on its first pass there), else
-    runs eagerly. A draft model shares the target's ``graphed``: warmup
-    captures a bucket through both at once. LoRA's indices need not be
-    arguments: vLLM's punica wrapper writes them into the same buffers every
-    pass, which a graph reads as it reads weights."""
+    """A model as a step runs it: ``forward`` takes every layer's attention and
+    state metadata as arguments and sets vLLM's forward context itself, so a
+    replayed graph reads this pass's metadata (the bridge copies only its
+    arguments' tensors; LoRA's punica buffers are rewritten in place, read as
+    weights are). Compiled or wrapped for graphs once (``prepare``), ``run``
+    replays a bucket's graph if it is in ``graphed`` (shared with a draft
+    model: warmup captures both at once), else runs eagerly."""
 
     def __init__(self, model: Any, vllm_config: VllmConfig, graphed: set[GraphKey]):
         super().__init__()
