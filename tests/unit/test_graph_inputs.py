@@ -51,16 +51,6 @@ def _structure(value: Any) -> Any:
     return value
 
 
-def _clone(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, dict):
-        return {key: _clone(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_clone(item) for item in value)
-    return value
-
-
 def _copy_into(recorded: Any, given: Any) -> None:
     if isinstance(recorded, torch.Tensor):
         recorded.copy_(given)
@@ -75,10 +65,11 @@ def _copy_into(recorded: Any, given: Any) -> None:
 class FakeHpuGraphs:
     """The bridge's graph module as the runner uses it: ``wrap_in_hpu_graph``
     replaces the forward in place; a call records on its structure's first use
-    (from a copy of its inputs: the graph's own), replays after by copying the
-    new inputs' tensors into the recorded ones and running on those, under the
-    forward context of the recording (nothing outside the arguments is read
-    afresh); ``bypass_hpu_graphs=True`` runs the forward as it is."""
+    (its inputs become the graph's), replays after by copying the new inputs'
+    tensors into the recorded ones and running on those, under the forward
+    context of the recording (nothing outside the arguments is read afresh);
+    ``bypass_hpu_graphs=True`` runs the forward as it is. (tests/hpu_double
+    records the operators themselves: tests/hpu_double_unit/test_graphed_model.py.)"""
 
     def __init__(self) -> None:
         self.recorded = 0
@@ -95,7 +86,7 @@ class FakeHpuGraphs:
             key = _structure((args, kwargs))
             if key not in graphs:
                 self.recorded += 1
-                graphs[key] = (_clone((args, kwargs)), forward_context._forward_context)
+                graphs[key] = ((args, kwargs), forward_context._forward_context)
             (recorded_args, recorded_kwargs), context = graphs[key]
             _copy_into((recorded_args, recorded_kwargs), (args, kwargs))
             with override_forward_context(context):
@@ -128,8 +119,14 @@ def bridge(monkeypatch: pytest.MonkeyPatch) -> FakeHpuGraphs:
     return fake
 
 
-def _pass(block_tables: list[list[int]], token: int) -> ForwardPass:
-    """A decode pass of two rows in ``BUCKET``, each row's token at position 5."""
+PASSES = {"first": ([[0, 1], [2, 3]], 1), "later": ([[4, 5], [6, 7]], 2)}
+
+
+def _pass(name: str) -> ForwardPass:
+    """A decode pass of two rows in ``BUCKET``, each row's token at position 5:
+    its tensors made afresh, as the runner makes every pass's (a replay writes
+    into the recorded pass's)."""
+    block_tables, token = PASSES[name]
     seqs = [SeqLayout(table, 5, 1) for table in block_tables]
     metadata = build_decode_metadata(seqs, BUCKET.batch_size, BUCKET.num_blocks, CACHE)
     return ForwardPass(
@@ -143,17 +140,15 @@ def _pass(block_tables: list[list[int]], token: int) -> ForwardPass:
     )
 
 
-def _eager(model: torch.nn.Module, forward_pass: ForwardPass) -> torch.Tensor:
+def _eager(name: str) -> torch.Tensor:
+    forward_pass = _pass(name)
     metadata = {LAYER: forward_pass.attn_metadata}
     with set_forward_context(metadata, VllmConfig()):
-        return model(forward_pass.input_ids, forward_pass.positions)
+        return ReadsMetadata()(forward_pass.input_ids, forward_pass.positions)
 
 
-FIRST = _pass([[0, 1], [2, 3]], token=1)
-LATER = _pass([[4, 5], [6, 7]], token=2)  # another pass of the same bucket
-
-
-def _run(graphed: GraphedModel, forward_pass: ForwardPass) -> torch.Tensor:
+def _run(graphed: GraphedModel, name: str) -> torch.Tensor:
+    forward_pass = _pass(name)
     inputs = {"input_ids": forward_pass.input_ids, "positions": forward_pass.positions}
     return graphed.run(forward_pass, inputs, {LAYER: forward_pass.attn_metadata})
 
@@ -165,12 +160,12 @@ def _graphed(graphed_buckets: set[Any]) -> GraphedModel:
 
 
 def test_replayed_graph_reads_the_later_pass_metadata(bridge: FakeHpuGraphs) -> None:
-    graphed = _graphed({graph_key(FIRST)})
-    outputs = [_run(graphed, p) for p in (FIRST, LATER)]
-    assert bridge.recorded == 1  # the later pass replayed the first one's graph
-    model = ReadsMetadata()
-    for output, forward_pass in zip(outputs, (FIRST, LATER), strict=True):
-        torch.testing.assert_close(output, _eager(model, forward_pass))
+    graphed = _graphed({graph_key(_pass("first"))})
+    names = ("first", "later", "first")
+    outputs = [_run(graphed, name).clone() for name in names]
+    assert bridge.recorded == 1  # the later passes replayed the first one's graph
+    for output, name in zip(outputs, names, strict=True):
+        torch.testing.assert_close(output, _eager(name))
 
 
 def test_metadata_set_outside_the_graph_replays_stale(bridge: FakeHpuGraphs) -> None:
@@ -178,41 +173,39 @@ def test_metadata_set_outside_the_graph_replays_stale(bridge: FakeHpuGraphs) -> 
     model wrapped and called with its token inputs alone, the metadata set in
     vLLM's forward context around the call; its replay reads the first
     pass's slots and blocks."""
-    model = ReadsMetadata()
-    call: Callable[..., Any] = device.wrap_in_graph(model)
+    call: Callable[..., Any] = device.wrap_in_graph(ReadsMetadata())
     outputs = []
-    for forward_pass in (FIRST, LATER):
+    for forward_pass in map(_pass, ("first", "later")):
         metadata = {LAYER: forward_pass.attn_metadata}
         with set_forward_context(metadata, VllmConfig()):
             ids, positions = forward_pass.input_ids, forward_pass.positions
-            outputs.append(call(True, input_ids=ids, positions=positions))
+            outputs.append(call(True, input_ids=ids, positions=positions).clone())
     assert bridge.recorded == 1
-    stale = _eager(ReadsMetadata(), FIRST) + (LATER.input_ids - FIRST.input_ids)
-    torch.testing.assert_close(outputs[1], stale)
-    assert not torch.equal(outputs[1], _eager(ReadsMetadata(), LATER))
+    new_ids = _pass("later").input_ids - _pass("first").input_ids
+    torch.testing.assert_close(outputs[1], _eager("first") + new_ids)
+    assert not torch.equal(outputs[1], _eager("later"))
 
 
 def test_passes_of_uncaptured_buckets_run_eagerly(bridge: FakeHpuGraphs) -> None:
     """A bucket warmup did not capture records nothing (the bridge would have
     recorded every bucket on first sight, past the graph memory budget)."""
     graphed = _graphed(set())
-    for forward_pass in (FIRST, LATER):
-        expected = _eager(ReadsMetadata(), forward_pass)
-        torch.testing.assert_close(_run(graphed, forward_pass), expected)
+    for name in ("first", "later"):
+        torch.testing.assert_close(_run(graphed, name), _eager(name))
     assert bridge.recorded == 0
 
 
 def test_reset_records_again(bridge: FakeHpuGraphs) -> None:
-    graphed = _graphed({graph_key(FIRST)})
-    _run(graphed, FIRST)
+    graphed = _graphed({graph_key(_pass("first"))})
+    _run(graphed, "first")
     graphed.reset()
-    torch.testing.assert_close(_run(graphed, LATER), _eager(ReadsMetadata(), LATER))
+    torch.testing.assert_close(_run(graphed, "later"), _eager("later"))
     assert bridge.recorded == 2
 
 
+@pytest.mark.skipif(device.hpu_available(), reason="emulation's behaviour")
 def test_emulation_records_nothing() -> None:
     """Without Gaudi the wrapped forward runs as it is, graphed or not."""
-    graphed = _graphed({graph_key(FIRST)})
-    for forward_pass in (FIRST, LATER):
-        expected = _eager(ReadsMetadata(), forward_pass)
-        torch.testing.assert_close(_run(graphed, forward_pass), expected)
+    graphed = _graphed({graph_key(_pass("first"))})
+    for name in ("first", "later"):
+        torch.testing.assert_close(_run(graphed, name), _eager(name))
