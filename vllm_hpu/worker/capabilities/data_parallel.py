@@ -53,7 +53,17 @@ def unsupported_layouts(vllm_config: VllmConfig) -> dict[str, bool]:
     }
 
 
-class DataParallelPasses:
+class PassAlignment:
+    """A rank's passes as planned: no other rank waits for them (this class),
+    unless MoE layers exchange tokens among data-parallel ranks."""
+
+    def align(
+        self, passes: list[ForwardPass], cache: CacheGeometry
+    ) -> list[ForwardPass]:
+        return passes
+
+
+class DataParallelPasses(PassAlignment):
     def __init__(self, buckets: HpuBucketManager, dp_rank: int, dp_size: int) -> None:
         self.buckets = buckets
         self.dp_rank = dp_rank

@@ -21,7 +21,7 @@ who owns what meanwhile:
   future (``HpuAsyncOutput.get_output``, ``record_on_host``).
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -134,7 +134,30 @@ def _put_tokens(
     input_ids[dst] = tokens[src, 0].to(input_ids.dtype)
 
 
-class AsyncTokenFeed:
+class TokenFeed:
+    """How a step's sampled tokens reach the next step: under synchronous
+    scheduling (this class) through the host, in the step's output."""
+
+    def before_update(self, scheduler_output: SchedulerOutput) -> None:
+        pass
+
+    def feed(self, forward_pass: ForwardPass) -> None:
+        pass
+
+    def record_on_host(self) -> None:
+        pass
+
+    def finish(
+        self,
+        sampled: "Future[SampledStep]",
+        discard_rows: list[int],
+        on_host: Callable[[], ModelRunnerOutput],
+    ) -> ModelRunnerOutput | HpuAsyncOutput:
+        """The step's output: here ``on_host()``, its tokens on the host."""
+        return on_host()
+
+
+class AsyncTokenFeed(TokenFeed):
     """The runner's side of async scheduling: tokens in flight, fed and recorded."""
 
     def __init__(
@@ -219,13 +242,19 @@ class AsyncTokenFeed:
             else:
                 self.states.append_sampled(row, tokens[index])
 
-    def launch(
+    def finish(
         self,
-        output: ModelRunnerOutput,
         sampled: "Future[SampledStep]",
         discard_rows: list[int],
+        on_host: Callable[[], ModelRunnerOutput],
     ) -> HpuAsyncOutput:
-        """Keep this step's tokens in flight; hand back its output to complete."""
+        """The sampled tokens stay on the device for the next step and in
+        flight; the output's host copy completes on demand (never with
+        drafts)."""
+        output = ModelRunnerOutput(
+            req_ids=list(self.input_batch.req_ids),
+            req_id_to_index=dict(self.input_batch.req_id_to_index),
+        )
         discard = set(discard_rows)
         self.in_flight = InFlightTokens(
             sampled=sampled,
