@@ -8,8 +8,9 @@ import pytest
 import torch
 from compressed_tensors.quantization import QuantizationArgs
 
-from vllm_hpu.quantization import moe_methods
+from vllm_hpu.ops import fused_moe
 from vllm_hpu.ops.moe import fused_experts
+from vllm_hpu.quantization import moe_methods
 from vllm_hpu.quantization.fp8_moe import (
     PER_TENSOR,
     PER_TOKEN,
@@ -61,13 +62,15 @@ class _Dequantized(moe_methods.HpuQuantizedMoE):
         self.w13, self.w2, self.groups = w13, w2, []
 
     def dequantize(self, layer, experts, dtype):  # type: ignore[no-untyped-def]
-        self.groups.append((experts.start, experts.stop))
+        if isinstance(experts, slice):
+            self.groups.append((experts.start, experts.stop))
+        else:
+            self.groups.append(experts.tolist())
         return self.w13[experts].to(dtype), self.w2[experts].to(dtype)
 
 
-def test_experts_dequantize_in_groups_of_bounded_bytes(monkeypatch):
-    x, w13, w2, weights, ids = _experts()
-    layer = SimpleNamespace(
+def _layer() -> SimpleNamespace:
+    return SimpleNamespace(
         local_num_experts=NUM_EXPERTS,
         hidden_size=HIDDEN,
         intermediate_size_per_partition=INTERMEDIATE,
@@ -75,12 +78,28 @@ def test_experts_dequantize_in_groups_of_bounded_bytes(monkeypatch):
         swiglu_alpha=None,
         swiglu_limit=None,
     )
+
+
+def test_experts_dequantize_in_groups_of_bounded_bytes(monkeypatch):
+    x, w13, w2, weights, ids = _experts()
+    layer = _layer()
     method = _Dequantized(w13, w2)
     one_expert = 3 * HIDDEN * INTERMEDIATE * 4  # float32 bytes
-    monkeypatch.setattr(moe_methods, "EXPERT_GROUP_BYTES", 3 * one_expert)
+    monkeypatch.setattr(fused_moe, "EXPERT_GROUP_BYTES", 3 * one_expert)
     out = method.run_experts(layer, x, weights, ids)
     assert method.groups == [(0, 3), (3, 6), (6, 8)]
     want = fused_experts(x, w13, w2, weights, ids)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_decode_token_dequantizes_its_routed_experts_only():
+    """One token, top 2 of 8 experts: the two routed experts are dequantized,
+    not the eight, and the output is the same."""
+    x, w13, w2, weights, ids = _experts()
+    method = _Dequantized(w13, w2)
+    out = method.run_experts(_layer(), x[:1], weights[:1], ids[:1])
+    assert method.groups == [sorted(ids[0].tolist())]
+    want = fused_experts(x[:1], w13, w2, weights[:1], ids[:1])
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 

@@ -57,8 +57,8 @@ class ExpertExtras:
     def gated(self, h: torch.Tensor, activation: str) -> torch.Tensor:
         return gated(h, activation, self.swiglu_alpha, self.swiglu_limit)
 
-    def of(self, experts: slice) -> "ExpertExtras":
-        """The extras of a group of the experts (their biases)."""
+    def of(self, experts: slice | torch.Tensor) -> "ExpertExtras":
+        """The extras of some of the experts (their biases): a slice or ids."""
         w13, w2 = self.w13_bias, self.w2_bias
         return replace(
             self,
@@ -245,6 +245,29 @@ def _within(
     inside = (local >= 0) & (local < w13.shape[0])
     weights = torch.where(inside, topk_weights, torch.zeros_like(topk_weights))
     return weights, torch.where(inside, local, torch.zeros_like(local))
+
+
+def routed_experts(
+    topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """At small batch, the experts worth reading: those the (token, k) pairs
+    route to with a nonzero weight, padded with unrouted ones to the static
+    count ``num_tokens * top_k`` (fixed by the bucket: one graph whatever the
+    routing). Returns (experts [count] local ids, ascending among the routed;
+    topk_ids made slots of ``experts``), or None where that count reaches
+    ``num_experts``: every expert is read. Pairs of weight 0 (routed to
+    another rank) go to slot 0 and add nothing."""
+    count = topk_ids.numel()
+    if count >= num_experts:
+        return None
+    ids = topk_ids.flatten().long()
+    pairs = torch.zeros(num_experts, dtype=torch.int32, device=ids.device)
+    pairs.index_add_(0, ids, (topk_weights.flatten() != 0).to(torch.int32))
+    routed = (pairs > 0).to(torch.int32)  # a sort key: routed first, by id
+    experts = routed.argsort(descending=True, stable=True)[:count]
+    slots = torch.zeros(num_experts, dtype=torch.long, device=ids.device)
+    slots.index_copy_(0, experts, torch.arange(count, device=ids.device))
+    return experts, slots.index_select(0, ids).view_as(topk_ids)
 
 
 def local_experts(
