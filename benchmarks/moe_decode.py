@@ -12,8 +12,10 @@ child process, in an in-process engine (bf16, eager). For each batch size:
   dispatch mode) that adds, for every op the MoE layers run, the bytes it
   reads from their expert tensors (weights, scales, zero points): a gather,
   the rows it takes; any other op, the whole view it is given (view ops read
-  nothing). The routed bytes: the experts the step's (token, k) pairs route
-  to, from the engine's own routing, times one expert's bytes.
+  nothing). The routed bytes: the experts the requests' (token, k) pairs
+  route to, from the engine's own routing, times one expert's bytes. (A
+  batch between two decode buckets is padded to the larger: the padding
+  rows' experts are read, not routed.)
 - tokens/s: ``batch`` requests of 8 prompt tokens, greedy, ``--tokens`` new
   tokens: ``batch`` over vLLM's mean inter-token latency (the prefill is not
   in it); the fastest of ``--repeats`` rounds, in which the two models' child
@@ -105,12 +107,12 @@ def expert_tensors(layer: Any) -> list[torch.Tensor]:
     return [p for p in layer.parameters() if p.ndim and p.shape[0] == num]
 
 
-STEPS: list[dict[str, int]] = []  # the metered MoE calls of this child
+STEPS: list[dict[str, Any]] = []  # the metered MoE calls of this child
 
 
 def meter_experts(model: Any) -> None:
     """Wrap each MoE layer's method: every call records its tokens, the bytes
-    it read and the bytes of the experts it routed to."""
+    it read, one expert's bytes and the experts each token routed to."""
     from vllm.model_executor.layers.fused_moe import RoutedExperts
 
     from vllm_hpu.ops.fused_moe import route
@@ -124,11 +126,14 @@ def meter_experts(model: Any) -> None:
         def metered(layer, x, router_logits, *args, _run=method.apply_monolithic,
                     _tensors=tensors, _bytes=expert_bytes, **kwargs):  # type: ignore[no-untyped-def]  # fmt: skip
             weights, ids = route(layer, x, router_logits)
-            routed = ids[weights != 0].unique().numel()
             with ExpertBytesMeter(_tensors) as meter:
                 out = _run(layer, x, router_logits, *args, **kwargs)
             STEPS.append(
-                {"tokens": x.shape[0], "read": meter.bytes, "routed": routed * _bytes}
+                {
+                    "read": meter.bytes,
+                    "expert": _bytes,
+                    "routed": ids.where(weights != 0, -1),
+                }
             )
             return out
 
@@ -161,16 +166,30 @@ def decode_rate(llm: Any, batch: int, tokens: int) -> float:
 
 
 def expert_bytes(llm: Any, batch: int) -> dict[str, int]:
-    """Bytes read from the experts and routed experts' bytes in one decode
-    step of ``batch`` requests (metered by ``meter_experts``)."""
+    """Bytes read from the experts and the routed experts' bytes in one decode
+    step of ``batch`` requests (metered by ``meter_experts``): the MoE calls
+    of the second and last step. Its pass may be padded to a larger bucket:
+    the padding rows are read for, but only the requests' tokens' experts
+    count as routed."""
     from vllm import SamplingParams
 
     STEPS.clear()
     prompts = [{"prompt_token_ids": [5 + i] * PROMPT_LEN} for i in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)
-    decode = [s for s in STEPS if s["tokens"] == batch]  # the prompt pass has more
-    return {key: sum(s[key] for s in decode) for key in ("read", "routed")}
+    num_layers = llm.apply_model(count_moe_layers)[0]
+    decode = STEPS[-num_layers:]
+    routed = 0
+    for call in decode:
+        experts = call["routed"][:batch].unique()
+        routed += int((experts >= 0).sum()) * call["expert"]
+    return {"read": sum(c["read"] for c in decode), "routed": routed}
+
+
+def count_moe_layers(model: Any) -> int:
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+    return sum(isinstance(m, RoutedExperts) for m in model.modules())
 
 
 def child(model_dir: str, max_batch: int) -> None:

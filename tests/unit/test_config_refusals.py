@@ -108,3 +108,30 @@ def test_mxfp4_asked_of_a_bf16_checkpoint_is_refused(method, refusal):
     )
     with pytest.raises(ValueError, match=refusal):
         args.create_engine_config()
+
+
+def test_eplb_is_accepted_and_completed_as_vllm_completes_it():
+    """vLLM 0.32 refuses --enable-eplb outside CUDA, ROCm and XPU; on the HPU
+    platform the config gets it with the user's EPLB settings, gloo weight
+    exchange and synchronous rearrangement, and keeps vLLM's own checks."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    def config(**kwargs):  # type: ignore[no-untyped-def]
+        args = EngineArgs(
+            model=model_path("tiny-mixtral"),
+            enforce_eager=True,
+            enable_eplb=True,
+            eplb_config={"num_redundant_experts": 2, "step_interval": 5},
+            **kwargs,
+        )
+        return args.create_engine_config().parallel_config
+
+    parallel = config(tensor_parallel_size=2, enable_expert_parallel=True)
+    assert parallel.enable_eplb
+    eplb = parallel.eplb_config
+    assert (eplb.num_redundant_experts, eplb.step_interval) == (2, 5)
+    assert (eplb.communicator, eplb.use_async) == ("torch_gloo", False)
+    with pytest.raises(ValueError, match="enable_expert_parallel must be True"):
+        config(tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="EPLB requires tensor"):
+        config(enable_expert_parallel=True)

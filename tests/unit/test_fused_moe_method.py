@@ -49,10 +49,15 @@ def test_vllm_builds_the_monolithic_hpu_method():
     assert method.is_monolithic
 
 
-def test_expert_parallelism_is_built():
-    """--enable-expert-parallel: each rank builds the method for its experts."""
+@pytest.mark.parametrize("enable_eplb", [False, True])
+def test_expert_parallelism_is_built(enable_eplb):
+    """--enable-expert-parallel (with or without --enable-eplb): each rank
+    builds the method for its experts."""
     parallel = dataclasses.replace(
-        FusedMoEParallelConfig.make_no_parallel(), use_ep=True, ep_size=2
+        FusedMoEParallelConfig.make_no_parallel(),
+        use_ep=True,
+        ep_size=2,
+        enable_eplb=enable_eplb,
     )
     with set_current_vllm_config(VllmConfig()):
         method = UnquantizedFusedMoEMethod(
@@ -62,14 +67,6 @@ def test_expert_parallelism_is_built():
 
 
 REFUSED = {
-    "expert load balancing": {
-        "moe_parallel_config": dataclasses.replace(
-            FusedMoEParallelConfig.make_no_parallel(),
-            use_ep=True,
-            ep_size=2,
-            enable_eplb=True,
-        )
-    },
     # Expert parallelism with both tensor and data parallelism.
     "sequence-parallel experts": {
         "moe_parallel_config": dataclasses.replace(

@@ -12,6 +12,8 @@ from vllm_hpu.ops.moe import (
     fused_experts,
     grouped_mm_fits,
     local_experts,
+    physical_experts,
+    record_expert_load,
     routed_experts,
     select_experts,
     weights_on_input,
@@ -272,3 +274,24 @@ def test_pairs_of_weight_zero_read_no_expert():
     out = fused_experts(x[:1], w13[experts], w2[experts], weights, slots)
     torch.testing.assert_close(out, fused_experts(x[:1], w13, w2, weights, ids))
     assert routed_experts(weights, torch.zeros(4, 2, dtype=torch.long), 8) is None
+
+
+def test_eplb_maps_logical_experts_to_replicas_and_counts_real_tokens():
+    """EPLB: logical expert 1 has replicas at physical 1 and 4; a token's hash
+    (vLLM's Knuth multiplier) picks one, and only the first num_real_tokens
+    tokens' pairs count into the physical experts' load, when recording."""
+    logical_to_physical = torch.tensor([[0, -1], [1, 4], [2, -1], [3, -1]])
+    replicas = torch.tensor([1, 2, 1, 1])
+    ids = torch.tensor([[1, 0], [1, 2], [1, 3], [1, 0]])
+    physical = physical_experts(ids, logical_to_physical, replicas)
+    picked = [(t * 2654435769 & 0xFFFFFFFF) % 2 for t in range(4)]
+    assert physical[:, 0].tolist() == [[1, 4][p] for p in picked]
+    assert physical[:, 1].tolist() == [0, 2, 3, 0]
+    load = torch.zeros(5, dtype=torch.int32)
+    record_expert_load(physical, load, torch.tensor(True), torch.tensor(3))
+    want = torch.zeros(5, dtype=torch.int32)
+    for expert in physical[:3].flatten().tolist():
+        want[expert] += 1
+    assert load.tolist() == want.tolist()
+    record_expert_load(physical, load, torch.tensor(False), torch.tensor(3))
+    assert load.tolist() == want.tolist()  # not recording: unchanged

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
 import torch
+from vllm.distributed.eplb.eplb_state import EplbLayerState
 from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
@@ -31,6 +32,8 @@ from vllm_hpu.ops.moe import (
     MoeRouting,
     fused_experts,
     local_experts,
+    physical_experts,
+    record_expert_load,
     routed_experts,
     select_experts,
     weights_on_input,
@@ -58,13 +61,6 @@ def check_supported(moe: FusedMoEConfig, with_extras: bool = False) -> None:
     Expert biases and gpt-oss's clamped SwiGLU run on unquantized experts and
     on gpt-oss's own MXFP4 experts (``with_extras``: the method loads and runs
     them); the other quantized methods load their weights without them."""
-    parallel = moe.moe_parallel_config
-    if parallel.enable_eplb:
-        refuse(
-            "expert load balancing",
-            "drop --enable-eplb; --enable-expert-parallel alone places experts "
-            "statically",
-        )
     if moe.is_sequence_parallel:
         refuse(
             "sequence-parallel experts (expert parallelism with both tensor and "
@@ -130,10 +126,40 @@ def route(
     with expert parallelism, ids are local slots and pairs routed to other
     ranks weigh 0 (vLLM's runner sums the ranks' outputs)."""
     topk_weights, topk_ids = select_experts(x, router_logits, routing_of(layer))
+    # vLLM's router of the layer (linked at load: quantization/moe_methods.py):
+    # what its own routing would hand on, the logical ids to a capture (routed
+    # experts returned) and, with EPLB, the pairs to physical experts.
+    router = getattr(layer, "router", None)
+    capture = getattr(router, "capture_fn", None)
+    if capture is not None:
+        capture(topk_ids)
+    eplb = getattr(router, "eplb_state", None)
+    if eplb is not None and eplb.logical_to_physical_map is not None:
+        topk_ids = balanced_experts(topk_ids, eplb)
     expert_map = layer.expert_map
     if expert_map is None:
         return topk_weights, topk_ids
     return local_experts(topk_weights, topk_ids, expert_map)
+
+
+def balanced_experts(topk_ids: torch.Tensor, eplb: EplbLayerState) -> torch.Tensor:
+    """Logical expert ids made physical ones, their load recorded (EPLB)."""
+    logical_to_physical = eplb.logical_to_physical_map
+    assert logical_to_physical is not None
+    assert eplb.logical_replica_count is not None
+    assert eplb.expert_load_view is not None
+    assert eplb.should_record_tensor is not None
+    assert eplb.num_unpadded_tokens_tensors is not None
+    physical = physical_experts(
+        topk_ids, logical_to_physical, eplb.logical_replica_count
+    )
+    record_expert_load(
+        physical,
+        eplb.expert_load_view,
+        eplb.should_record_tensor,
+        eplb.num_unpadded_tokens_tensors[0],
+    )
+    return physical
 
 
 # Bytes of expert weights one group copies in a forward (dequantized, or

@@ -24,6 +24,9 @@ from vllm_hpu.ops.activations import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT, gated
 
 # torch's grouped GEMM on the CPU wants every stride a multiple of 16 bytes.
 GROUPED_MM_ALIGNMENT = 16
+# vLLM's EPLB kernel picks a token's replica of an expert by this hash of the
+# token's index (floor(2^32 / phi), Knuth's multiplicative hash).
+KNUTH_MULTIPLIER = 2654435769
 
 
 @dataclass(frozen=True)
@@ -281,3 +284,36 @@ def local_experts(
     owned = local >= 0
     weights = torch.where(owned, topk_weights, torch.zeros_like(topk_weights))
     return weights, torch.where(owned, local, torch.zeros_like(local))
+
+
+def physical_experts(
+    topk_ids: torch.Tensor,
+    logical_to_physical: torch.Tensor,
+    replica_count: torch.Tensor,
+) -> torch.Tensor:
+    """Expert load balancing: each (token, k) pair's logical expert made one of
+    its physical replicas, picked by a hash of the token's index as vLLM's EPLB
+    kernel picks it. topk_ids: [num_tokens, top_k]; logical_to_physical:
+    [num_logical, max_replicas] (-1 past an expert's count); replica_count:
+    [num_logical]. Returns physical ids [num_tokens, top_k]."""
+    ids = topk_ids.long()
+    token = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
+    hashed = (token * KNUTH_MULTIPLIER) & 0xFFFFFFFF
+    replica = hashed % replica_count[ids].clamp(min=1)
+    return logical_to_physical[ids, replica]
+
+
+def record_expert_load(
+    physical: torch.Tensor,
+    expert_load: torch.Tensor,
+    record: torch.Tensor,
+    num_real_tokens: torch.Tensor,
+) -> None:
+    """Add each real token's pairs to its physical expert's load ([num_physical],
+    vLLM's EPLB pass counters) while ``record`` (a bool scalar) is on; padding
+    tokens, past ``num_real_tokens``, count nothing."""
+    token = torch.arange(physical.shape[0], device=physical.device).unsqueeze(1)
+    counted = ((token < num_real_tokens) & record).expand_as(physical)
+    expert_load.index_add_(
+        0, physical.flatten().clamp(min=0), counted.flatten().to(expert_load.dtype)
+    )

@@ -93,9 +93,12 @@ def check_router(router: FusedMoERouter) -> None:
 
 
 def check_moe_layers(model: torch.nn.Module) -> None:
-    """Run at load time over every MoE layer of the model."""
+    """Run at load time over every MoE layer of the model: each is checked, and
+    its routed experts get their runner's router, whose EPLB state and capture
+    the plugin's routing serves (ops/fused_moe.py::route)."""
     for module in model.modules():
         if isinstance(module, RoutedExperts):
             check_layer(module)
         elif isinstance(module, MoERunner):
             check_router(module.router)
+            module.routed_experts.router = module.router  # type: ignore[assignment]

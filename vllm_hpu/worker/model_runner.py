@@ -118,6 +118,8 @@ class HpuModelRunner:
     def load_model(self) -> None:
         started = time.perf_counter()
         used_before = device.memory_used()
+        if self.caps.eplb is not None:
+            self.caps.eplb.before_load()
         with set_current_vllm_config(self.vllm_config):
             if self.model_config.is_hybrid:
                 from vllm_hpu.attention.state_layers import register_state_layers
@@ -127,6 +129,8 @@ class HpuModelRunner:
             if self.caps.lora is not None:
                 self.model = self.caps.lora.wrap(self.model, self.device)
         check_moe_layers(self.model)
+        if self.caps.eplb is not None:
+            self.caps.eplb.after_load(self.model)
         if self.caps.inc is not None:  # INC replaces the linears: nothing to pack
             self.model = self.caps.inc.apply(self.model)
         else:
@@ -365,6 +369,8 @@ class HpuModelRunner:
         model = self.graph_model if graphed else self.get_model()
         if self.caps.lora is not None:
             self.caps.lora.set_pass(forward_pass)
+        if self.caps.eplb is not None:
+            self.caps.eplb.before_pass(forward_pass.num_real_tokens)
         with (
             self.caps.profiler.span("forward", phase=phase, bucket=forward_pass.bucket),
             set_forward_context(

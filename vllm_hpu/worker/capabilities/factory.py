@@ -4,19 +4,21 @@
 runner); ``attach_model`` what depends on the loaded model. Each part is None
 where it is not asked for, and the runner calls it at its hook points:
 
-- ``load_model``: ``lora.wrap``, ``inc.apply``, ``spec.proposer.load_model``;
+- ``load_model``: ``eplb.before_load``, ``lora.wrap``, ``inc.apply``,
+  ``spec.proposer.load_model``, ``eplb.after_load``;
 - ``initialize_kv_cache``: ``kv_connector.register_kv_caches``;
 - each step, before planning: ``before_update`` and ``after_update`` hand the
   scheduler output around (request states are updated between the two); after
   planning ``async_feed.feed`` and ``data_parallel.align`` (in
   ``execute_dummy_batch`` too); the passes inside ``kv_connector_step``, and
   ``no_forward_output`` for a step without tokens;
-- each pass: ``lora.set_pass``, ``model_inputs`` (M-RoPE positions, multimodal
-  embeddings), then ``spec.proposer.after_target_pass``;
+- each pass: ``lora.set_pass``, ``eplb.before_pass``, ``model_inputs`` (M-RoPE
+  positions, multimodal embeddings), then ``spec.proposer.after_target_pass``;
 - sampling: ``spec.sample``, ``async_feed.launch``, ``spec.propose``,
   ``kv_connector_output``;
 - the worker's RPCs: ``sleep`` (sleep, wake_up, discard) and ``weight_updates``
-  (init_weight_transfer_engine, start/finish_weight_update, update_weights).
+  (init_weight_transfer_engine, start/finish_weight_update, update_weights);
+  its engine steps: ``eplb.step`` (``eplb.after_warmup`` once warmed up).
 
 A new capability (a KV connector, sleep mode, a state-space cache, ...) is a
 field here, built in one of the two functions, and called from the hook its
@@ -52,6 +54,7 @@ from vllm_hpu.worker.capabilities.data_parallel import (
     DataParallelPasses,
     exchanges_tokens,
 )
+from vllm_hpu.worker.capabilities.eplb import HpuEplb
 from vllm_hpu.worker.capabilities.kv_connector import KVConnectorSteps
 from vllm_hpu.worker.capabilities.lora import HpuLoRA
 from vllm_hpu.worker.capabilities.mrope import MRopePositions, mrope_positions_for
@@ -80,6 +83,7 @@ class Capabilities:
     sleep: HpuSleepMode | None  # enable_sleep_mode
     # --data-parallel-size with a MoE model: as many passes as the other ranks.
     data_parallel: DataParallelPasses | None
+    eplb: HpuEplb | None  # --enable-eplb
     # Set by ``attach_model``:
     pooler: StepPooler | None = None  # a pooling model
     multimodal: MultimodalInputs | None = None  # on the first pipeline stage
@@ -183,6 +187,11 @@ def build_capabilities(
                 vllm_config.parallel_config.data_parallel_size,
             )
             if exchanges_tokens(vllm_config)
+            else None
+        ),
+        eplb=(
+            HpuEplb(vllm_config, runner.device, stream)
+            if vllm_config.parallel_config.enable_eplb
             else None
         ),
     )
