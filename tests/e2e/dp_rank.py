@@ -24,7 +24,7 @@ def main(model_dir: str, request: dict) -> None:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model_dir, **request["engine"])
-    (warmed,) = llm.collective_rpc(compiled_graphs)
+    warmed = llm.collective_rpc(compiled_graphs)  # one per tensor-parallel rank
     params = [
         SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         for n in request["max_tokens"]
@@ -32,8 +32,10 @@ def main(model_dir: str, request: dict) -> None:
     prompts = [{"prompt_token_ids": p} for p in request["prompts"]]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     tokens = [list(output.outputs[0].token_ids) for output in outputs]
-    (compiled,) = llm.collective_rpc(compiled_graphs)
-    generating = compiled - warmed
+    compiled = llm.collective_rpc(compiled_graphs)
+    generating = [
+        after - before for before, after in zip(warmed, compiled, strict=True)
+    ]
     print("TOKENS " + json.dumps(tokens), flush=True)
     print("COMPILED " + json.dumps([warmed, generating]), flush=True)
     llm.llm_engine.engine_core.shutdown()

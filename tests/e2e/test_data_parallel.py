@@ -194,10 +194,11 @@ def test_offline_data_parallel_expert_parallel_matches_one_card(tmp_path):
     engine = ENGINE_KWARGS | COMPILED_ENGINE | {"enable_expert_parallel": True}
     tokens, compiled = offline_data_parallel(name, engine, tmp_path, COMPILED_ENV)
     assert tokens == expected_from(single)
-    assert [warmed > 0 and generating == 0 for warmed, generating in compiled] == [
-        True,
-        True,
-    ], compiled
+    assert all(
+        warmed > 0 and generating == 0
+        for rank_warmed, rank_generating in compiled
+        for warmed, generating in zip(rank_warmed, rank_generating, strict=True)
+    ), compiled
 
 
 # Without expert parallelism each rank holds half of every expert's intermediate

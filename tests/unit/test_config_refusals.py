@@ -135,3 +135,19 @@ def test_eplb_is_accepted_and_completed_as_vllm_completes_it():
         config(tensor_parallel_size=2)
     with pytest.raises(ValueError, match="EPLB requires tensor"):
         config(enable_expert_parallel=True)
+
+
+def test_routed_experts_with_drafts_are_refused():
+    """Drafts' rows of routed experts would need the verification's acceptance
+    counts: enable_return_routed_experts with speculative decoding is refused
+    at start-up by name."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=model_path("tiny-mixtral"),
+        enforce_eager=True,
+        enable_return_routed_experts=True,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+    )
+    with pytest.raises(ValueError, match="routed experts returned"):
+        args.create_engine_config()

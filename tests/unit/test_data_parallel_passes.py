@@ -35,7 +35,6 @@ def test_idle_pass_is_the_smallest_decode_writing_only_the_dummy_block():
 
 def parallel_config(**changes) -> SimpleNamespace:
     values = {
-        "use_sequence_parallel_moe": False,
         "data_parallel_size": 2,
         "pipeline_parallel_size": 1,
     }
@@ -45,7 +44,6 @@ def parallel_config(**changes) -> SimpleNamespace:
 @pytest.mark.parametrize(
     ("changes", "is_moe", "named"),
     [
-        ({"use_sequence_parallel_moe": True}, True, "both tensor and data"),
         ({"pipeline_parallel_size": 2}, True, "pipeline parallelism"),
         ({}, True, None),
         ({"pipeline_parallel_size": 2}, False, None),  # dense ranks: independent

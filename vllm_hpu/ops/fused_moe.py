@@ -61,13 +61,6 @@ def check_supported(moe: FusedMoEConfig, with_extras: bool = False) -> None:
     Expert biases and gpt-oss's clamped SwiGLU run on unquantized experts and
     on gpt-oss's own MXFP4 experts (``with_extras``: the method loads and runs
     them); the other quantized methods load their weights without them."""
-    if moe.is_sequence_parallel:
-        refuse(
-            "sequence-parallel experts (expert parallelism with both tensor and "
-            "data parallelism)",
-            "use --enable-expert-parallel with tensor parallelism or with data "
-            "parallelism, not both",
-        )
     if moe.has_bias and not with_extras:
         refuse(
             "expert biases on quantized experts",

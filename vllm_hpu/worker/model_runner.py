@@ -194,6 +194,8 @@ class HpuModelRunner:
         logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
         if self.caps.kv_connector is not None:
             self.caps.kv_connector.register_kv_caches(self.kv_caches, block_size)
+        if self.caps.routed_experts is not None:
+            self.caps.routed_experts.start(kv_cache_config)
 
     def release_kv_cache(self) -> None:
         """Free the KV caches (sleep mode); their blocks hold nothing afterwards."""
@@ -371,6 +373,8 @@ class HpuModelRunner:
             self.caps.lora.set_pass(forward_pass)
         if self.caps.eplb is not None:
             self.caps.eplb.before_pass(forward_pass.num_real_tokens)
+        if self.caps.routed_experts is not None:
+            self.caps.routed_experts.before_pass(forward_pass)
         with (
             self.caps.profiler.span("forward", phase=phase, bucket=forward_pass.bucket),
             set_forward_context(
@@ -388,6 +392,8 @@ class HpuModelRunner:
             device.mark_step()
         if state_cache is not None:
             state_cache.after_pass(forward_pass)
+        if self.caps.routed_experts is not None:
+            self.caps.routed_experts.after_pass(forward_pass)
         if self.caps.spec is not None:  # a draft model writes the pass into its KV
             hidden = self.caps.spec.proposer.after_target_pass(forward_pass, hidden)
         return hidden
@@ -421,8 +427,19 @@ class HpuModelRunner:
                 req_ids=list(self.input_batch.req_ids),
                 req_id_to_index=dict(self.input_batch.req_id_to_index),
             )
+            self._add_routed_experts(output, pending)
             return self.caps.async_feed.launch(output, sampled, pending.discard_rows)
-        return self.step_sampler.output(pending, sampled.result())
+        output = self.step_sampler.output(pending, sampled.result())
+        self._add_routed_experts(output, pending)
+        return output
+
+    def _add_routed_experts(self, output: ModelRunnerOutput, pending: Any) -> None:
+        """enable_return_routed_experts: once the passes are done, each
+        request's new rows of routed experts."""
+        if self.caps.routed_experts is not None:
+            pending.device.result()
+            routed = self.caps.routed_experts.step_output(pending.discard_rows)
+            output.aux_output_connector_output = routed
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The drafts proposed in the last step, for the scheduler's next."""

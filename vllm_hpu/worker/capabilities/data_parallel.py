@@ -42,10 +42,6 @@ def unsupported_layouts(vllm_config: VllmConfig) -> dict[str, bool]:
         and parallel.data_parallel_size > 1
     )
     return {
-        "expert parallelism with both tensor and data parallelism (sequence-"
-        "parallel experts; use one of the two with --enable-expert-parallel)": (
-            parallel.use_sequence_parallel_moe
-        ),
         "pipeline parallelism with data parallelism for MoE models": bool(
             moe_dp and parallel.pipeline_parallel_size > 1
         ),

@@ -6,16 +6,19 @@ where it is not asked for, and the runner calls it at its hook points:
 
 - ``load_model``: ``eplb.before_load``, ``lora.wrap``, ``inc.apply``,
   ``spec.proposer.load_model``, ``eplb.after_load``;
-- ``initialize_kv_cache``: ``kv_connector.register_kv_caches``;
+- ``initialize_kv_cache``: ``kv_connector.register_kv_caches``,
+  ``routed_experts.start``;
 - each step, before planning: ``before_update`` and ``after_update`` hand the
   scheduler output around (request states are updated between the two); after
   planning ``async_feed.feed`` and ``data_parallel.align`` (in
   ``execute_dummy_batch`` too); the passes inside ``kv_connector_step``, and
   ``no_forward_output`` for a step without tokens;
-- each pass: ``lora.set_pass``, ``eplb.before_pass``, ``model_inputs`` (M-RoPE
-  positions, multimodal embeddings), then ``spec.proposer.after_target_pass``;
+- each pass: ``lora.set_pass``, ``eplb.before_pass``,
+  ``routed_experts.before_pass``, ``model_inputs`` (M-RoPE positions,
+  multimodal embeddings), then ``routed_experts.after_pass`` and
+  ``spec.proposer.after_target_pass``;
 - sampling: ``spec.sample``, ``async_feed.launch``, ``spec.propose``,
-  ``kv_connector_output``;
+  ``kv_connector_output``, ``routed_experts.step_output``;
 - the worker's RPCs: ``sleep`` (sleep, wake_up, discard) and ``weight_updates``
   (init_weight_transfer_engine, start/finish_weight_update, update_weights);
   its engine steps: ``eplb.step`` (``eplb.after_warmup`` once warmed up).
@@ -60,6 +63,7 @@ from vllm_hpu.worker.capabilities.lora import HpuLoRA
 from vllm_hpu.worker.capabilities.mrope import MRopePositions, mrope_positions_for
 from vllm_hpu.worker.capabilities.multimodal import MultimodalInputs
 from vllm_hpu.worker.capabilities.pooling import StepPooler
+from vllm_hpu.worker.capabilities.routed_experts import RoutedExpertsCapture
 from vllm_hpu.worker.capabilities.sleep import HpuSleepMode
 from vllm_hpu.worker.capabilities.state_cache import HpuStateCache
 from vllm_hpu.worker.capabilities.weight_updates import WeightUpdates
@@ -90,6 +94,8 @@ class Capabilities:
     mrope: MRopePositions | None = None  # a model with M-RoPE positions
     weight_updates: WeightUpdates | None = None  # weight_transfer_config
     state_cache: HpuStateCache | None = None  # a hybrid's Mamba2 / GDN layers
+    # enable_return_routed_experts: each token's experts back with the output
+    routed_experts: RoutedExpertsCapture | None = None
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
         """A step's hook before the request states take its changes."""
@@ -114,6 +120,8 @@ class Capabilities:
             self.spec.update(scheduler_output, requests)
         if self.state_cache is not None:
             self.state_cache.after_update()
+        if self.routed_experts is not None:
+            self.routed_experts.begin_step(scheduler_output)
 
     def kv_connector_step(
         self, scheduler_output: SchedulerOutput
@@ -215,6 +223,10 @@ def attach_model(
             runner.vllm_config, runner.device, model, capabilities.sleep, rank
         )
     capabilities.state_cache = _state_cache(runner)
+    if runner.vllm_config.aux_output_config.enable_return_routed_experts:
+        capabilities.routed_experts = RoutedExpertsCapture(
+            runner.vllm_config, model, runner.input_batch
+        )
     # A multimodal model with every modality limited to 0 runs as a text model.
     takes_media = supports_multimodal(model) and model_config.supports_multimodal_inputs
     if takes_media and is_first_stage:
