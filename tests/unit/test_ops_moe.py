@@ -253,7 +253,7 @@ def test_small_batches_read_the_routed_experts_only(num_tokens):
     x = x[:num_tokens]
     weights = torch.rand(num_tokens, TOP_K) + 0.1
     ids = torch.tensor([[5, 2], [2, 7], [5, 7]])[:num_tokens]
-    experts, slots = routed_experts(weights, ids, NUM_EXPERTS)
+    experts, slots = routed_experts(weights, ids, NUM_EXPERTS, NUM_EXPERTS)
     routed = sorted(set(ids.flatten().tolist()))
     assert experts.tolist()[: len(routed)] == routed
     assert len(experts) == num_tokens * TOP_K and len(set(experts.tolist())) == len(
@@ -269,11 +269,13 @@ def test_pairs_of_weight_zero_read_no_expert():
     expert is not gathered for them, and they add nothing."""
     x, w13, w2 = random_weights(torch.float32)
     weights, ids = torch.tensor([[0.7, 0.0]]), torch.tensor([[3, 6]])
-    experts, slots = routed_experts(weights, ids, NUM_EXPERTS)
+    experts, slots = routed_experts(weights, ids, NUM_EXPERTS, NUM_EXPERTS)
     assert experts.tolist() == [3, 0] and slots.tolist() == [[0, 0]]
     out = fused_experts(x[:1], w13[experts], w2[experts], weights, slots)
     torch.testing.assert_close(out, fused_experts(x[:1], w13, w2, weights, ids))
-    assert routed_experts(weights, torch.zeros(4, 2, dtype=torch.long), 8) is None
+    every = torch.zeros(4, 2, dtype=torch.long)  # as many pairs as experts
+    assert routed_experts(weights, every, NUM_EXPERTS, NUM_EXPERTS) is None
+    assert routed_experts(weights, ids, NUM_EXPERTS, max_count=1) is None
 
 
 def test_eplb_maps_logical_experts_to_replicas_and_counts_real_tokens():

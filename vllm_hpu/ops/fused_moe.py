@@ -202,6 +202,14 @@ class HpuMoEMethod:
         """The experts' input as the format computes with it (as is by default)."""
         return x
 
+    def max_gathered(self, num_experts: int) -> int:
+        """The most experts a pass gathers rather than reading them all. A
+        gather reads and writes the experts' bytes, then the kernel reads them:
+        for weights used as they are, three times the gathered bytes against
+        once every expert's (a third); weights dequantized in the forward are
+        copied anyway, gathered packed first (all but the full count)."""
+        return num_experts - 1 if self.copies_weights else num_experts // 3
+
     def apply_monolithic(
         self,
         layer: Any,
@@ -223,10 +231,13 @@ class HpuMoEMethod:
         topk_ids: torch.Tensor,
     ) -> torch.Tensor:
         """topk_ids: local expert ids [num_tokens, top_k] (weight 0 elsewhere)."""
-        routed = routed_experts(topk_weights, topk_ids, layer.local_num_experts)
+        num_experts = layer.local_num_experts
+        routed = routed_experts(
+            topk_weights, topk_ids, num_experts, self.max_gathered(num_experts)
+        )
         gathered = routed is not None
         experts, topk_ids = routed if routed is not None else (None, topk_ids)
-        num_slots = layer.local_num_experts if experts is None else len(experts)
+        num_slots = num_experts if experts is None else len(experts)
         per_group = experts_per_group(layer, x.dtype, self.copies_weights or gathered)
         inputs, extras = self.prepare_input(layer, x), expert_extras(layer)
         out = None

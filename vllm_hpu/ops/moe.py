@@ -251,17 +251,20 @@ def _within(
 
 
 def routed_experts(
-    topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    max_count: int,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """At small batch, the experts worth reading: those the (token, k) pairs
     route to with a nonzero weight, padded with unrouted ones to the static
     count ``num_tokens * top_k`` (fixed by the bucket: one graph whatever the
     routing). Returns (experts [count] local ids, ascending among the routed;
-    topk_ids made slots of ``experts``), or None where that count reaches
-    ``num_experts``: every expert is read. Pairs of weight 0 (routed to
-    another rank) go to slot 0 and add nothing."""
+    topk_ids made slots of ``experts``), or None where that count passes
+    ``max_count`` (below ``num_experts``): every expert is read. Pairs of
+    weight 0 (routed to another rank) go to slot 0 and add nothing."""
     count = topk_ids.numel()
-    if count >= num_experts:
+    if count > min(max_count, num_experts - 1):
         return None
     ids = topk_ids.flatten().long()
     pairs = torch.zeros(num_experts, dtype=torch.int32, device=ids.device)
