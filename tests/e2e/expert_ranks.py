@@ -9,10 +9,12 @@ from typing import Any
 import numpy as np
 
 
-def experts_held(worker: Any) -> list[list[int]]:
-    """Per MoE layer, the logical experts of this rank's local slots, in slot
-    order (with EPLB, through its current physical-to-logical map)."""
+def experts_held(worker: Any) -> dict[int, list[int]]:
+    """Per MoE layer (by decoder layer index), the logical experts of this
+    rank's local slots, in slot order (with EPLB, through its current
+    physical-to-logical map)."""
     from vllm.model_executor.layers.fused_moe import RoutedExperts
+    from vllm.model_executor.models.utils import extract_layer_index
 
     model = worker.model_runner.model
     layers = [m for m in model.modules() if isinstance(m, RoutedExperts)]
@@ -21,16 +23,18 @@ def experts_held(worker: Any) -> list[list[int]]:
     if eplb is not None:
         (model_state,) = eplb.controller.state.model_states.values()
         physical_to_logical = model_state.physical_to_logical_map.tolist()
-    held = []
+    held = {}
     for index, layer in enumerate(layers):
-        expert_map = layer.expert_map.tolist()
-        slots = sorted(
-            (local, physical) for physical, local in enumerate(expert_map) if local >= 0
-        )
-        physical = [p for _, p in slots]
+        physical = list(range(layer.local_num_experts))  # all, without EP
+        if layer.expert_map is not None:
+            expert_map = layer.expert_map.tolist()
+            slots = sorted(
+                (local, p) for p, local in enumerate(expert_map) if local >= 0
+            )
+            physical = [p for _, p in slots]
         if physical_to_logical is not None:
             physical = [physical_to_logical[index][p] for p in physical]
-        held.append(physical)
+        held[extract_layer_index(layer.layer_name)] = physical
     return held
 
 
@@ -48,17 +52,37 @@ def eplb_rank_load(worker: Any) -> int:
     return int(window[:, start : start + per_rank].sum())
 
 
+def greedy_routed(
+    llm: Any, prompts: list[list[int]], max_tokens: list[int] | int
+) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Greedy tokens and each request's routed experts [tokens, layers, k]
+    (the engine runs with enable_return_routed_experts)."""
+    from vllm import SamplingParams
+
+    counts = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in counts
+    ]
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
+    )
+    completions = [output.outputs[0] for output in outputs]
+    return [list(c.token_ids) for c in completions], [
+        c.routed_experts for c in completions
+    ]
+
+
 def pairs_per_rank(
-    routed: list[np.ndarray], held: list[list[list[int]]], moe_layers: list[int]
+    routed: list[np.ndarray], held: list[dict[int, list[int]]]
 ) -> list[int]:
-    """Of the returned routed experts ([tokens, layers, top_k] per request),
-    the pairs whose expert each rank holds, over the MoE layers (``held``:
-    per rank, per MoE layer, its experts)."""
+    """Of the routed experts ([tokens, layers, top_k] per request), the
+    (token, expert) pairs each rank's experts take, over the MoE layers
+    (``held``: per rank, per MoE layer index, its experts)."""
     counts = []
     for rank_held in held:
         count = 0
-        for index, layer in enumerate(moe_layers):
-            experts = np.array(rank_held[index])
-            count += sum(int(np.isin(ids[:, layer], experts).sum()) for ids in routed)
+        for layer, experts in rank_held.items():
+            mine = np.array(sorted(set(experts)))
+            count += sum(int(np.isin(ids[:, layer], mine).sum()) for ids in routed)
         counts.append(count)
     return counts

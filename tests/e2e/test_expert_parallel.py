@@ -51,9 +51,12 @@ def test_expert_load_balancing_moves_experts_between_ranks():
     assert tokens == expected
     per_rank = (NUM_EXPERTS + REDUNDANT) // 2
     for held in (before, after):
-        assert [len(layer) for rank in held for layer in rank] == [per_rank] * 4
-        for layer in range(2):
+        assert [len(held[r][layer]) for r in (0, 1) for layer in (0, 1)] == [
+            per_rank
+        ] * 4
+        for layer in (0, 1):
             assert set(held[0][layer]) | set(held[1][layer]) == set(range(NUM_EXPERTS))
-    assert before == [[[0, 1, 2]] * 2, [[3, 0, 1]] * 2]  # vLLM's initial placement
+    # vLLM's initial placement: the experts in order, then the redundant ones.
+    assert before == [{0: [0, 1, 2], 1: [0, 1, 2]}, {0: [3, 0, 1], 1: [3, 0, 1]}]
     assert after != before  # experts moved between the ranks
     assert all(load > 0 for load in loads), loads  # both ranks' experts worked
