@@ -37,6 +37,8 @@ def parallel_config(**changes) -> SimpleNamespace:
     values = {
         "data_parallel_size": 2,
         "pipeline_parallel_size": 1,
+        "enable_expert_parallel": False,
+        "all2all_backend": "allgather_reducescatter",
     }
     return SimpleNamespace(**(values | changes))
 
@@ -45,6 +47,8 @@ def parallel_config(**changes) -> SimpleNamespace:
     ("changes", "is_moe", "named"),
     [
         ({"pipeline_parallel_size": 2}, True, "pipeline parallelism"),
+        ({"all2all_backend": "deepep_low_latency"}, True, "'deepep_low_latency'"),
+        ({"all2all_backend": "deepep_low_latency"}, False, None),  # no exchange
         ({}, True, None),
         ({"pipeline_parallel_size": 2}, False, None),  # dense ranks: independent
     ],
