@@ -135,6 +135,10 @@ def test_eplb_is_accepted_and_completed_as_vllm_completes_it():
         config(tensor_parallel_size=2)
     with pytest.raises(ValueError, match="EPLB requires tensor"):
         config(enable_expert_parallel=True)
+    with pytest.raises(ValueError, match="elastic expert parallelism"):
+        config(
+            tensor_parallel_size=2, enable_expert_parallel=True, enable_elastic_ep=True
+        )
 
 
 def test_routed_experts_with_drafts_are_refused():

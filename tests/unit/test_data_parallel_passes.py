@@ -49,6 +49,8 @@ def parallel_config(**changes) -> SimpleNamespace:
         ({"pipeline_parallel_size": 2}, True, "pipeline parallelism"),
         ({"all2all_backend": "deepep_low_latency"}, True, "'deepep_low_latency'"),
         ({"all2all_backend": "deepep_low_latency"}, False, None),  # no exchange
+        ({"moe_backend": "triton"}, True, "'triton' MoE backend"),
+        ({"moe_backend": "triton"}, False, None),
         ({}, True, None),
         ({"pipeline_parallel_size": 2}, False, None),  # dense ranks: independent
     ],
@@ -57,6 +59,7 @@ def test_unsupported_expert_layouts_are_named(changes, is_moe, named):
     config = SimpleNamespace(
         parallel_config=parallel_config(**changes),
         model_config=SimpleNamespace(is_moe=is_moe),
+        kernel_config=SimpleNamespace(moe_backend=changes.get("moe_backend", "auto")),
     )
     refused = [name for name, on in unsupported_layouts(config).items() if on]
     assert len(refused) == (named is not None)

@@ -41,6 +41,12 @@ def with_eplb(create: Callable[..., Any]) -> Callable[..., Any]:
         active = device.hpu_available() or device.is_emulation()
         if not (self.enable_eplb and active):
             return create(self, *args, **kwargs)
+        if self.enable_elastic_ep:  # vLLM would name EPLB, not elastic EP
+            raise ValueError(
+                "The HPU plugin does not support elastic expert parallelism "
+                "(--enable-elastic-ep) yet: vLLM scales it over NCCL stateless "
+                "groups; start vLLM without it."
+            )
         asked = self.eplb_config
         self.enable_eplb, self.eplb_config = False, EPLBConfig()
         try:

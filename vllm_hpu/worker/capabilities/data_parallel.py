@@ -34,10 +34,11 @@ def exchanges_tokens(vllm_config: VllmConfig) -> bool:
 
 
 def unsupported_layouts(vllm_config: VllmConfig) -> dict[str, bool]:
-    """Layouts of experts over ranks that ops/fused_moe.py and the passes here
-    do not run, refused at start-up (refusals.py) by name."""
+    """Layouts of experts over ranks and MoE options that ops/fused_moe.py and
+    the passes here do not run, refused at start-up (refusals.py) by name."""
     parallel = vllm_config.parallel_config
     model_config = vllm_config.model_config
+    moe_backend = vllm_config.kernel_config.moe_backend
     is_moe = model_config is not None and model_config.is_moe
     moe_dp = is_moe and parallel.data_parallel_size > 1
     exchanges = moe_dp or (is_moe and parallel.enable_expert_parallel)
@@ -52,6 +53,10 @@ def unsupported_layouts(vllm_config: VllmConfig) -> dict[str, bool]:
         f"'{ALL2ALL_BACKEND}': leave --all2all-backend unset)": bool(
             exchanges and backend != ALL2ALL_BACKEND
         ),
+        # vLLM's GPU expert kernels; the plugin's method runs the experts itself.
+        f"the '{moe_backend}' MoE backend (vLLM's GPU kernels; the plugin runs "
+        "the experts itself, Gaudi's fused MoE kernel on Gaudi: leave "
+        "--moe-backend unset)": is_moe and moe_backend != "auto",
     }
 
 
