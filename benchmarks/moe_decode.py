@@ -11,8 +11,9 @@ child process, in an in-process engine (bf16, eager). For each batch size:
 - bytes: one decode step of ``batch`` requests runs under a meter (a torch
   dispatch mode) that adds, for every op the MoE layers run, the bytes it
   reads from their expert tensors (weights, scales, zero points): a gather,
-  the rows it takes; any other op, the whole view it is given (view ops read
-  nothing). The routed bytes: the experts the requests' (token, k) pairs
+  the rows it takes; torch's CPU grouped GEMM, the experts with rows (it
+  multiplies group by group); any other op, the whole view it is given (view
+  ops read nothing). The routed bytes: the experts the requests' (token, k) pairs
   route to, from the engine's own routing, times one expert's bytes. (A
   batch between two decode buckets is padded to the larger: the padding
   rows' experts are read, not routed.)
@@ -87,18 +88,31 @@ class ExpertBytesMeter(TorchDispatchMode):
         self.bytes = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         if func.is_view:
             return out
         name = f"{func._schema.name.split('::')[-1]}.{func._overloadname}"
         for arg in tree_leaves((args, kwargs)):
             if not isinstance(arg, torch.Tensor):
                 continue
-            if arg.untyped_storage().data_ptr() not in self.storages:
-                continue
-            read = out if name in GATHERS else arg
-            self.bytes += read.numel() * read.element_size()
+            if arg.untyped_storage().data_ptr() in self.storages:
+                self.bytes += bytes_read(name, arg, args, kwargs, out)
         return out
+
+
+def bytes_read(name: str, arg: torch.Tensor, args, kwargs, out) -> int:  # type: ignore[no-untyped-def]
+    """What an op reads of ``arg``: a gather the rows it takes; torch's CPU
+    grouped GEMM the groups with rows (ATen's ``_grouped_mm`` fallback
+    multiplies group by group, an empty group reads nothing); any other op
+    the whole view it is given."""
+    if name in GATHERS:
+        return out.numel() * out.element_size()
+    if name == "_grouped_mm.default" and arg is args[1]:
+        offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+        rows = torch.diff(offs, prepend=offs.new_zeros(1))
+        return int((rows > 0).sum()) * arg[0].numel() * arg.element_size()
+    return arg.numel() * arg.element_size()
 
 
 def expert_tensors(layer: Any) -> list[torch.Tensor]:

@@ -7,6 +7,7 @@ routing: the expert ids the engine returns per token and layer
 from typing import Any
 
 import numpy as np
+import torch
 
 
 def experts_held(worker: Any) -> dict[int, list[int]]:
@@ -86,3 +87,34 @@ def pairs_per_rank(
             count += sum(int(np.isin(ids[:, layer], mine).sum()) for ids in routed)
         counts.append(count)
     return counts
+
+
+def transformers_routing(model_dir: str, tokens: list[int]) -> dict[int, np.ndarray]:
+    """Per MoE layer index, the experts transformers' router picks for each of
+    ``tokens`` [len(tokens), top_k] (the routed experts modules' input)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    chosen: dict[int, np.ndarray] = {}
+
+    def record(layer: int):  # type: ignore[no-untyped-def]
+        def hook(_module, args):  # type: ignore[no-untyped-def]
+            chosen[layer] = args[1].numpy()
+
+        return hook
+
+    for index, layer in enumerate(model.model.layers):
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is not None:
+            experts.register_forward_pre_hook(record(index))
+    with torch.no_grad():
+        model(torch.tensor([tokens]))
+    return chosen
+
+
+def assert_same_experts(routed: np.ndarray, expected: dict[int, np.ndarray]) -> None:
+    """The engine's routed experts [tokens, layers, k] are transformers' in
+    every MoE layer (each token's set: the order within top-k may differ)."""
+    for layer, want in expected.items():
+        got = np.sort(routed[:, layer].astype(np.int64), axis=-1)
+        np.testing.assert_array_equal(got, np.sort(want, axis=-1), f"layer {layer}")

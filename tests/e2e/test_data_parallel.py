@@ -42,7 +42,13 @@ import pytest
 import torch
 from models import model_path
 
-from e2e.expert_ranks import experts_held, greedy_routed, pairs_per_rank
+from e2e.expert_ranks import (
+    assert_same_experts,
+    experts_held,
+    greedy_routed,
+    pairs_per_rank,
+    transformers_routing,
+)
 from e2e.harness import (
     KV_CACHE_BYTES,
     compiled_graphs,
@@ -103,7 +109,8 @@ def offline_data_parallel(
     """PROMPTS' tokens from two rank processes started together, in PROMPTS'
     order; each rank's graphs compiled in warmup and while generating; and
     the (token, expert) pairs each expert-parallel rank's experts took, from
-    the routed experts the engines return (expert_ranks.py)."""
+    the routed experts the engines return (expert_ranks.py), which are
+    checked against transformers' router on the same tokens."""
     port = free_port()
     script = pathlib.Path(__file__).with_name("dp_rank.py")
     defaults = {"dtype": "float32", "kv_cache_memory_bytes": KV_CACHE_BYTES}
@@ -128,20 +135,33 @@ def offline_data_parallel(
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
     tokens: list[list[int]] = [[] for _ in PROMPTS]
-    compiled, routed, held = [], [], []
+    routed: list[np.ndarray] = [np.zeros(0) for _ in PROMPTS]
+    compiled, held = [], []
     for rank, (process, log) in enumerate(ranks):
         text = log.read_text(errors="replace")
         assert process.returncode == 0, f"rank {rank} failed:\n{text[-4000:]}"
-        generated_tokens = json.loads(_printed(text, "TOKENS "))
-        for index, generated in zip(RANK_SHARES[rank], generated_tokens, strict=True):
-            tokens[index] = generated
+        outputs = zip(
+            json.loads(_printed(text, "TOKENS ")),
+            json.loads(_printed(text, "ROUTED ")),
+            strict=True,
+        )
+        for index, (generated, rows) in zip(RANK_SHARES[rank], outputs, strict=True):
+            tokens[index], routed[index] = generated, np.array(rows)
         compiled.append(json.loads(_printed(text, "COMPILED ")))
-        routed += [np.array(r) for r in json.loads(_printed(text, "ROUTED "))]
         for worker in json.loads(_printed(text, "HELD ")):
             held.append({int(layer): experts for layer, experts in worker.items()})
+    check_routing(name, tokens, routed)
     pairs = pairs_per_rank(routed, held)
     print(f"{name}: experts per expert-parallel rank {held}, pairs {pairs}")
     return tokens, compiled, pairs
+
+
+def check_routing(name: str, tokens: list[list[int]], routed: list[np.ndarray]) -> None:
+    """Each request's routed experts are transformers' on its tokens."""
+    for prompt, generated, rows in zip(PROMPTS, tokens, routed, strict=True):
+        sequence = (prompt + generated)[:-1]
+        assert rows.shape[0] == len(sequence), (rows.shape, len(sequence))
+        assert_same_experts(rows, transformers_routing(model_path(name), sequence))
 
 
 def _printed(log: str, key: str) -> str:
@@ -253,6 +273,7 @@ def test_tensor_parallel_moe_matches_one_card(name, expert_parallel, hpu_env):
     per_rank = NUM_EXPERTS // 2 if expert_parallel else NUM_EXPERTS
     assert [set(layers) for layers in sizes] == [{per_rank}] * 2, sizes
     if expert_parallel:
+        check_routing(name, tokens, routed)
         pairs = pairs_per_rank(routed, held)
         print(f"{name}: experts per rank {held}, (token, expert) pairs {pairs}")
         # Halves of the experts, each pair taken by one rank, both working.

@@ -7,10 +7,9 @@ scores with a correction bias, expert groups, a scaling factor) after a dense
 first layer; the prompts run in chunks of a 64-token budget beside decodes, so
 a step is several padded passes whose rows go back in request order."""
 
-import numpy as np
-import torch
 from models import model_path
 
+from e2e.expert_ranks import assert_same_experts, transformers_routing
 from e2e.harness import engine_spec, random_prompts, uses_engines
 
 MODEL = "tiny-glm4-moe"
@@ -22,29 +21,6 @@ ROUTED = engine_spec(
 )
 PROMPTS = random_prompts([1, 17, 40, 100], 1024, seed=3)
 MAX_TOKENS = 8
-
-
-def hf_routed_experts(tokens: list[int]) -> dict[int, np.ndarray]:
-    """Per MoE layer index, transformers' chosen experts [len(tokens), top_k]
-    (the routed experts modules' input on the whole sequence)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path(MODEL), dtype=torch.float32)
-    chosen: dict[int, np.ndarray] = {}
-
-    def record(layer: int):  # type: ignore[no-untyped-def]
-        def hook(_module, args):  # type: ignore[no-untyped-def]
-            chosen[layer] = args[1].numpy()
-
-        return hook
-
-    for index, layer in enumerate(model.model.layers):
-        experts = getattr(layer.mlp, "experts", None)
-        if experts is not None:
-            experts.register_forward_pre_hook(record(index))
-    with torch.no_grad():
-        model(torch.tensor([tokens]))
-    return chosen
 
 
 @uses_engines(ROUTED)
@@ -61,8 +37,7 @@ def test_routed_experts_are_transformers_router_choices(llm):
         routed = completion.routed_experts
         # One row per token the model ran: all but the last sampled one.
         assert routed is not None and routed.shape == (len(tokens) - 1, 2, 2)
-        expected = hf_routed_experts(tokens[:-1])
+        expected = transformers_routing(model_path(MODEL), tokens[:-1])
         assert list(expected) == [1]  # layer 0 is dense
-        got = np.sort(routed[:, 1].astype(np.int64), axis=-1)
-        np.testing.assert_array_equal(got, np.sort(expected[1], axis=-1))
+        assert_same_experts(routed, expected)
         assert not routed[:, 0].any()  # a dense layer routes nothing

@@ -59,13 +59,11 @@ def workload() -> list[list[list[int]]]:
 
 
 # MoE routing and experts keep static shapes too: they warm up and replay
-# alike, and equal transformers as eager engines do (test_generate). Tiny
-# Qwen3-MoE's one-sequence decodes (the "beyond" prompts) gather their 2
-# routed experts of 8, its larger passes read all 8 (ops/moe.py). MLA
+# alike, and equal transformers as eager engines do (test_generate). MLA
 # layers on the latent cache (tiny DeepSeek-V2-MoE) are checked the same way,
 # compiled, with prompt chunks reading cached context, by test_data_parallel's
 # offline and tensor-parallel runs.
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral"])
 def test_warmup_leaves_nothing_to_compile_and_equals_transformers(
     name, hpu_env, vllm_log
 ):

@@ -177,3 +177,37 @@ def test_unsupported_expert_schemes_are_refused_by_name(weights, inputs, error):
     layer = SimpleNamespace(moe_config=None)
     with pytest.raises(ValueError, match=f"does not support .*{error}"):
         compressed_tensors_method(HpuCompressedTensorsConfig, layer, scheme)  # type: ignore[arg-type]
+
+
+class _Float32Experts(moe_methods.HpuQuantizedMoE):
+    """Experts 'dequantized' from float32 copies, nothing recorded."""
+
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
+        self.w13, self.w2 = w13, w2
+
+    def dequantize(self, layer, experts, dtype):  # type: ignore[no-untyped-def]
+        return self.w13[experts].to(dtype), self.w2[experts].to(dtype)
+
+
+def test_gathering_the_routed_experts_compiles_once_per_shape():
+    """One graph serves a bucket whatever its tokens route to: decodes of one
+    token (2 pairs of 8 experts: gathered) with three different routings
+    trace once (bf16: the grouped GEMM's shape check wants it), and each
+    equals the eager result. (In the engine vLLM's MoE custom op keeps the
+    method out of dynamo's graphs; HPU graphs replay it per bucket.)"""
+    from torch._dynamo.testing import CompileCounter
+
+    x, w13, w2, weights, ids = _experts()
+    method = _Float32Experts(w13, w2)
+    layer = _layer()
+    counter = CompileCounter()
+
+    def run(x, weights, ids):  # type: ignore[no-untyped-def]
+        return method.run_experts(layer, x, weights, ids)
+
+    compiled = torch.compile(run, backend=counter, dynamic=False, fullgraph=True)
+    x = x.to(torch.bfloat16)
+    for t in range(3):
+        args = (x[t : t + 1], weights[t : t + 1], ids[t : t + 1])
+        torch.testing.assert_close(compiled(*args), run(*args))
+    assert counter.frame_count == 1

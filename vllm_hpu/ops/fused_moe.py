@@ -33,6 +33,7 @@ from vllm_hpu.ops.moe import (
     fused_experts,
     local_experts,
     physical_experts,
+    reads_routed_only,
     record_expert_load,
     routed_experts,
     select_experts,
@@ -202,13 +203,19 @@ class HpuMoEMethod:
         """The experts' input as the format computes with it (as is by default)."""
         return x
 
-    def max_gathered(self, num_experts: int) -> int:
-        """The most experts a pass gathers rather than reading them all. A
-        gather reads and writes the experts' bytes, then the kernel reads them:
-        for weights used as they are, three times the gathered bytes against
-        once every expert's (a third); weights dequantized in the forward are
-        copied anyway, gathered packed first (all but the full count)."""
-        return num_experts - 1 if self.copies_weights else num_experts // 3
+    def max_gathered(self, layer: Any, dtype: torch.dtype) -> int:
+        """The most experts a pass gathers rather than reading them all.
+        Weights dequantized in the forward are copied anyway: gathered packed
+        first (all but the full count). Weights used as they are: none where
+        the kernel reads only experts with rows anyway (the CPU's grouped
+        GEMM); else a gather reads and writes the experts' bytes before the
+        kernel reads them, three times the gathered bytes against once every
+        expert's: a third."""
+        num_experts = layer.local_num_experts
+        if self.copies_weights:
+            return num_experts - 1
+        sizes = (layer.hidden_size, layer.intermediate_size_per_partition)
+        return 0 if reads_routed_only(*sizes, dtype) else num_experts // 3
 
     def apply_monolithic(
         self,
@@ -233,7 +240,7 @@ class HpuMoEMethod:
         """topk_ids: local expert ids [num_tokens, top_k] (weight 0 elsewhere)."""
         num_experts = layer.local_num_experts
         routed = routed_experts(
-            topk_weights, topk_ids, num_experts, self.max_gathered(num_experts)
+            topk_weights, topk_ids, num_experts, self.max_gathered(layer, x.dtype)
         )
         gathered = routed is not None
         experts, topk_ids = routed if routed is not None else (None, topk_ids)

@@ -130,6 +130,17 @@ def grouped_mm_fits(
     )
 
 
+def reads_routed_only(
+    hidden_size: int, intermediate_size: int, dtype: torch.dtype
+) -> bool:
+    """Whether :func:`fused_experts`, given every expert, reads only the
+    weights of experts with rows: torch's grouped GEMM on the CPU multiplies
+    group by group (ATen's ``_grouped_mm`` fallback: a group without rows reads
+    nothing); Gaudi's fused kernel and the dense form read every expert."""
+    cpu_grouped = device.fused_moe() is None and not device.hpu_available()
+    return cpu_grouped and grouped_mm_fits(hidden_size, intermediate_size, dtype)
+
+
 def experts_grouped(
     hidden_states: torch.Tensor,
     w13: torch.Tensor,
