@@ -9,8 +9,8 @@ each expert-parallel test reports which experts every rank holds and the
 (token, expert) pairs its experts took, from the routed experts the engine
 returns (its own router's choices, expert_ranks.py), and asserts both ranks
 worked. DeepSeek-V2's layout (latent attention, a shared expert beside the
-routed ones) runs tensor and expert parallel too; tiny Qwen3-MoE runs expert
-parallel with both tensor and data parallelism (sequence-parallel experts).
+routed ones) runs tensor and expert parallel too (with both tensor and data
+parallelism: tests/e2e/test_expert_parallel.py).
 
 A dense model's data-parallel ranks are independent replicas: vLLM 0.32 serves
 them behind one API server (internal load balancing, tested on tiny Llama) and
@@ -215,28 +215,6 @@ def test_offline_data_parallel_expert_parallel_matches_one_card(tmp_path):
         for rank_warmed, rank_generating in compiled
         for warmed, generating in zip(rank_warmed, rank_generating, strict=True)
     ), compiled
-
-
-# Expert parallelism with both tensor and data parallelism (vLLM's sequence-
-# parallel experts): each data-parallel rank's pass is split over its two
-# tensor-parallel ranks, whose shares meet every other rank's in each MoE
-# layer (distributed/communicator.py). TP=2 x DP=2, four emulated cards in
-# two rank processes of two workers each (six processes importing vLLM: the
-# most a 2-core CI runs in minutes); eager, the offline run above checks
-# compilation. Tiny Qwen3-MoE chunks its tokens for the experts (Mixtral does
-# not), 8 experts: 2 a rank.
-SEQUENCE_PARALLEL_MODEL = "tiny-qwen3-moe"
-
-
-@pytest.mark.timeout(900)
-def test_expert_parallel_with_tensor_and_data_parallel(tmp_path):
-    name = SEQUENCE_PARALLEL_MODEL
-    single = hf_greedy(model_path(name), PROMPTS, MAX_TOKENS, torch.float32)
-    engine = ENGINE_KWARGS | EXPERT_PARALLEL | {"tensor_parallel_size": 2}
-    engine |= {"distributed_executor_backend": "mp", "enforce_eager": True}
-    tokens, _, pairs = offline_data_parallel(name, engine, tmp_path, {})
-    assert tokens == expected_from(single)
-    assert len(pairs) == 4 and all(pairs), pairs  # every rank's experts worked
 
 
 # Without expert parallelism each rank holds half of every expert's intermediate

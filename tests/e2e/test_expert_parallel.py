@@ -1,8 +1,11 @@
-"""Expert parallelism beyond static placement (issue 53): vLLM's expert load
-balancing moving experts between ranks while serving. Each test reports which
+"""Expert parallelism beyond tensor or data parallelism alone (issue 53): vLLM's
+expert load balancing moving experts between ranks while serving, and expert
+parallelism with both tensor and data parallelism. Each test reports which
 experts every rank holds and the (token, expert) pairs its experts took, from
-the engine's own routing, and asserts both ranks worked; greedy tokens equal
-transformers' (tests/e2e/test_data_parallel.py has the static layouts)."""
+the engine's own routing, and asserts every rank worked; greedy tokens equal
+transformers' (tests/e2e/test_data_parallel.py has the layouts of one kind of
+parallelism and their helpers; apart, the CI runs the two modules side by
+side)."""
 
 import pytest
 import torch
@@ -10,6 +13,8 @@ from models import model_path
 
 from e2e.expert_ranks import eplb_rank_load, experts_held
 from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
+from e2e.test_data_parallel import EXPERT_PARALLEL, expected_from, offline_data_parallel
+from e2e.test_data_parallel import PROMPTS as RANK_PROMPTS
 
 MOE_MODEL = "tiny-mixtral"  # 4 experts, top 2, 2 layers
 NUM_EXPERTS, REDUNDANT = 4, 2
@@ -60,3 +65,25 @@ def test_expert_load_balancing_moves_experts_between_ranks():
     assert before == [{0: [0, 1, 2], 1: [0, 1, 2]}, {0: [3, 0, 1], 1: [3, 0, 1]}]
     assert after != before  # experts moved between the ranks
     assert all(load > 0 for load in loads), loads  # both ranks' experts worked
+
+
+# Expert parallelism with both tensor and data parallelism (vLLM's sequence-
+# parallel experts): each data-parallel rank's pass is split over its two
+# tensor-parallel ranks, whose shares meet every other rank's in each MoE
+# layer (distributed/communicator.py). TP=2 x DP=2, four emulated cards in
+# two rank processes of two workers each (six processes importing vLLM: the
+# most a 2-core CI runs in minutes); eager, the offline run above checks
+# compilation. Tiny Qwen3-MoE chunks its tokens for the experts (Mixtral does
+# not), 8 experts: 2 a rank.
+SEQUENCE_PARALLEL_MODEL = "tiny-qwen3-moe"
+
+
+@pytest.mark.timeout(900)
+def test_expert_parallel_with_tensor_and_data_parallel(tmp_path):
+    name = SEQUENCE_PARALLEL_MODEL
+    single = hf_greedy(model_path(name), RANK_PROMPTS, MAX_TOKENS, torch.float32)
+    engine = ENGINE_KWARGS | EXPERT_PARALLEL | {"tensor_parallel_size": 2}
+    engine |= {"distributed_executor_backend": "mp", "enforce_eager": True}
+    tokens, _, pairs = offline_data_parallel(name, engine, tmp_path, {})
+    assert tokens == expected_from(single)
+    assert len(pairs) == 4 and all(pairs), pairs  # every rank's experts worked
