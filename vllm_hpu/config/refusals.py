@@ -50,6 +50,14 @@ def reject_unsupported_features(vllm_config: "VllmConfig") -> None:
         and model_config.enable_sleep_mode
         and has_kv_connector(vllm_config)
     )
+    # Drafts' rows would need the verification's acceptance counts.
+    unsupported[
+        "routed experts returned (enable_return_routed_experts) with speculative "
+        "decoding"
+    ] = bool(
+        vllm_config.aux_output_config.enable_return_routed_experts
+        and vllm_config.speculative_config is not None
+    )
     from vllm_hpu.worker.capabilities.data_parallel import unsupported_layouts
 
     unsupported |= unsupported_layouts(vllm_config)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -152,9 +153,13 @@ class TokenFeed:
         sampled: "Future[SampledStep]",
         discard_rows: list[int],
         on_host: Callable[[], ModelRunnerOutput],
+        aux_output: dict[str, Any] | None,
     ) -> ModelRunnerOutput | HpuAsyncOutput:
-        """The step's output: here ``on_host()``, its tokens on the host."""
-        return on_host()
+        """The step's output: here ``on_host()``, its tokens on the host, with
+        ``aux_output`` (routed experts) where a capability made one."""
+        output = on_host()
+        output.aux_output_connector_output = aux_output
+        return output
 
 
 class AsyncTokenFeed(TokenFeed):
@@ -247,6 +252,7 @@ class AsyncTokenFeed(TokenFeed):
         sampled: "Future[SampledStep]",
         discard_rows: list[int],
         on_host: Callable[[], ModelRunnerOutput],
+        aux_output: dict[str, Any] | None,
     ) -> HpuAsyncOutput:
         """The sampled tokens stay on the device for the next step and in
         flight; the output's host copy completes on demand (never with
@@ -254,6 +260,7 @@ class AsyncTokenFeed(TokenFeed):
         output = ModelRunnerOutput(
             req_ids=list(self.input_batch.req_ids),
             req_id_to_index=dict(self.input_batch.req_id_to_index),
+            aux_output_connector_output=aux_output,
         )
         discard = set(discard_rows)
         self.in_flight = InFlightTokens(
