@@ -133,9 +133,10 @@ class HpuDraftModelProposer:
 
     def _forward(
         self, forward_pass: ForwardPass, hidden_states: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(states to compute logits from, states the next decode reads:
-        None for a draft model, which reads only tokens)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(states to compute logits from, states the next decode reads): a
+        head returning one tensor reads it back (vLLM's rule for the MTP
+        layers that return no pair); a draft model reads only tokens."""
         metadata = forward_pass.attn_metadata
         phase = "prompt" if forward_pass.is_prompt else "decode"
         graphed = (phase, forward_pass.bucket) in self.runner.graphed_buckets
@@ -153,7 +154,7 @@ class HpuDraftModelProposer:
                 **extra,
             )
             device.mark_step()
-        return output if isinstance(output, tuple) else (output, None)
+        return output if isinstance(output, tuple) else (output, output)
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
         """Write the pass's tokens into the draft's KV cache, unless the
@@ -267,7 +268,7 @@ class HpuDraftModelProposer:
         hidden, next_carry = self._forward(forward_pass, hidden_in)
         logits = self.model.compute_logits(hidden[last])
         tokens[index] = logits.argmax(dim=-1)
-        if carry is not None and next_carry is not None:
+        if carry is not None:
             carry[index] = next_carry[last]
 
     def _draft_pass(self, seqs: list[ScheduledSeq]) -> ForwardPass:
