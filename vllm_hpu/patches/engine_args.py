@@ -52,7 +52,7 @@ def check_device(value: str | None) -> None:
         )
     if value != "hpu":
         raise ValueError(
-            f"--device {value}: vLLM 0.32 has no --device option and picks its "
+            f"--device {value}: vLLM has no --device option (since 0.11) and picks its "
             "platform itself; the HPU plugin only reads --device hpu. Leave it out."
         )
 

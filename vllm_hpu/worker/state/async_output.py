@@ -30,6 +30,7 @@ import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import (
     AsyncModelRunnerOutput,
+    KVConnectorOutput,
     LogprobsLists,
     LogprobsTensors,
     ModelRunnerOutput,
@@ -114,6 +115,11 @@ class HpuAsyncOutput(AsyncModelRunnerOutput):
         output.sampled_token_ids, output.logprobs = step.on_host(self._discard_rows)
         output.prompt_logprobs_dict = step.prompt_logprobs
         return output
+
+    def get_kv_connector_output(self) -> KVConnectorOutput | None:
+        """The step's KV connector output, known before its samples: vLLM 0.33
+        keeps it when ``get_output`` fails (abstract there, unused by 0.32)."""
+        return self._output.kv_connector_output
 
 
 def _put_tokens(
