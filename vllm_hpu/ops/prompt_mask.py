@@ -116,13 +116,16 @@ class PromptMask:
 @dataclass(frozen=True)
 class PromptBias:
     """A layer's additive score bias over a pass, made per tile: the mask (with
-    the layer's window or chunk), plus ALiBi when the layer has slopes."""
+    the layer's window or chunk, and the keys a sparse layer's indexer chose),
+    plus ALiBi when the layer has slopes."""
 
     mask: PromptMask
     dtype: torch.dtype  # of the bias; ALiBi's is always fp32
     sliding_window: int | None = None
     alibi_slopes: torch.Tensor | None = None  # [num_heads] fp32
     attention_chunk: int | None = None  # Llama 4's chunked local attention
+    # [bs, q, K] bool: the keys each query attends (DeepSeek-V3.2's top-k).
+    selected: torch.Tensor | None = None
 
     @property
     def causal(self) -> bool:
@@ -130,14 +133,19 @@ class PromptBias:
         skips those tiles): not with bidirectional spans."""
         return self.mask.causal and self.mask.query_span_end is None
 
-    def __call__(self, queries: slice, keys: slice) -> torch.Tensor:
-        """[bs, 1, len(queries), len(keys)] (or [bs, num_heads, ...] with ALiBi).
+    def tile(self, queries: slice, keys: slice) -> torch.Tensor:
+        """The bias of one tile: [bs, 1, len(queries), len(keys)] (or [bs,
+        num_heads, ...] with ALiBi), a named method: Dynamo 2.11 (Gaudi 1.24's
+        torch) cannot trace ``__call__`` of a dataclass made in a compiled region.
         Hidden keys get the dtype's most negative finite value, not -inf: a tile
         where a query sees nothing then has finite statistics, weighted out when
         tiles are merged (``ops/sliced_attention.py``)."""
         allowed = self.mask.allowed(
             queries, keys, self.sliding_window, self.attention_chunk
-        ).unsqueeze(1)
+        )
+        if self.selected is not None:
+            allowed = allowed & self.selected[:, queries, keys]
+        allowed = allowed.unsqueeze(1)
         dtype = torch.float32 if self.alibi_slopes is not None else self.dtype
         bias = torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
         if self.alibi_slopes is None:
@@ -147,7 +155,7 @@ class PromptBias:
 
     def whole(self) -> torch.Tensor:
         """The bias of the whole pass, [bs, 1 or num_heads, q, K]."""
-        return self(slice(0, self.mask.query_len), slice(0, self.mask.num_keys))
+        return self.tile(slice(0, self.mask.query_len), slice(0, self.mask.num_keys))
 
 
 def _hidden_code(key_ids: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,8 @@
 Each module says why it exists, how it works and which upstream change removes it.
 
 - ``accelerator``: ``torch.accelerator`` memory and sync calls of vLLM's loader
-  and shutdown, no-ops where torch has no accelerator (CPU emulation).
+  and shutdown, no-ops where torch has no accelerator (CPU emulation); EPLB's
+  events and current stream answered on the host.
 - ``engine_args``: ``--device hpu`` / ``device="hpu"`` accepted and checked; the
   options a user set (async scheduling, dtype, state-cache options, the hybrid
   KV cache manager) recorded on the config before vLLM resolves them, for every
@@ -21,4 +22,6 @@ Each module says why it exists, how it works and which upstream change removes i
   reported leaks at every engine process's exit); ``interpreter_start`` is what
   the set-up's ``.pth`` file runs.
 - ``log_records``: log lines that read as failures and are not, dropped.
+- ``eplb_config``: ``--enable-eplb`` past vLLM's CUDA-only check, completed as vLLM
+  completes it (weight exchange over gloo, synchronous rearrangement).
 """
