@@ -1,15 +1,12 @@
 """Routed experts returned with the output (``enable_return_routed_experts``,
-for RL frameworks that replay the routing): the expert ids the router chose
-for each token and MoE layer, through vLLM's own auxiliary-output connector
-(its capturer's buffer, block store and request bookkeeping).
+for RL frameworks that replay the routing), through vLLM's own auxiliary-output
+connector.
 
-vLLM's GPU runner captures one flat batch per step; the plugin runs a step as
-padded passes (prompts, decodes; with data parallelism every rank's tokens
-gathered). So each MoE layer's routing (ops/fused_moe.py::route, before any
-EPLB mapping: logical ids) lands in a pass buffer, this rank's real tokens are
-copied into the step's rows (vLLM's order: batch rows, each its scheduled
-tokens), and at the end of the step the rows go to vLLM's capturer, layer by
-layer, through sinks of its own capture protocol.
+vLLM's GPU runner captures one flat batch per step; the plugin runs padded
+passes (with data parallelism, every rank's tokens gathered). So each MoE
+layer's routing (logical ids, before EPLB) lands in a pass buffer, this rank's
+real tokens are copied into the step's rows in vLLM's order, and at the end of
+the step the rows go to vLLM's capturer, layer by layer.
 """
 
 import functools

@@ -1,14 +1,11 @@
 """Step 3 of planning: a group of scheduled seqs as one padded forward pass.
 
-The pass is padded to the bucket the manager finds for its shape, so the device
-sees only pre-compiled shapes, and carries the attention metadata the builders
-in ``attention/`` make for it (they are called, never call back). Prompt row
-``i``'s token ``t`` sits at flat index ``i * query_len + t``; a merged pass
-packs its chunks one after another; decode row ``i`` sits at index ``i``, and
-a verification pass (decode with drafts) packs its rows' tokens into groups of
-``Q`` slots (``attention/verify.py``).
-Padding tokens are id 0 at position 0 and write their KV into the dummy block
-(see ``attention/metadata.py``).
+The pass is padded to the bucket the manager finds for its shape and carries the
+attention metadata ``attention/`` builds for it. Prompt row ``i``'s token ``t``
+sits at flat index ``i * query_len + t``; a merged pass packs its chunks one
+after another; decode row ``i`` sits at ``i``; a verification pass packs its
+rows' tokens into groups of ``Q`` slots (``attention/verify.py``). Padding tokens
+are id 0 at position 0 and write their KV into the dummy block.
 """
 
 from collections.abc import Callable

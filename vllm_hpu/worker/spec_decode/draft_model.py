@@ -1,36 +1,21 @@
-"""The ``draft_model`` proposer on the HPU runner: a second, smaller model that
-shares the target's tokenizer, with its own KV cache in the target's blocks.
+"""The ``draft_model`` proposer: a smaller model sharing the target's tokenizer,
+with its own KV cache in the target's blocks.
 
-vLLM's ``DraftModelProposer`` (vllm/v1/spec_decode/draft_model.py) loads the
-draft under the prefix ``draft_model`` with the draft's model and parallel
-config; its attention layers land in the same static forward context as the
-target's, so the runner's ``get_kv_cache_spec`` lists them, vLLM sizes one KV
-cache config over both models and ``bind_kv_caches`` gives each draft layer its
-own cache. Both models index their caches with the same block tables: a
-position's draft KV sits in the same slot as its target KV, and prefix caching,
-preemption and freed blocks need nothing more. vLLM's proposer then drafts in
-CUDA-graph buffers with triton kernels; here the plugin's own passes do it:
+The draft loads under the prefix ``draft_model`` into the same forward context,
+so vLLM sizes one KV cache config over both models and both index their caches
+with the same block tables (prefix caching, preemption and freed blocks need
+nothing more). Instead of vLLM's CUDA-graph drafting, the plugin's own passes:
 
-1. After sampling, each row that sampled drafts ``k`` tokens in ``k`` decode
-   passes: its last sampled token at its position, then each draft after it,
-   greedily. A deterministic draft is verified as the n-gram's are
-   (``q = 1`` at the draft token), which keeps the target's distribution.
-   vLLM's scheduler reserves ``k`` lookahead slots for these writes
-   (``VllmConfig.num_lookahead_tokens``).
-2. Every target pass (prompt chunks, decodes, verification) whose tokens the
-   draft has not written yet runs through the draft too, with the same bucket
-   and attention metadata (``after_target_pass``), so the draft's KV holds
-   every token the target computed. A verification pass of the drafts just
-   proposed holds only tokens the decodes of 1. wrote, at the same positions,
-   but the last draft (no decode read it): it needs no second pass. Where
-   the target accepted every draft, the row's first decode of the next
-   proposal reads that last draft too (two queries, in a verification
-   bucket), instead of one more decode over every row. The KV of rejected
-   drafts is overwritten later, as the target's is.
+1. each row that sampled drafts ``k`` tokens greedily in ``k`` decode passes
+   (into the lookahead slots vLLM's scheduler reserves); a deterministic draft
+   is verified as the n-gram's are, which keeps the target's distribution;
+2. every target pass whose tokens the draft has not written yet runs through
+   the draft too (``after_target_pass``); where the target accepted every
+   draft, the last one is read by the next proposal's first decode instead of
+   one more decode over every row.
 
-Decode and prompt passes come from the plugin's builders and buckets, so
-warmup (which mirrors every bucket through the draft) compiles the draft's
-graphs too.
+Passes come from the plugin's builders and buckets, so warmup compiles the
+draft's graphs too.
 """
 
 from typing import Any

@@ -1,24 +1,17 @@
 """Async scheduling: step N's sampled tokens feed step N+1 on the device.
 
-Under vLLM's async scheduling the scheduler plans step N+1 before step N's tokens
-reach the host, so the runner keeps them on the device (``InFlightTokens``), puts
-them into the next decode pass's input ids there, and records them on the host
-later, before anything on the host reads them (sampling, resumed prompts).
+The scheduler plans step N+1 before step N's tokens reach the host, so the
+runner keeps them on the device (``InFlightTokens``), writes them into the next
+decode pass's input ids there, and records them on the host before anything on
+the host reads them.
 
-The step's device work (passes, logits, sampling) runs on the device stream
-(``vllm_hpu/emulation/device_stream.py``) while the host prepares the next step;
-who owns what meanwhile:
-- a step's inputs (input ids, positions, attention metadata with its block
-  tables and slot mappings) are fresh tensors per step: the host hands them to
-  the stream and never writes them again; in-flight tokens are written into
-  them on the stream, by queued work;
-- the KV cache and the weights: only queued work reads or writes them;
-- the InputBatch and the request states: the host's, but the queued sampling
-  reads the batch's sampling state, generators, logits processors and LoRA
-  mapping, so the host waits for the stream before it changes the batch
-  (``before_update``); a step that keeps the batch waits for nothing;
-- sampled tokens: the stream's; the host reads them only through the step's
-  future (``HpuAsyncOutput.get_output``, ``record_on_host``).
+The device work runs on the device stream (``emulation/device_stream.py``)
+while the host prepares the next step. Ownership meanwhile:
+- a step's input tensors are fresh per step: the host never writes them again;
+- the KV cache and the weights: only queued work touches them;
+- the InputBatch: the host's, but queued sampling reads its sampling state, so
+  the host waits for the stream before changing the batch (``before_update``);
+- sampled tokens: the stream's, read by the host only through the step's future.
 """
 
 from collections.abc import Callable, Iterator
