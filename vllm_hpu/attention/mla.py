@@ -156,9 +156,8 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         self.decode_block_slice = decode_block_slice()
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
-        """W_UK and W_UV for prompt passes, split from kv_b_proj as vLLM's
-        layer splits its own (views of an unquantized weight; a dequantized
-        copy otherwise)."""
+        """W_UK and W_UV for prompt passes, split from kv_b_proj as vLLM splits its own
+        (views of an unquantized weight, else a dequantized copy)."""
         self.w_uk, self.w_uv = split_kv_b_proj(
             self.kv_b_proj,
             act_dtype,
@@ -169,10 +168,8 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         )
 
     def _kv_b_proj(self, kv_c: torch.Tensor) -> torch.Tensor:
-        """kv_b_proj as decode and cached context apply it, in latent space:
-        through W_UK and W_UV (a quantized weight dequantized once), the
-        latents as they are, so a token's keys and values are the same in
-        every kind of pass. kv_c: [T, L] -> [T, N * (P + V)]."""
+        """kv_b_proj in latent space, through W_UK and W_UV, so a token's keys and
+        values are the same in every kind of pass. kv_c: [T, L] -> [T, N * (P + V)]."""
         assert self.w_uk is not None and self.w_uv is not None, (
             "process_weights_after_loading has not run"
         )

@@ -89,11 +89,8 @@ def long_context_decode_buckets(
     num_kv_blocks: int,
     shape: LongContextShape = LONG_CONTEXT,
 ) -> list[Bucket]:
-    """The compact set's buckets for short sequences (the largest batch
-    size's growing ladder up to the others' most blocks per sequence), plus
-    per batch size a ladder from the batch size to the most blocks it can
-    hold (KV cache, max_model_len), so no bucket exceeds what the KV cache
-    holds and long sequences keep their own batch size."""
+    """The compact set's short-sequence buckets plus, per batch size, a ladder up to
+    the most blocks it can hold, so long sequences keep their own batch size."""
     batch_sizes = fillable_batch_sizes(
         compact_decode_batch_sizes(config), num_kv_blocks
     )

@@ -58,9 +58,8 @@ def _shared_memory_dir() -> str:
 
 @dataclass
 class HpuWeightTransferInitInfo(WeightTransferInitInfo):
-    """Host shared memory by default: nothing to rendezvous, each update names
-    its file. With ``master_address``: the group to join, workers from rank
-    ``rank_offset`` on (the trainer's sender is rank 0)."""
+    """Host shared memory by default; with ``master_address``, the gloo group to
+    join, workers from rank ``rank_offset`` on (the trainer is rank 0)."""
 
     master_address: str = ""
     master_port: int = 0
@@ -249,9 +248,8 @@ def write_chunk(
 
 
 class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitInfo]):
-    """The trainer side: every round hands the source over chunk by chunk
-    (written to a file, or broadcast while the workers receive it) and has the
-    workers load each chunk before the next."""
+    """The trainer side: each round hands the source over chunk by chunk, each
+    loaded by the workers before the next."""
 
     init_info_cls = HpuTrainerInitInfo
 

@@ -28,11 +28,8 @@ _Work = Callable[[], None]
 def _run_in_order(
     work: "queue.SimpleQueue[_Work | None]", num_threads: int | None
 ) -> None:
-    """The worker thread: run each submitted function, until told to stop.
-
-    Its torch thread count is set here, in the thread: an OpenMP thread count
-    belongs to the thread that set it (torch copies its own into a thread only
-    before anything ran there)."""
+    """The worker thread: run each submitted function until told to stop. Its
+    torch thread count is set here: an OpenMP thread count belongs to its thread."""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     while (task := work.get()) is not None:

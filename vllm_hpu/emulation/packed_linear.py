@@ -65,12 +65,9 @@ def _packable_weight(module: torch.nn.Module) -> torch.Tensor | None:
 
 
 def pack_linear_layers(model: torch.nn.Module) -> int:
-    """Pack every linear weight of ``model`` for oneDNN and route its layer there;
-    layers of other dtypes (float16, bf16 without AVX-512) keep ``F.linear``.
-
-    A linear layer's own weight is dropped (nothing else reads it); the LM head's
-    is kept, since a tied input embedding shares it. Returns how many were packed.
-    """
+    """Pack every linear weight of ``model`` for oneDNN and route its layer there
+    (other dtypes keep ``F.linear``); returns how many were packed. A layer's own
+    weight is dropped, the LM head's kept (a tied embedding shares it)."""
     packed = 0
     for module in model.modules():
         weight = _packable_weight(module)

@@ -66,11 +66,9 @@ class HostBlockCopier(OffloadingWorker):
     """Stores and loads blocks between the device caches and host memory.
 
     Each device run ``[num_blocks + 1, run_bytes]`` has a host twin of
-    ``num_chunks * blocks_per_chunk`` rows; a host chunk is ``blocks_per_chunk``
-    consecutive rows. A copy is done when ``submit_*`` returns: a store reads
-    blocks the step's passes wrote before it (the device orders its queue on
-    Gaudi; in emulation the passes have run), a load lands before the next pass.
-    """
+    ``num_chunks * blocks_per_chunk`` rows. A copy is done when ``submit_*``
+    returns: a store reads what the step's passes wrote, a load lands before the
+    next pass."""
 
     def __init__(
         self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int
@@ -147,9 +145,8 @@ class HostBlockCopier(OffloadingWorker):
 def host_rows(
     chunk_ids: np.ndarray, device_spec: GPULoadStoreSpec, blocks_per_chunk: int
 ) -> np.ndarray:
-    """The host row of each device block in ``device_spec``: per group, its
-    chunks' rows from the group's first block on (a request's first block may
-    sit inside a chunk: ``block_indices`` says where)."""
+    """The host row of each device block in ``device_spec``: per group, its chunks'
+    rows from the group's first block on (``block_indices`` says where it starts)."""
     rows: list[np.ndarray] = []
     sizes: Sequence[int] = device_spec.group_sizes
     first_chunk = 0

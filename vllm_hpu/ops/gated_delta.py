@@ -25,11 +25,8 @@ from vllm_hpu.ops.mamba import compute_dtype, gather_initial_states, valid_token
 def gdn_gating(
     a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(g, beta)`` from the ``a``/``b`` projections ``[..., v_heads]``, in float32+.
-
-    ``g = -exp(A_log) * softplus(a + dt_bias)`` is the log decay (<= 0), ``beta =
-    sigmoid(b)`` the write strength.
-    """
+    """``(g, beta)`` from the ``a``/``b`` projections ``[..., v_heads]``, in float32+:
+    the log decay (<= 0) and the write strength."""
     dtype = compute_dtype(a.dtype)
     g = -A_log.to(dtype).exp() * F.softplus(a.to(dtype) + dt_bias.to(dtype))
     return g, torch.sigmoid(b.to(dtype))
@@ -102,12 +99,10 @@ def chunk_gated_delta_rule(
 ) -> torch.Tensor:
     """The gated delta rule over padded prompt rows; writes the final states.
 
-    ``q``/``k [B, Q, H, dk]`` from ``normalize_qk``, ``v [B, Q, H, dv]``, ``g``/``beta
-    [B, Q, H]`` from ``gdn_gating``, ``state [slots, H, dv, dk]``. Padding tokens get
-    ``g = beta = 0``; ``Q`` is padded to a multiple of ``chunk_size`` likewise and the
-    chunks run in a loop of static length. Needs ``torch.linalg.solve_triangular``
-    (``[B, H, cs, cs]`` systems). Returns ``[B, Q, H, dv]`` in ``v``'s dtype.
-    """
+    ``q``/``k [B, Q, H, dk]``, ``v [B, Q, H, dv]``, ``g``/``beta [B, Q, H]``, ``state
+    [slots, H, dv, dk]``. ``Q`` is padded to a multiple of ``chunk_size`` with
+    ``g = beta = 0`` and the chunks run in a loop of static length. Returns
+    ``[B, Q, H, dv]`` in ``v``'s dtype."""
     num_tokens, out_dtype = q.shape[1], v.dtype
     dtype = compute_dtype(v.dtype)
     valid = valid_token_mask(query_lens, num_tokens)[..., None]

@@ -53,11 +53,9 @@ def decode_selection(
     blocks: DecodeBlocks,
     index_topk: int,
 ) -> torch.Tensor:
-    """A decode pass's chosen keys in its flat layout. query [bs, H, D],
-    weights [bs, H], cache [slots, D] (the indexer's keys) -> [P, block_size]
-    bool. Each block's keys are scored against its row's query; the rows'
-    keys are then ranked within each row (:func:`rank_within_rows`), so no
-    row holds an axis as long as the whole batch's keys."""
+    """A decode pass's chosen keys in its flat layout. query [bs, H, D], weights
+    [bs, H], cache [slots, D] -> [P, block_size] bool; keys are ranked within each
+    row, so no row holds an axis as long as the batch's keys."""
     num_blocks, block_size = blocks.block_bias.shape
     keys = gather_blocks(cache, blocks.block_list, block_size)  # [P, B, D]
     mapping = blocks.block_mapping.float()  # each block gets its row's query

@@ -126,10 +126,9 @@ def fp8_fused_sdpa(
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gaudi's fp8_fused_sdpa: q, k, v [bs, heads, len, head_size] dequantized,
-    attention with probabilities through fp8 when ``q_scale_s`` is given, the
-    output quantized when ``q_scale_o`` is; returns (output, amax of the
-    probabilities or None). Query rows go in chunks: a long packed prompt's
-    scores would not fit in memory at once."""
+    probabilities through fp8 with ``q_scale_s``, the output quantized with
+    ``q_scale_o``; returns (output, amax of the probabilities or None). Query rows
+    go in chunks so a long prompt's scores fit in memory."""
     group = q.shape[1] // k.shape[1]
     key = _dequantize(k, d_scale_k, torch.float32).repeat_interleave(group, 1)
     value = _dequantize(v, d_scale_v, torch.float32).repeat_interleave(group, 1)

@@ -33,9 +33,8 @@ class MoeMatmul(torch.nn.Module):
 
 
 class VllmMixtureOfExpertsOp(torch.nn.Module):
-    """The routed experts of one layer, called as Gaudi's fused MoE op is.
-    INC replaces it (MEASURE, QUANTIZE) by its patched module, which calls the
-    fused op on the ``MoeMatmul`` weights; unpatched (blocklisted), it runs the
+    """The routed experts of one layer, called as Gaudi's fused MoE op is. INC
+    replaces it by its patched module; unpatched (blocklisted), it runs the
     experts in bf16 as the plugin's unquantized method does."""
 
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:

@@ -83,10 +83,8 @@ class HpuCompressedTensorsConfig(CompressedTensorsConfig):
 
 
 class HpuGptOssMxfp4Config(GptOssMxfp4Config):
-    """gpt-oss's own MXFP4 checkpoints (quant_method ``mxfp4`` on a gpt-oss
-    config): the experts with the plugin's method, with their biases and the
-    clamped SwiGLU; vLLM's config leaves attention, router and embeddings
-    unquantized. Any activation dtype: the experts dequantize to it."""
+    """gpt-oss's own MXFP4 checkpoints: the experts (biases, clamped SwiGLU) with the
+    plugin's method; any activation dtype, the experts dequantize to it."""
 
     @classmethod
     def get_supported_act_dtypes(cls) -> list[torch.dtype]:

@@ -79,12 +79,9 @@ class DataParallelPasses(PassAlignment):
     def align(
         self, passes: list[ForwardPass], cache: CacheGeometry
     ) -> list[ForwardPass]:
-        """The step's passes, then idle ones up to the busiest rank's count,
-        each told every rank's token count for its exchanges. Two all-reduces
-        on the host side of the data-parallel group, here on the host thread:
-        the passes in the device stream then run no collective of their own
-        but the exchanges (vLLM's per-pass agreement would share the group
-        with this thread's)."""
+        """The step's passes, then idle ones up to the busiest rank's count, each told
+        every rank's token count. The two all-reduces run here on the host thread, so
+        the passes in the device stream run no collective but the exchanges."""
         group = get_dp_group().cpu_group
         count = torch.tensor([len(passes)], dtype=torch.int64)
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)

@@ -68,10 +68,8 @@ def shutdown_kv_transfer() -> None:
 
 
 class KVConnectorSteps:
-    """The runner's calls into the connector (vLLM's process-wide transfer
-    group, which the worker creates), and the last step's connector output.
-    Without a connector every call does nothing: the scheduler then sends no
-    connector metadata."""
+    """The runner's calls into the connector and the last step's connector output;
+    without a connector every call does nothing."""
 
     def __init__(self, vllm_config: VllmConfig):
         self.vllm_config = vllm_config

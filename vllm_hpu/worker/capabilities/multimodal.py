@@ -63,16 +63,10 @@ class TextInputs:
 
 
 class MultimodalInputs(TextInputs):
-    """Runs the model's encoder for scheduled encoder inputs once per item, keeps
-    the outputs keyed by the item's hash until the scheduler frees them, and
-    builds the input embeddings of every pass (text, or text and encoder outputs).
-
-    Encoder passes are padded to a bucket of items per pass by repeating the
-    last item (its extra outputs are dropped); a dynamic-resolution tower's
-    passes to a bucket of images and patches (``vision_buckets.py``), a tiled
-    tower's to a bucket of tiles (``tile_buckets.py``). So the encoder sees
-    only the shapes :meth:`warm_up` ran.
-    """
+    """Runs the model's encoder once per scheduled item, keeps the outputs by the
+    item's hash until the scheduler frees them, and builds every pass's input
+    embeddings. Encoder passes are padded to a bucket (of items, of images and
+    patches, or of tiles), so the encoder sees only the shapes :meth:`warm_up` ran."""
 
     def __init__(
         self,
@@ -317,12 +311,10 @@ class MultimodalInputs(TextInputs):
         return inputs_embeds
 
     def _hold_deepstack_rows(self, num_tokens: int) -> None:
-        """Qwen3-VL's forward reads its deepstack buffer's first rows and zeroes
-        them only when a Python int says they hold features; torch.compile
-        specializes on that int, so a pass with image tokens and one without
-        would compile apart. Every pass says it holds ``num_tokens`` rows (zeros
-        where no image put features: adding them changes nothing), and the
-        buffer grows here, outside the graph: each bucket compiles once."""
+        """Qwen3-VL reads its deepstack buffer's first rows only when a Python int says
+        they hold features, and torch.compile specializes on that int: every pass says
+        ``num_tokens`` rows (zeros where no image put features), and the buffer grows
+        here, outside the graph, so each bucket compiles once."""
         buffers = getattr(self.model, "deepstack_input_embeds", None)
         if not buffers:
             return

@@ -26,12 +26,8 @@ from vllm_hpu.worker.passes.forward_pass import ForwardPass
 def encoder_only_kv_cache_spec(
     layer: AttentionLayerBase, vllm_config: VllmConfig
 ) -> FullAttentionSpec | None:
-    """A decoder's cache spec for an encoder-only layer (vLLM gives it none).
-
-    Such layers keep no KV cache; claiming a decoder's anyway keeps the step
-    path one (block tables, slot mappings, buckets, warmup) at the price of KV
-    memory that stays unused: the attention backend never writes or reads it.
-    """
+    """A decoder's cache spec for an encoder-only layer (vLLM gives it none): one
+    step path (block tables, buckets, warmup) at the price of unused KV memory."""
     if getattr(layer, "attn_type", None) != AttentionType.ENCODER_ONLY:
         return None
     assert isinstance(layer, Attention)

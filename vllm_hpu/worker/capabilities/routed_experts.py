@@ -177,11 +177,9 @@ class RoutedExpertsCapture(RoutedExpertsOutput):
 
 @dataclass(frozen=True)
 class CaptureLayout:
-    """Where a pass's tokens sit among the rows a MoE layer routes: the pass
-    alone; with data parallelism every rank's pass, padded to the largest,
-    rank after rank; with sequence-parallel experts (EP with TP and DP) every
-    expert-parallel rank's share of its pass (ceil(n / tp) each, data-parallel
-    rank major)."""
+    """Where a pass's tokens sit among the rows a MoE layer routes: the pass alone;
+    with data parallelism every rank's padded pass, rank after rank; with
+    sequence-parallel experts each expert-parallel rank's ceil(n / tp) share."""
 
     dp_rank: int
     tp_size: int  # > 1 where the experts are sequence-parallel

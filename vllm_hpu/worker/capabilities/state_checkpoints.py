@@ -102,10 +102,6 @@ class StateCheckpoints:
 
 
 def kv_cache_share(available: int, page_bytes: int, checkpoint_bytes: int) -> int:
-    """Of ``available`` bytes, what vLLM may size its KV cache blocks with when
-    each block also costs ``checkpoint_bytes`` (one page per state layer).
-
-    vLLM spends at least ``page_bytes`` per block (a hybrid model's pages are
-    padded to one size, at least a state page's); reporting ``available * P /
-    (P + S)`` keeps its blocks and the checkpoints within ``available``."""
+    """Of ``available`` bytes, what vLLM may size its KV blocks with when each block
+    also costs ``checkpoint_bytes``: ``available * P / (P + S)``, P the page bytes."""
     return available * page_bytes // (page_bytes + checkpoint_bytes)

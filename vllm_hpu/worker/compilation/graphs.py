@@ -74,9 +74,8 @@ class PhaseCapture:
 def capture_within(
     state: PhaseCapture, budget: int, capture: CaptureFn, free: FreeFn
 ) -> int:
-    """Capture, in order, every bucket whose estimate fits both what is left of
-    ``budget`` and the device memory free right now; a bucket that does not fit
-    is left out (it runs uncaptured), later smaller ones may still fit. Returns
+    """Capture, in order, every bucket whose estimate fits what is left of ``budget``
+    and the free device memory (a bucket that does not runs uncaptured); returns
     the budget left."""
     for bucket in state.order:
         if bucket in state.captured:

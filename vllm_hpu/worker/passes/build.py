@@ -39,10 +39,8 @@ MetadataBuilder = Callable[[list[SeqLayout], CacheGeometry], HpuAttentionMetadat
 def group_metadata(
     seqs: list[ScheduledSeq], cache: CacheGeometry, build: MetadataBuilder
 ) -> tuple[HpuAttentionMetadata, ...]:
-    """The pass's metadata for each KV cache group: the same shapes (one
-    bucket), each group's own block tables and windows. A state group (no
-    attention layer reads it) repeats the first attention group's, so indices
-    stay those of the requests' block tables."""
+    """The pass's metadata per KV cache group: one bucket's shapes, each group's
+    block tables and windows; a state group repeats the first attention group's."""
     geometries = cache.group_geometries()
     built = {
         index: build([seq.group_layout(index) for seq in seqs], group)
@@ -119,10 +117,8 @@ def build_decode_pass(
     cache: CacheGeometry,
     num_queries: int = 1,
 ) -> ForwardPass:
-    """A decode pass: one new token per seq attending over its paged blocks;
-    verifying drafts, each row's last token and its drafts (up to
-    ``num_queries`` tokens), causal among themselves, rows packed into groups
-    of ``num_queries`` slots (``attention/verify.py``)."""
+    """A decode pass: one token per seq, or verifying drafts each row's last token
+    and drafts, rows packed into groups of ``num_queries`` slots."""
     starts = pack_rows([s.layout.num_scheduled_tokens for s in seqs], num_queries)
     num_blocks = flat_blocks(seqs, cache.block_size)
     bucket = buckets.find_decode_bucket(

@@ -134,10 +134,8 @@ class HpuDraftModelProposer(Proposer):
         return output if isinstance(output, tuple) else (output, output)
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
-        """Write the pass's tokens into the draft's KV cache, unless the
-        draft's decodes wrote them all (but perhaps the last draft of a row,
-        which the next proposal writes if the target accepted it); returns
-        the target's hidden states."""
+        """Write the pass's tokens into the draft's KV cache unless the draft's decodes
+        wrote them all; returns the target's hidden states."""
         if forward_pass.is_prompt or not self._wrote_all(forward_pass.seqs):
             self._forward(forward_pass)
             self._caught_up(forward_pass.seqs)
@@ -165,11 +163,9 @@ class HpuDraftModelProposer(Proposer):
         return None
 
     def _pass_starts(self, rows: list[int], first: np.ndarray) -> np.ndarray:
-        """Where each row's first pass starts: at ``first``, or where the
-        last proposal's decodes stopped writing, when the target accepted
-        every draft (the last one's KV is not written yet: a row catches up
-        in its first pass instead of the draft running one more decode over
-        every row's last draft)."""
+        """Where each row's first pass starts: ``first``, or where the last proposal's
+        decodes stopped when the target accepted every draft (the row catches up in
+        its first pass rather than one more decode over every row)."""
         req_ids = self.runner.input_batch.req_ids
         ends = [self._written.get(req_ids[row], (0, -1))[1] for row in rows]
         starts = np.minimum(first, np.where(np.array(ends) >= 0, ends, first))
@@ -230,10 +226,8 @@ class HpuDraftModelProposer(Proposer):
         tokens: torch.Tensor,
         carry: torch.Tensor | None,
     ) -> None:
-        """One pass of ``seqs``, rows ``index`` of ``tokens`` (and of
-        ``carry``, the states EAGLE reads): each reads its token (a row
-        catching up, its known tokens before it too) and leaves the next one
-        greedily there."""
+        """One pass of ``seqs``, rows ``index`` of ``tokens`` (and of ``carry``, EAGLE's
+        states): each reads its token and leaves the next one greedily there."""
         forward_pass = self._draft_pass(seqs)
         index = index.to(tokens.device)
         last = torch.tensor(forward_pass.last_token_indices, device=tokens.device)

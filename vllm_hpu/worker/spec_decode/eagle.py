@@ -117,11 +117,9 @@ def share_target_weights(model: Any, target: Any) -> None:
 
 
 class HpuEagle3Proposer(HpuEagleProposer):
-    """EAGLE-3: the head reads the target's states at several layers (vLLM's
-    ``Eagle3LlamaForCausalLM`` and kin), which the target returns beside its
-    output once asked (``set_aux_hidden_state_layers``), combined by the
-    head's ``fc``; its logits cover the target's vocabulary (a smaller draft
-    vocabulary is mapped by the head's ``compute_logits``)."""
+    """EAGLE-3: the head reads the target's states at several layers (returned once
+    asked, ``set_aux_hidden_state_layers``), combined by its ``fc``; a smaller
+    draft vocabulary is mapped by the head's ``compute_logits``."""
 
     def _load(self) -> Any:
         model = super()._load()

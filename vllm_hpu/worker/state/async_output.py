@@ -167,20 +167,18 @@ class AsyncTokenFeed(TokenFeed):
         self.in_flight: InFlightTokens | None = None
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
-        """Before the host applies a step that changes the batch: the queued
-        sampling reads the batch, and a request leaving it and coming back is
-        rebuilt from its host tokens, so wait for the stream and record the
-        tokens in flight. A step that keeps the batch waits for nothing, unless
-        a request still counts its tokens towards ``min_tokens``."""
+        """Before the host applies a step that changes the batch: wait for the stream
+        (queued sampling reads the batch) and record the tokens in flight (a request
+        coming back is rebuilt from them). A step keeping the batch waits for nothing,
+        unless a request still counts tokens towards ``min_tokens``."""
         if self._changes_batch(scheduler_output) or self._counts_min_tokens():
             self.record_on_host()
             self.stream.synchronize()
 
     def _counts_min_tokens(self) -> bool:
-        """vLLM's min-tokens processor counts each request's host tokens when
-        the batch is updated and swaps the stop-token mask the queued sampling
-        reads: while it holds requests, every step sees all tokens on the host
-        (the count a synchronous step sees) and no sampling in flight."""
+        """vLLM's min-tokens processor counts each request's host tokens and swaps the
+        stop-token mask the queued sampling reads: while it holds requests, steps see
+        every token on the host and no sampling in flight."""
         return any(
             isinstance(processor, MinTokensLogitsProcessor) and processor.min_toks
             for processor in self.input_batch.logitsprocs.all

@@ -127,10 +127,8 @@ class RequestStates:
 
     @staticmethod
     def _echoed_tokens(state: CachedRequestState, token_ids: list[int]) -> list[int]:
-        """Tokens sampled since this stage last saw the request. Pipeline stages
-        before the last never sample: the scheduler sends each request's
-        scheduled tokens with its step (none without a pipeline), of which the
-        tail may be new."""
+        """Tokens sampled since this stage last saw the request: stages before the last
+        never sample, so they take the tail of the scheduled tokens."""
         num_new = state.num_computed_tokens + len(token_ids) - state.num_tokens
         return token_ids[len(token_ids) - num_new :] if num_new > 0 else []
 
