@@ -1,11 +1,9 @@
 """HpuMLABackend: vLLM's MLAAttention layers (DeepSeek-V2/V3) on a flat latent cache.
 
-vLLM's ``MLAAttention.forward_impl`` absorbs W_UK into decode queries and projects
-decode outputs through W_UV itself; our impl writes the latent cache, runs prompt
-tokens as MHA over their latents expanded through the same W_UK and W_UV (our own
-split of kv_b_proj), their cached context in latent space (queries absorbed) and
-decode tokens as flat MQA (``ops/mla_kernels.py``).
-"""
+vLLM's ``MLAAttention.forward_impl`` absorbs W_UK and W_UV for decode itself;
+our impl writes the latent cache, runs prompt tokens as MHA over latents
+expanded through our own split of kv_b_proj, cached context in latent space
+and decode tokens as flat MQA (``ops/mla_kernels.py``)."""
 
 from typing import TYPE_CHECKING, Any, ClassVar
 

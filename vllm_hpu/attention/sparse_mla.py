@@ -1,14 +1,9 @@
-"""DeepSeek-V3.2's sparse MLA: the latent cache and kernels of ``mla.py``, each
-query attending only the ``index_topk`` keys its layer's indexer chose.
+"""DeepSeek-V3.2's sparse MLA: ``mla.py``'s cache and kernels, each query
+attending only the ``index_topk`` keys its layer's indexer chose.
 
-vLLM's MLA layer (``MultiHeadLatentAttentionWrapper``) calls its indexer before
-attending; ours (:class:`HpuSparseIndexer`, in place of vLLM's, whose fp8 CUDA
-kernels would also change which keys win) writes the indexer's key of each
-token into its own flat cache beside the latent one (``DeepseekV32IndexerCache``,
-kept in the model's dtype: :func:`index_cache_spec`), scores the keys each
-query may see (``ops/sparse_index.py``) and hands the choice to the layer's
-impl, which masks the rest out of its prompt and decode attention.
-"""
+Our indexer replaces vLLM's (whose fp8 CUDA kernels would also change which
+keys win): it keeps its keys in its own flat cache in the model's dtype and
+hands its choice to the layer's impl, which masks the rest out."""
 
 from dataclasses import replace
 from typing import Any, ClassVar

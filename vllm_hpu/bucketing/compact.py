@@ -1,14 +1,10 @@
 """The default ``compact`` buckets: few graphs, spent where a workload pads.
 
-Prompt passes (one row per prompt) get a short query ladder and few batch sizes,
-with cached-context buckets only where a context chunk runs. Decode block counts
-are a ladder in blocks per sequence: short sequences at every batch size, and for
-the largest batch size (where a busy server runs) block counts growing by a
-constant factor up to the KV cache. A batch of longer sequences runs in a larger
-batch size's bucket: it pads rows, which a decode step computes for little (it
-streams the weights once whatever its rows), not blocks, which flat paged
-attention reads one by one. docs/bucketing.md has the numbers.
-"""
+Prompts get a short query ladder and few batch sizes, context buckets only
+where a context chunk runs. Decode block counts are a ladder per sequence, and
+for the largest batch size one growing to the KV cache: a batch of long
+sequences pads rows (cheap: a decode streams the weights once), not blocks.
+docs/bucketing.md has the numbers."""
 
 import dataclasses
 import math

@@ -1,11 +1,7 @@
-"""How a step's prompt chunks become bucketed passes: the shape a pass pads up to a
-bucket, (rows, query length, context blocks), one row per chunk or, under merged
-prefill, every chunk packed into one row (the packing's arithmetic is the merged
-metadata builder's own); and which chunks share a pass, packed (merged prefill,
-the default) or one row per chunk (``VLLM_HPU_MERGED_PREFILL=false`` and pooling
-models, chosen at start-up in ``BucketingConfig``). The bucket manager is only
-asked which warmed-up bucket would cover a group. The runner's planner
-(worker/passes/) and the trace replay (``replay.py``) both split this way."""
+"""How a step's prompt chunks become bucketed passes: the shape a pass pads up to
+(rows, query length, context blocks), and which chunks share a pass, packed
+(merged prefill, the default) or one row per chunk. The runner's planner and
+the trace replay (``replay.py``) both split this way."""
 
 from collections.abc import Sequence
 from typing import Protocol, TypeVar

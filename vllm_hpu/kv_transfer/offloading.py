@@ -1,14 +1,7 @@
-"""KV offloading to host memory (``--kv-offloading-size``) on the HPU plugin.
-
-vLLM's ``OffloadingConnector`` with two pieces of ours, named in the transfer
-config by ``config.py``:
-- ``HpuOffloadingConnector`` registers the caches as the contiguous runs of each
-  block (``layout.block_pages``: keys and values apart). vLLM's own registration
-  assumes one run per block, which our flat caches are not.
-- ``HpuOffloadingSpec``: vLLM's host-memory spec (its scheduler side, sizing and
-  eviction, is device-neutral) whose worker copies blocks with index ops
-  (``HostBlockCopier``) where vLLM's needs CUDA streams and kernels.
-"""
+"""KV offloading to host memory (``--kv-offloading-size``): vLLM's
+``OffloadingConnector`` with a registration of each block's two runs (our flat
+caches are not one run per block) and a spec whose worker copies blocks with
+index ops (``HostBlockCopier``) instead of CUDA streams and kernels."""
 
 import time
 from collections.abc import Sequence

@@ -1,11 +1,8 @@
 """Attention of multimodal encoders (vision towers) over a whole padded pass.
 
-vLLM's torch path splits a pass at ``cu_seqlens`` and attends image by image, so
-the attention's shapes follow each image's patch count: on Gaudi, a graph per
-image size. Here one attention covers the pass and a block-diagonal mask keeps
-the images apart, so the shapes follow only the pass's (images, patches) bucket;
-a long pass is cut into tiles, each with its piece of the mask.
-"""
+vLLM attends image by image, so on Gaudi each image size would be a graph.
+Here one attention covers the pass with a block-diagonal mask, so the shapes
+follow only the pass's (images, patches) bucket."""
 
 import torch
 

@@ -1,20 +1,12 @@
 """Gated delta-net (GDN) ops in plain torch, on padded ``[B, Q]`` rows with state slots.
 
-Qwen3-Next's linear-attention layers (vLLM's ``QwenGatedDeltaNetAttention``) run a
-causal conv (``vllm_hpu.ops.mamba``'s conv, same layout), then the gated delta
-rule; vLLM runs the latter as FLA Triton kernels over varlen batches. Per token
-and value head, with ``S [dv, dk]`` (vLLM's state layout, ``[slots, v_heads, dv,
-dk]``):
+Qwen3-Next's linear-attention layers (vLLM runs them as FLA Triton kernels).
+Per token and value head, with ``S [dv, dk]`` (vLLM's state layout):
 
     S <- exp(g) * S;  S <- S + beta * (v - S k) k^T;  o = S q
 
-with ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``, and ``q``,
-``k`` L2-normalised, ``q`` scaled by ``1/sqrt(dk)``, both repeated from the key
-heads to the value heads. A prompt pass masks its padding with ``g = 0`` (no
-decay) and ``beta = 0`` (no write), so a row's state after ``Q`` tokens is its
-state after ``query_lens[i]``; slots and ``has_initial_state`` work as in
-``vllm_hpu.ops.mamba``. Math runs in float32 at least (float64 stays float64).
-"""
+``q``, ``k`` L2-normalised, ``q`` scaled by ``1/sqrt(dk)``. Padding gets ``g =
+0`` and ``beta = 0`` (no decay, no write). Math runs in float32 at least."""
 
 import torch
 import torch.nn.functional as F

@@ -1,13 +1,9 @@
 """The mask of a prompt pass, kept per token ([bs, q] queries, [bs, K] keys) and
-made per tile of queries x keys, so no pass ever holds a [q, K] mask at once.
+made per tile, so no pass holds a [q, K] mask at once.
 
-One form serves every layout: a padded batch (one prompt per row), a merged pass
-(several prompts packed into one row, block-diagonal) and encoder-only rows
-(bidirectional). A key is visible to a query of the same prompt (owner) that is
-not earlier in that prompt (when causal), or that shares its bidirectional
-span (Gemma 3's image tokens see each other both ways); padding has owner -1 and
-sees only itself, so padded rows come out finite.
-"""
+One form serves padded batches, merged passes (block-diagonal) and encoder
+rows (bidirectional). Padding has owner -1 and sees only itself, so padded rows
+come out finite."""
 
 from dataclasses import dataclass
 

@@ -1,12 +1,7 @@
 """Prompt attention cut into tiles of queries x keys and merged through each
-tile's log-sum-exp ("FusedSDPA slicing", VLLM_HPU_FSDPA_SLICE_*), so a long pass
-holds one tile's scores and mask at a time: memory follows the tile size, not
-the square of the pass length.
-
-Any kernel that returns its softmax statistics can run the tiles (the plain
-matmuls, Gaudi's FusedSDPA, torch's CPU kernel): they share the cutting, the
-reading of keys per tile and the merge here.
-"""
+tile's log-sum-exp (VLLM_HPU_FSDPA_SLICE_*), so memory follows the tile size,
+not the square of the pass length; any kernel returning its softmax
+statistics can run the tiles."""
 
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -1,12 +1,7 @@
-"""DeepSeek sparse attention's lightning indexer (DeepSeek-V3.2): each query
-scores the keys it may see with a few small heads of its own and attends only
-its ``index_topk`` best.
-
-Scores as transformers' ``DeepseekV32Indexer`` makes them, in fp32 (vLLM's CUDA
-kernels quantize queries and cached keys to fp8 first). The top-k runs over a
-pass's padded key axis, hidden keys at -inf, so every shape is the bucket's
-and a query with fewer visible keys than ``index_topk`` keeps all of them.
-"""
+"""DeepSeek-V3.2's lightning indexer: each query scores the keys it may see and
+attends only its ``index_topk`` best, scored as transformers'
+``DeepseekV32Indexer`` does, in fp32 (vLLM's CUDA kernels use fp8). The top-k
+runs over the bucket's padded key axis, hidden keys at -inf."""
 
 import torch
 

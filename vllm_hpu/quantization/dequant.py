@@ -1,12 +1,6 @@
-"""Dequantization of the weight layouts checkpoints ship (fp8 and int8 with
-per-tensor, per-channel or block scales; 4- and 8-bit values packed in int32 by
-AutoAWQ, GPTQ and compressed-tensors; MXFP4), in plain torch.
-
-Every function takes the tensors as the checkpoint stores them, works on any
-leading dimensions (a stack of experts: ``[E, ...]``) and returns a float weight
-in the layout of its input, without reading vLLM: the linear and MoE methods of
-each format call these, and unit tests hold them to naive references.
-"""
+"""Dequantization of the weight layouts checkpoints ship (fp8, int8, packed 4- and
+8-bit, MXFP4), in plain torch, on any leading dimensions (``[E, ...]`` for a
+stack of experts), without reading vLLM."""
 
 import torch
 

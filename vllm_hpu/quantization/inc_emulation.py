@@ -1,18 +1,10 @@
 """Intel Neural Compressor's Gaudi FP8 path on the CPU, for emulation only.
 
-INC patches modules by class name from a per-device table, calls Gaudi's fp8 ops
-through a per-device wrapper table, and refuses anything but fake quantization
-(QDQ) on a CPU. Three adjustments from outside INC make it run the path it runs
-on Gaudi (docs/fp8.md): the Gaudi module entries in the CPU table, torch
-stand-ins for the fp8 ops (the fused MoE op's measuring variant, which INC calls
-directly, as a ``torch.ops.hpu`` op), and a config parser that takes the real
-path with Gaudi 3 scales. Applied once, by ``inc_flow.enable_inc`` in emulation
-only.
-
-Why: INC has no CPU backend for its Gaudi path. How: table entries and one
-wrapped parser, set before the first ``prepare``/``convert``. Removed by: an INC
-release whose CPU accelerator takes the Gaudi path (no upstream change yet).
-"""
+Why: INC has no CPU backend for its Gaudi path. How (docs/fp8.md): the Gaudi
+module entries in INC's CPU table, torch stand-ins for the fp8 ops (the fused
+MoE measuring op as a ``torch.ops.hpu`` op) and a config parser that takes the
+real path with Gaudi 3 scales, set by ``inc_flow.enable_inc`` before the first
+``prepare``/``convert``. Removed by: an INC whose CPU accelerator takes that path."""
 
 import functools
 from collections.abc import Callable

@@ -1,11 +1,8 @@
 """The routed experts as Intel Neural Compressor measures and quantizes them:
-modules with the Gaudi reference's class names (INC patches by class name), one
-``MoeMatmul`` per expert projection, so each expert gets its own weight scale and
+modules with the Gaudi reference's class names (INC patches by class name),
+one ``MoeMatmul`` per expert projection, so each expert gets its own scale and
 the measurement files name ``<layer>.moe_op.w13_list.<expert>`` as on Gaudi.
-
-Attached to each MoE layer only when the INC flow runs; the layer's stacked
-weights stay the storage (each ``MoeMatmul`` holds a view) until INC has made
-its fp8 copies, then they are released."""
+The stacked weights stay the storage until INC has made its fp8 copies."""
 
 import re
 from collections import Counter

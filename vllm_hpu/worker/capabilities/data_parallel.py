@@ -1,12 +1,6 @@
-"""Data parallelism with a MoE model: each MoE layer exchanges tokens among the
-data-parallel ranks (distributed.py), so in every engine step each rank runs as
-many forward passes as the busiest one. A rank with fewer passes, or with none
-(vLLM's ``execute_dummy_batch``), adds idle ones: a padded decode pass of no
-request, whose writes land in the dummy block.
-
-Dense models need none of this: vLLM runs their data-parallel ranks as
-independent engines (``data_parallel_size`` is 1 in each).
-"""
+"""Data parallelism with a MoE model: MoE layers exchange tokens among the ranks,
+so each rank runs as many passes as the busiest one, adding idle padded decode
+passes (writing to the dummy block). Dense models run as independent engines."""
 
 from dataclasses import replace
 

@@ -1,11 +1,7 @@
-"""Planning a step's forward passes, one way: the scheduler's output ->
-scheduled seqs (``seqs.py``) -> prompt groups (``split.py``) -> padded passes
-with their buckets and attention metadata (``build.py``).
-
-The planner also counts each pass's padding into the bucket manager's stats
-and, under ``VLLM_HPU_BUCKET_TRACE``, records the step's shape for the bucket
-planner (``python -m vllm_hpu.bucketing``).
-"""
+"""Planning a step's forward passes, one way: the scheduler's output -> scheduled
+seqs (``seqs.py``) -> prompt groups (``bucketing/prompt_passes.py``) -> padded
+passes with buckets and attention metadata (``build.py``); padding goes into
+the bucket stats and, under ``VLLM_HPU_BUCKET_TRACE``, the step into a trace."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
