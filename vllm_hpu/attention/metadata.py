@@ -28,8 +28,7 @@ class SeqLayout:
     bidirectional_spans: tuple[tuple[int, int], ...] = ()
 
     def span_ends(self) -> np.ndarray:
-        """[num_scheduled_tokens]: the last position each scheduled token sees,
-        its own or the last of the bidirectional span holding it."""
+        """[num_scheduled_tokens]: the last position each token sees (span-aware)."""
         start = self.num_computed_tokens
         positions = np.arange(start, start + self.num_scheduled_tokens)
         ends = positions.copy()
@@ -168,13 +167,11 @@ class PassRows:
         )
 
     def block_ids(self, rows: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """Physical id of block ``blocks[k]`` (a position // block_size) of
-        row ``rows[k]``."""
+        """Physical id of block ``blocks[k]`` of row ``rows[k]``."""
         return self.tables[self.table_starts[rows] + blocks]
 
     def slot_mapping(self, num_tokens: int, cache: CacheGeometry) -> torch.Tensor:
-        """[num_tokens] cache slot of every token, row ``i``'s from flat index
-        ``starts[i]`` on; padding spreads over the dummy block."""
+        """[num_tokens] cache slot per token; padding spreads over the dummy block."""
         block_size = cache.block_size
         slots = cache.num_blocks * block_size + np.arange(num_tokens) % block_size
         counts = self.query_lens

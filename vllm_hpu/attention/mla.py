@@ -109,8 +109,7 @@ class HpuMLAPrefillBackend(MLAPrefillBackend):
 
 
 class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
-    """Latent cache writes, prompt MHA with cached context in latent space, flat
-    decode MQA."""
+    """Latent cache writes, prompt MHA, context in latent space, decode MQA."""
 
     def __init__(
         self,

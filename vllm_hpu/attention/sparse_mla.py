@@ -77,8 +77,7 @@ class HpuSparseMLAImpl(HpuMLAImpl):
 
 
 class HpuSparseIndexer(torch.nn.Module):
-    """vLLM's ``Indexer`` (its weights and cache layer) run in the model's
-    dtype; each call leaves its choice of keys with the layer's impl."""
+    """vLLM's ``Indexer`` run in the model's dtype, its choice left with the impl."""
 
     def __init__(self, indexer: torch.nn.Module, impl: HpuSparseMLAImpl) -> None:
         super().__init__()
@@ -92,8 +91,7 @@ class HpuSparseIndexer(torch.nn.Module):
         positions: torch.Tensor,
         rotary_emb: torch.nn.Module,
     ) -> None:
-        """hidden_states [T, hidden]; q_c [T, q_lora_rank] (the query's
-        normed low-rank projection)."""
+        """hidden_states [T, hidden]; q_c [T, q_lora_rank] (normed low-rank query)."""
         query, key, weights = self._project(hidden_states, q_c, positions, rotary_emb)
         indexer: Any = self.indexer
         layers: Any = get_forward_context().attn_metadata
@@ -183,7 +181,6 @@ def index_cache_spec(
 
 
 def register_sparse_mla() -> None:
-    """Construct :class:`HpuMultiHeadLatentAttention` for vLLM's MLA layers
-    (idempotent: plugins load more than once)."""
+    """Construct :class:`HpuMultiHeadLatentAttention` for vLLM's MLA (idempotent)."""
     if MultiHeadLatentAttentionWrapper.__name__ not in op_registry_oot:
         MultiHeadLatentAttentionWrapper.register_oot(HpuMultiHeadLatentAttention)

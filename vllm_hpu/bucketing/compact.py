@@ -92,8 +92,7 @@ def compact_decode_batch_sizes(config: BucketingConfig) -> list[int]:
 
 
 def growing_block_counts(batch_size: int, cap: int, growth: float) -> list[int]:
-    """``batch_size`` x 1, ``growth``, ``growth**2``, ... blocks per sequence
-    (rounded up), below ``cap``, then ``cap`` itself."""
+    """``batch_size`` x 1, ``growth``, ``growth**2``, ... blocks, up to ``cap``."""
     counts = set()
     per_seq = 1.0
     while round(batch_size * per_seq, 6) < cap:

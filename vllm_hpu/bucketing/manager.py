@@ -215,8 +215,7 @@ class HpuBucketManager:
     def covering_prompt_bucket(
         self, batch_size: int, query_len: int, num_context_blocks: int
     ) -> Bucket:
-        """The bucket a prompt batch of this shape pads to; a question only:
-        nothing is counted, remembered or warned."""
+        """The bucket a prompt batch of this shape pads to; nothing is counted."""
         return self._cover_prompt(batch_size, query_len, num_context_blocks)[0]
 
     def has_prompt_bucket(

@@ -148,8 +148,7 @@ class BucketingConfig:
 
 
 def _verify_queries(vllm_config: "VllmConfig") -> int:
-    """Query tokens per row of a verification pass: a row's last token and
-    its k drafts (1: no speculative decoding)."""
+    """Query tokens per row of a verification pass: k drafts + 1 (1: none)."""
     spec = vllm_config.speculative_config
     return 1 + (spec.num_speculative_tokens or 0) if spec is not None else 1
 

@@ -68,8 +68,7 @@ class TileBuckets:
         return runs
 
     def pad(self, kwargs: dict[str, Any], num_tiles: int) -> dict[str, Any]:
-        """Batched encoder inputs padded to ``num_tiles`` tiles by one image of
-        zero tiles (none when they already fill it)."""
+        """Batched encoder inputs padded to ``num_tiles`` by one image of zero tiles."""
         pixels: torch.Tensor = kwargs[PIXELS_KEY]
         rest = num_tiles - pixels.shape[0]
         assert rest >= 0, (num_tiles, pixels.shape)

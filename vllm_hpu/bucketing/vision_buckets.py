@@ -23,8 +23,7 @@ def grid_key(modality: str) -> str:
 
 
 def is_grid_item(modality: str, item: MultiModalKwargsItem) -> bool:
-    """Whether ``item`` holds patches of a dynamic-resolution tower (not
-    precomputed embeddings, which skip the tower)."""
+    """Whether ``item`` holds a dynamic-resolution tower's patches."""
     return grid_key(modality) in item and PIXEL_KEYS.get(modality) in item
 
 
@@ -35,8 +34,7 @@ def item_patches(modality: str, item: MultiModalKwargsItem) -> int:
 
 
 def patch_buckets(smallest: int, largest: int) -> list[int]:
-    """Powers of two from ``smallest`` (at least MIN_PATCH_BUCKET) to the first
-    that holds ``largest``."""
+    """Powers of two from ``smallest`` to the first that holds ``largest``."""
     buckets = [max(MIN_PATCH_BUCKET, smallest)]
     while buckets[-1] < largest:
         buckets.append(buckets[-1] * 2)

@@ -306,8 +306,7 @@ class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitI
         return group
 
     def send_weights(self) -> None:
-        """One round; ranks other than the sender only iterate the source (it
-        may gather shards collectively)."""
+        """One round; other ranks only iterate the source (it may gather shards)."""
         assert self.source is not None
         if not self.is_sender:
             for _ in self.source:

@@ -25,8 +25,7 @@ class EmulatedMemory:
         self.on_host = 0
 
     def restart(self) -> None:
-        """Count from now: a later engine in the same process gets an empty device,
-        as each engine on Gaudi does."""
+        """Count from now: a later engine in this process gets an empty device."""
         self.baseline = self._rss()
 
     @staticmethod

@@ -43,8 +43,7 @@ class DecodeBlocks:
     # (verification: minus the row's first query's)
 
     def split(self, size: int) -> list["DecodeBlocks"]:
-        """The layout cut along P into slices of ``size`` blocks (the last
-        shorter); each slice keeps its blocks' rows."""
+        """The layout cut along P into slices of ``size`` blocks."""
         num_blocks = self.block_list.shape[0]
         return [
             DecodeBlocks(

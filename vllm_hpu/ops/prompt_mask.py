@@ -118,8 +118,7 @@ class PromptBias:
 
     @property
     def causal(self) -> bool:
-        """Whether no query sees a key after its own (sliced attention then
-        skips those tiles): not with bidirectional spans."""
+        """Whether no query sees a later key (then sliced attention skips tiles)."""
         return self.mask.causal and self.mask.query_span_end is None
 
     def tile(self, queries: slice, keys: slice) -> torch.Tensor:

@@ -21,8 +21,7 @@ def index_scores(
 
 
 def top_k_keys(scores: torch.Tensor, visible: torch.Tensor, k: int) -> torch.Tensor:
-    """[..., K] bool: the ``k`` best-scored visible keys of the last axis (all
-    visible ones where fewer)."""
+    """[..., K] bool: the ``k`` best-scored visible keys (all where fewer)."""
     scores = scores.masked_fill(~visible, float("-inf"))
     index = scores.topk(min(k, scores.shape[-1]), dim=-1).indices
     return torch.zeros_like(visible).scatter_(-1, index, True) & visible

@@ -182,8 +182,7 @@ def dequantize_int8(
 
 
 def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
-    """Power-of-two scales stored as biased exponents (uint8 or float8_e8m0fnu):
-    2 ** (s - 127) in float32."""
+    """Biased power-of-two exponents (uint8 or e8m0): 2 ** (s - 127) in float32."""
     exponents = scales.view(torch.uint8).to(torch.int32) - E8M0_BIAS
     return torch.exp2(exponents.float())
 

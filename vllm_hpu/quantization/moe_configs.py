@@ -98,8 +98,7 @@ class HpuGptOssMxfp4Config(GptOssMxfp4Config):
 def expert_scheme(
     config: CompressedTensorsConfig, layer: RoutedExperts, prefix: str
 ) -> dict[str, Any] | None:
-    """The experts' scheme, as vLLM reads it: that of expert 0's projections,
-    which must agree."""
+    """The experts' scheme as vLLM reads it: expert 0's projections'."""
     config._add_fused_moe_to_target_scheme_map()
     names = (layer.ckpt_gate_proj_name, layer.ckpt_up_proj_name)
     schemes = [

@@ -68,8 +68,7 @@ def shutdown_kv_transfer() -> None:
 
 
 class KVConnectorSteps:
-    """The runner's calls into the connector and the last step's connector output;
-    without a connector every call does nothing."""
+    """The runner's calls into the connector; without one each does nothing."""
 
     def __init__(self, vllm_config: VllmConfig):
         self.vllm_config = vllm_config

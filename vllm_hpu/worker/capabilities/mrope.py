@@ -56,8 +56,7 @@ class MRopePositions(FlatPositions):
         return np.where(in_prompt, prompt[:, clipped], flat + delta)
 
     def _request_positions(self, req_id: str) -> tuple[np.ndarray, int]:
-        """The prompt's positions and the delta of the tokens after it, computed
-        on the request's first pass."""
+        """The prompt's positions and the later tokens' delta, on the first pass."""
         state = self.requests[req_id]
         if state.mrope_positions is None:
             # A prompt given as embeddings is all text: its length is enough.

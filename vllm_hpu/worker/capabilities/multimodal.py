@@ -46,8 +46,7 @@ def encoder_batch_sizes(max_items: int) -> list[int]:
 
 
 class TextInputs:
-    """A pass's model inputs: its token ids, for a model that takes no media
-    (this class) or runs past the first pipeline stage."""
+    """A pass's token ids, for a model without media or past the first stage."""
 
     def update(self, scheduler_output: SchedulerOutput) -> None:
         pass
@@ -144,8 +143,7 @@ class MultimodalInputs(TextInputs):
             self.encoder_cache[hashes[i]] = output
 
     def encode(self, items: Sequence[EncoderItem]) -> list[torch.Tensor]:
-        """Encoder outputs of ``items`` (sorted by modality), in order, in
-        bucketed passes."""
+        """Encoder outputs of ``items`` (sorted by modality), in bucketed passes."""
         outputs: list[torch.Tensor] = []
         for (modality, layout), group in itertools.groupby(items, key=self._layout):
             run = list(group)
@@ -158,8 +156,7 @@ class MultimodalInputs(TextInputs):
         return outputs
 
     def _layout(self, item: EncoderItem) -> tuple[str, str]:
-        """(modality, how its passes are bucketed): by patch grids, by tiles,
-        or by items."""
+        """(modality, bucketing of its passes: by patch grids, tiles or items)."""
         modality = item[0]
         if modality in self.patch_buckets and is_grid_item(*item):
             return modality, "grid"
@@ -235,8 +232,7 @@ class MultimodalInputs(TextInputs):
         return outputs
 
     def warm_up(self) -> None:
-        """One encoder pass per bucket on vLLM's dummy item of each modality (at
-        its largest size), so serving meets no new encoder shape."""
+        """One encoder pass per bucket on vLLM's largest dummy item per modality."""
         for modality in self.budget.mm_max_items_per_batch:
             items = self.budget.get_dummy_encoder_profile_inputs(modality, 1)
             buckets = self.patch_buckets.get(modality)
@@ -275,15 +271,13 @@ class MultimodalInputs(TextInputs):
         logger.info("Warmed up encoder passes of %s tiles", buckets.warmup_shapes())
 
     def reset(self) -> None:
-        """Forget encoder outputs, as vLLM's scheduler forgets which it holds
-        (a pause that clears caches, sleep)."""
+        """Forget encoder outputs, as vLLM's scheduler does (pause, sleep)."""
         self.encoder_cache.clear()
 
     # ---- input embeddings ---------------------------------------------------
 
     def inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
-        """Input embeddings on every pass (encoder outputs merged in), so each
-        bucket compiles one graph."""
+        """Input embeddings on every pass, so each bucket compiles one graph."""
         with self.profiler.span("embed", bucket=forward_pass.bucket):
             embeds = self._embed(forward_pass)
         return {"input_ids": None, "inputs_embeds": embeds}

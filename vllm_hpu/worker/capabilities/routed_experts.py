@@ -54,8 +54,7 @@ class StepBatch:
 
 
 class RoutedExpertsOutput:
-    """What the runner asks of routed experts returned; without
-    enable_return_routed_experts (this class) a step's output carries none."""
+    """Routed experts returned; without the option a step's output has none."""
 
     def start(self, kv_cache_config: KVCacheConfig) -> None:
         pass
@@ -109,8 +108,7 @@ class RoutedExpertsCapture(RoutedExpertsOutput):
         self.step_ids = self._buffer(0)
 
     def start(self, kv_cache_config: KVCacheConfig) -> None:
-        """vLLM's connector, once the KV cache config is known; it binds its
-        capturer to the sinks."""
+        """vLLM's connector, once the KV cache config is known, bound to the sinks."""
         self.connector = AuxOutputWorkerConnector(
             vllm_config=self.vllm_config,
             model=self.sinks,

@@ -113,8 +113,7 @@ class HpuSleepMode:
         self.asleep.discard("weights")
 
     def discard(self, tags: tuple[str, ...], release_kv_cache: Callable[[], None]):
-        """Free what ``tags`` name while the engine stays up (vLLM's
-        ``release_kv_cache_memory``): the KV cache only."""
+        """Free what ``tags`` name (``release_kv_cache_memory``): the KV cache only."""
         if set(tags) - {"kv_cache"}:
             raise ValueError(f"Only the KV cache can be discarded, not {tags}.")
         if "kv_cache" not in self.asleep:

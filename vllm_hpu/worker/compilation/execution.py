@@ -137,8 +137,7 @@ class GraphedModel(torch.nn.Module):
         model_inputs: dict[str, Any],
         metadata: dict[str, Any],
     ) -> Any:
-        """``forward_pass`` on its ``model_inputs`` and each layer's
-        ``metadata`` (layers share their group's: each object goes once)."""
+        """Run ``forward_pass``; layers share their group's metadata object."""
         distinct = list({id(m): m for m in metadata.values()}.values())
         index = {id(m): i for i, m in enumerate(distinct)}
         output = self._call(

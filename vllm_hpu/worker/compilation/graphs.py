@@ -27,8 +27,7 @@ def unlimited() -> int:
 
 
 def capture_order(buckets: list[Bucket], strategy: str) -> list[Bucket]:
-    """``min_tokens``: fewest tokens first; ``max_bs``: largest batch first, then
-    the shortest sequence."""
+    """``min_tokens``: fewest tokens first; ``max_bs``: largest batch first."""
     if strategy == "min_tokens":
         return sorted(buckets, key=lambda b: (b.batch_size * b.query_len, *b[1:], b[0]))
     if strategy == "max_bs":

@@ -60,8 +60,7 @@ def _forward_pass(
     first_token_indices: list[int],
     build: MetadataBuilder,
 ) -> ForwardPass:
-    """The pass on the device: its token ids and positions, and each KV cache
-    group's metadata from ``build``."""
+    """The pass on the device, with each KV cache group's metadata."""
     input_ids, positions = tokens
     return ForwardPass(
         is_prompt=is_prompt,
@@ -148,8 +147,7 @@ def flat_blocks(seqs: list[ScheduledSeq], block_size: int) -> int:
 def _placed_tokens(
     seqs: list[ScheduledSeq], token_ids: np.ndarray, starts: list[int], size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and positions of a pass of ``size`` tokens, each seq's from
-    flat index ``starts[i]`` on, zero-padded."""
+    """Token ids and positions of ``size`` tokens, seq i's from ``starts[i]``."""
     input_ids = np.zeros(size, dtype=np.int64)
     positions = np.zeros_like(input_ids)
     for seq, start in zip(seqs, starts, strict=True):

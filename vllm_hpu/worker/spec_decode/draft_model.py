@@ -70,8 +70,7 @@ def attention_layer_names(vllm_config: VllmConfig) -> set[str]:
 
 
 class HpuDraftModelProposer(Proposer):
-    """Loads the draft beside the target, mirrors the target's passes into
-    the draft's KV cache, and drafts ``k`` tokens per row in decode passes."""
+    """The draft beside the target, mirroring its passes, drafting greedily."""
 
     # The first draft decode's position, counted back from the row's token
     # count: the draft model reads the last sampled token at its own position.

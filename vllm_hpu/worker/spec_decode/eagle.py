@@ -60,8 +60,7 @@ class HpuEagleProposer(HpuDraftModelProposer):
         return self.model
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
-        """Run the head over the pass's next tokens and the target's states;
-        keep each row's last states for its first decode."""
+        """Run the head over the pass; keep each row's last states."""
         for seq, last in zip(
             forward_pass.seqs, forward_pass.last_token_indices, strict=True
         ):

@@ -7,8 +7,7 @@ from vllm_hpu.worker.spec_decode.interface import Proposer
 
 
 class NgramDrafts(Proposer):
-    """vLLM's NgramProposer (numba, CPU) behind the proposer seams: it drafts
-    from the tokens so far, with no model of its own."""
+    """vLLM's NgramProposer (numba, CPU): drafts from the tokens so far."""
 
     def __init__(self, vllm_config: VllmConfig, input_batch: InputBatch):
         _use_workqueue_threads()

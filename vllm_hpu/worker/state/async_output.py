@@ -39,8 +39,7 @@ from vllm_hpu.worker.state.request_states import RequestStates
 
 @dataclass
 class StepLogits:
-    """A step's passes, run: the logits to sample and the prompt logprobs of
-    the prompts the step completed."""
+    """A step's logits to sample and the prompt logprobs it completed."""
 
     logits: torch.Tensor  # [num_sampled, vocab_size]
     prompt_logprobs: dict[str, LogprobsTensors | None]
@@ -129,8 +128,7 @@ def _put_tokens(
 
 
 class TokenFeed:
-    """How a step's sampled tokens reach the next step: under synchronous
-    scheduling (this class) through the host, in the step's output."""
+    """Synchronous scheduling (this class): tokens reach the next step via the host."""
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
         pass

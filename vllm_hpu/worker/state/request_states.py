@@ -41,8 +41,7 @@ class RequestStates:
         self.num_prompt_logprobs: dict[str, int] = {}
 
     def update(self, scheduler_output: SchedulerOutput) -> None:
-        """Apply one step's scheduler output; afterwards the batch rows are
-        exactly the requests scheduled in this step."""
+        """Apply a step's scheduler output; the rows are then its scheduled requests."""
         batch = self.input_batch
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)

@@ -176,8 +176,7 @@ class HpuWarmup:
         )
 
     def _request_params(self) -> tuple[SamplingParams | None, PoolingParams | None]:
-        """A warmup request samples one token, or pools with the model's first
-        task (a sequence task, embed or classify, where it has one)."""
+        """A warmup request samples one token, or pools with the model's first task."""
         tasks = sorted(supported_pooling_tasks(self.runner.get_model()))
         if not tasks:
             return SamplingParams(temperature=0.0, max_tokens=1), None
@@ -347,8 +346,7 @@ def warm_up_model(runner: HpuModelRunner, graph_mem: int) -> None:
 def kept_graphs(
     runner: HpuModelRunner, options: CompileOptions | None
 ) -> contextlib.AbstractContextManager[None]:
-    """Warmup compiles into this configuration's folder under VLLM_HPU_CACHE_DIR,
-    when that is set and torch.compile runs."""
+    """This configuration's folder under VLLM_HPU_CACHE_DIR, with torch.compile."""
     folder = get_envs().cache_dir
     if options is None or not folder or runner.cache is None:
         return contextlib.nullcontext()
