@@ -2,9 +2,11 @@
 
     python -m vllm_hpu.calibrate <model> --dataset prompts.jsonl --output <dir>
 
-runs the MEASURE pass in a child engine (the plugin reads its variables at
-start-up) and writes ``<dir>/maxabs_quant.json`` to serve with ``QUANT_CONFIG``.
-Each dataset line is a JSON object with a ``prompt`` or ``text`` field, or a string."""
+runs the MEASURE pass in a child engine (the plugin reads ``QUANT_CONFIG`` at
+start-up) and writes ``<dir>/maxabs_quant.json`` beside the measurements. Serve
+with ``QUANT_CONFIG=<dir>/maxabs_quant.json vllm serve <model> --quantization inc
+--kv-cache-dtype fp8_inc``. Each dataset line is a JSON object with a ``prompt``
+or ``text`` field, or a JSON string."""
 
 import argparse
 import json
