@@ -149,10 +149,14 @@ def vllm_engine(model_dir: str, **kwargs: Any) -> Iterator[Any]:
 @contextlib.contextmanager
 def default_engine(model_dir: str, **kwargs: Any) -> Iterator[Any]:
     """A fresh engine as :func:`vllm_engine` starts it, but through vLLM's
-    default path: its core in a process of its own (DEFAULT_ENGINE), taking the
-    test's callables (SENDS_CALLABLES)."""
-    variables = {**DEFAULT_ENGINE, **SENDS_CALLABLES}.items()
-    with plugin_env(variables), vllm_engine(model_dir, **kwargs) as llm:
+    default path: its core in a process of its own (DEFAULT_ENGINE, read as the
+    engine starts and set only then: a module's engine would otherwise put
+    the module's other engines in processes of their own), taking the test's
+    callables (SENDS_CALLABLES, for the engine's whole life)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(plugin_env(SENDS_CALLABLES.items()))
+        with plugin_env(DEFAULT_ENGINE.items()):
+            llm = stack.enter_context(vllm_engine(model_dir, **kwargs))
         assert core_in_own_process(llm)
         yield llm
 
