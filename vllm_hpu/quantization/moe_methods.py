@@ -27,7 +27,7 @@ from vllm_hpu.ops.fused_moe import (
     refuse,
     route,
 )
-from vllm_hpu.ops.moe import fused_experts, weights_on_input
+from vllm_hpu.ops.moe import ExpertExtras, fused_experts, weights_on_input
 
 # Dequantized bytes of one group of quantized experts in a forward: bounds the
 # transient copy (DeepSeek-V3's 256 experts would be 22 GiB in bf16 at once).
@@ -63,6 +63,10 @@ class HpuQuantizedMoE(abc.ABC):
         """The experts' input as the format computes with it (as is by default)."""
         return x
 
+    def extras(self, layer: Any) -> ExpertExtras:
+        """The layer's expert extras as the format computes with them."""
+        return expert_extras(layer)
+
     def apply_monolithic(
         self,
         layer: Any,
@@ -86,7 +90,7 @@ class HpuQuantizedMoE(abc.ABC):
         num_experts = layer.local_num_experts
         per_group = experts_per_group(layer, x.dtype)
         inputs = self.prepare_input(layer, x)
-        extras = expert_extras(layer)
+        extras = self.extras(layer)
         out = None
         for first in range(0, num_experts, per_group):
             experts = slice(first, min(first + per_group, num_experts))
