@@ -56,6 +56,10 @@ class HpuCommunicator(DeviceCommunicatorBase):
         hpu_device.mark_step()
         super().send(tensor, dst)
 
+    def reduce_scatter(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        hpu_device.mark_step()
+        return super().reduce_scatter(input_, dim)
+
     # ---- MoE layers with data parallelism (called on the expert group) ----
     # vLLM's naive dispatch: every data-parallel rank's tokens go to every rank,
     # whose experts (a shard of each, or whole experts with expert parallelism)
@@ -90,15 +94,12 @@ class HpuCommunicator(DeviceCommunicatorBase):
     ) -> torch.Tensor:
         """hidden_states: [dp_size * max_num_tokens, hidden_size], this rank's
         part for every rank's tokens -> [num_tokens, hidden_size], the sum over
-        ranks for this rank's tokens. An all-reduce and a slice: gloo has no
-        reduce-scatter."""
+        ranks for this rank's tokens: a reduce-scatter, so each rank receives
+        only its own rows' sums (as the reference's HCCL communicator does)."""
         assert not is_sequence_parallel, "refused by ops/fused_moe.check_supported"
-        sizes = _num_tokens_across_dp()
         dp = get_dp_group()
-        max_num_tokens = int(sizes.max())
-        start = dp.rank_in_group * max_num_tokens
-        summed = dp.all_reduce(hidden_states)
-        return summed[start : start + int(sizes[dp.rank_in_group])]
+        mine = dp.reduce_scatter(hidden_states, dim=0)
+        return mine[: int(_num_tokens_across_dp()[dp.rank_in_group])]
 
 
 def _num_tokens_across_dp() -> torch.Tensor:
