@@ -1,5 +1,10 @@
 """A fresh Python on the Gaudi branch: for what is fixed when the bridge or
-the plugin is imported (lazy mode, card generation, cards, front ends)."""
+the plugin is imported (lazy mode, card generation, cards, front ends).
+
+tests/hpu_branch runs only in the test double's lane: VLLM_HPU_DOUBLE=1 pytest
+tests/hpu_branch (make test-hpu-double); tests/conftest.py leaves it out of the
+suite otherwise. (No conftest.py here: tests/e2e imports the suite's as
+``conftest``.)"""
 
 import os
 import subprocess

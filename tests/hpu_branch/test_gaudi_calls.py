@@ -1,7 +1,7 @@
 """The plugin's calls into Habana's stack, each against the published bridge as
 the double models it: the review's items (docs/gaudi-contract-review.md) that
 one call settles. The kernels themselves are checked by the self-check's table
-(test_selfcheck.py); whole engines by tests/e2e/hpu_double."""
+(test_selfcheck.py); whole engines by test_engines.py."""
 
 import pytest
 import torch

@@ -21,6 +21,14 @@ KERNEL_ROWS = [
 ]
 
 
+@pytest.fixture
+def vllm_config():  # type: ignore[no-untyped-def]
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    with set_current_vllm_config(VllmConfig()) as config:
+        yield config
+
+
 @pytest.fixture(scope="module")
 def rows() -> dict[str, selfcheck.Row]:
     return {row.check: row for row in selfcheck.run_checks()}
