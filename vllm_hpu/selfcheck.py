@@ -247,12 +247,18 @@ def _fp8_layer(where: str) -> SimpleNamespace:
 def _fp8_experts(mode: str) -> Check:
     def check() -> Outcome:
         from vllm_hpu.quantization.fp8_moe import HpuFp8Experts
-        from vllm_hpu.quantization.moe_methods import HpuQuantizedMoE
 
-        method = HpuFp8Experts()
-        method.block, method.input_mode = None, mode
-        cpu_experts = HpuQuantizedMoE.run_experts  # the dequantized path
-        on_cpu = functools.partial(cpu_experts, method, _fp8_layer("cpu"))
+        class CpuFp8Experts(HpuFp8Experts):
+            """The plugin's fp8 experts without Gaudi's kernel (emulation's
+            path: dequantized experts, input and intermediate rounded)."""
+
+            def _kernel(self) -> None:
+                return None
+
+        method, cpu_method = HpuFp8Experts(), CpuFp8Experts()
+        for m in (method, cpu_method):
+            m.block, m.input_mode = None, mode
+        on_cpu = functools.partial(cpu_method.run_experts, _fp8_layer("cpu"))
         on_device = functools.partial(method.run_experts, _fp8_layer("hpu"))
         inputs = (torch.randn(6, 64), *_routing())
         return _both(on_device, on_cpu, inputs, 2e-2)  # the kernel returns bf16
