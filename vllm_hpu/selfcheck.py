@@ -284,8 +284,12 @@ def _fp8_matmul() -> Outcome:
 def _graph_replay() -> Outcome:
     linear = torch.nn.Linear(16, 16)
     graphed = device.wrap_in_graph(copy.deepcopy(linear).to("hpu"))
-    graphed(torch.randn(4, 16).to("hpu"))  # captured
-    return _both(graphed, linear, (torch.randn(4, 16),), 1e-5)  # replayed
+
+    def replay(x: torch.Tensor) -> torch.Tensor:
+        return graphed(True, input=x)
+
+    replay(torch.randn(4, 16).to("hpu"))  # captured
+    return _both(replay, linear, (torch.randn(4, 16),), 1e-5)  # replayed
 
 
 def kernel_checks() -> dict[str, tuple[str, Check]]:

@@ -1,7 +1,8 @@
 """The plugin's calls into Habana's stack, each against the published bridge as
-the double models it: the review's items (docs/gaudi-contract-review.md) that
-one call settles. The kernels themselves are checked by the self-check's table
-(test_selfcheck.py); whole engines by test_engines.py."""
+the double models it: the review's items (README_GAUDI.md, "How the Gaudi
+branch is tested") that one call settles. The kernels themselves are checked
+by the self-check's table (test_selfcheck.py); whole engines by
+test_engines.py."""
 
 import pytest
 import torch
