@@ -172,3 +172,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.section(f"seconds per test file (all workers: {total:.0f} s)")
     for path, seconds in FILE_SECONDS.most_common(FILES_SHOWN):
         terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+
+
+@pytest.fixture(scope="session")
+def bridge():
+    """The bridge's test double, imported into this process (eager mode, Gaudi2,
+    8 cards): for tests/hpu_double_unit, in the VLLM_HPU_DOUBLE=1 lane. (Not in a
+    conftest.py of that folder: tests/models.py and tests/e2e import this file
+    as ``conftest``, and a second one would take its name in the lane.)"""
+    import habana_frameworks.torch as bridge
+
+    return bridge
