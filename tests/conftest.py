@@ -4,7 +4,7 @@ With VLLM_HPU_DOUBLE=1 the run is the HPU-branch lane instead: the test double
 of Habana's bridge (tests/hpu_double) goes on the path of this process and of
 every process it starts, and the plugin takes its Gaudi branch. The double makes
 "hpu" a torch device process-wide, so the lane runs apart from the rest of the
-suite (its folder, hpu_double_unit, is collected only there).
+suite (its folders, hpu_double_unit and hpu_branch, are collected only there).
 """
 
 import collections
@@ -32,7 +32,7 @@ else:
     # Emulation must be on before vLLM is imported anywhere (spawned engine
     # processes find the plugin again through its entry point and read this too).
     os.environ.setdefault("VLLM_HPU_EMULATION", "1")
-collect_ignore = [] if HPU_DOUBLE_LANE else ["hpu_double_unit"]
+collect_ignore = [] if HPU_DOUBLE_LANE else ["hpu_double_unit", "hpu_branch"]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -172,3 +172,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.section(f"seconds per test file (all workers: {total:.0f} s)")
     for path, seconds in FILE_SECONDS.most_common(FILES_SHOWN):
         terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+
+
+@pytest.fixture(scope="session")
+def bridge():
+    """The bridge's test double, imported into this process (eager mode, Gaudi2,
+    8 cards): for tests/hpu_double_unit, in the VLLM_HPU_DOUBLE=1 lane. (Not in a
+    conftest.py of that folder: tests/models.py and tests/e2e import this file
+    as ``conftest``, and a second one would take its name in the lane.)"""
+    import habana_frameworks.torch as bridge
+
+    return bridge

@@ -53,15 +53,14 @@ def _say_why_inactive() -> None:
 
 def register_ops() -> None:
     """Register custom-op overrides and the attention backend (idempotent)."""
-    from vllm_hpu import device
-    from vllm_hpu.patches import accelerator, engine_args, fp8_kernels
+    from vllm_hpu.patches import accelerator, engine_args, fp8_kernels, logprobs
 
     engine_args.accept_device_option()
     if register() is None:
         return
 
-    if device.is_emulation():
-        accelerator.apply_emulation_patches()
+    accelerator.apply_accelerator_patches()
+    logprobs.count_ranks_eagerly()
     import vllm_hpu.attention.backend
     import vllm_hpu.ops.custom_ops  # registers the op overrides
     import vllm_hpu.ops.fused_moe  # noqa: F401  registers the MoE method
@@ -85,6 +84,7 @@ def register_ops() -> None:
         kernels.register()
     fp8_kernels.register_block_fp8_kernel()
     fp8_kernels.keep_fp8_shard_scales()
+    fp8_kernels.quantize_within_card_range()
     moe_configs.register()
     inc_config.register()
     weight_transfer.register()  # the "hpu" weight transfer backend

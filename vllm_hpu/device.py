@@ -29,10 +29,38 @@ def hpu_available() -> bool:
         return False
     try:
         _set_up_recipe_cache()
+        _set_up_lazy_mode_defaults()
         importlib.import_module("habana_frameworks.torch")
-        return bool(torch.hpu.is_available()) and torch.hpu.device_count() > 0  # type: ignore[attr-defined]
+        found = bool(torch.hpu.is_available()) and torch.hpu.device_count() > 0  # type: ignore[attr-defined]
     except Exception:  # a broken bridge install means: no Gaudi here
         return False
+    if found and _bridge_is_lazy():
+        # Lazy mode has no torch.compile (Habana's PyTorch Support Matrix):
+        # vLLM's compiled helpers (sampler, router, TP vocabulary mask) run
+        # eagerly, as in the reference plugin (vllm-gaudi platform.py:429-431).
+        torch._dynamo.config.disable = True
+    elif found:
+        # INC's fp8 modules patch their scales at run time, so compiled graphs
+        # do not hold them as constants (vllm-gaudi platform.py:453).
+        envs.set_default("RUNTIME_SCALE_PATCHING", "1")
+    return found
+
+
+def _set_up_lazy_mode_defaults() -> None:
+    """Before the bridge loads, as the reference plugin sets them (vllm-gaudi
+    platform.py:427-436); both act in lazy mode only: collectives recorded in
+    the lazy graph (HPU graphs of more than one card need them, Habana's
+    "Inference Using HPU Graphs"), and no weight-sharing patch of
+    ``nn.Parameter`` (bridge v1.19.0 core/__init__.py:128-141)."""
+    envs.set_default("PT_HPU_ENABLE_LAZY_COLLECTIVES", "true")
+    envs.set_default("PT_HPU_WEIGHT_SHARING", "0")
+
+
+def _bridge_is_lazy() -> bool:
+    """The bridge's own answer (its default differs between releases: lazy in
+    v1.19.0 utils/internal.py:27, eager in the current documentation)."""
+    internal = importlib.import_module("habana_frameworks.torch.utils.internal")
+    return bool(internal.is_lazy())
 
 
 # Gaudi's recipe cache: folder, whether to empty it at start, size limit in MB.
@@ -135,7 +163,9 @@ def emulated_ray_resources(num_devices: int) -> dict[str, float] | None:
 
 
 def is_lazy() -> bool:
-    return hpu_available() and get_envs().pt_hpu_lazy_mode == "1"
+    """Gaudi's lazy mode, as the bridge runs it (PT_HPU_LAZY_MODE, else the
+    bridge's default)."""
+    return hpu_available() and _bridge_is_lazy()
 
 
 def _htcore() -> Any:
@@ -199,8 +229,44 @@ def manual_seed_all(seed: int) -> None:
         torch.hpu.manual_seed_all(seed)  # type: ignore[attr-defined]
 
 
+# Synapse's card types (bridge v1.19.0 utils/experimental: synDeviceGaudi2 = 4,
+# synDeviceGaudi3 = 5): the name torch.hpu.get_device_name() gives and the
+# card's memory (96 GB Gaudi 2, 128 GB Gaudi 3: transformers' "Intel Gaudi" docs).
+GAUDI2, GAUDI3 = 4, 5
+_CARDS = {GAUDI2: ("GAUDI2", 96 * GiB), GAUDI3: ("GAUDI3", 128 * GiB)}
+
+
+@functools.cache
+def card_type() -> int | None:
+    """Synapse's type of this host's cards, asked without acquiring one (the
+    bridge's ``_get_device_type``); None without Gaudi."""
+    if not hpu_available():
+        return None
+    experimental = importlib.import_module("habana_frameworks.torch.utils.experimental")
+    return int(experimental._get_device_type())
+
+
+def fp8_max() -> float:
+    """The largest e4m3 value this device computes with: 240 on Gaudi2, whose
+    e4m3 keeps the top exponent for special values (as vllm-gaudi's FP8_MAX
+    there, extension/ops.py:25-30), OCP e4m3fn's 448 on Gaudi3 and the CPU."""
+    if card_type() == GAUDI2:
+        return 240.0
+    return float(torch.finfo(torch.float8_e4m3fn).max)
+
+
+def card_count() -> int:
+    """Cards this process may use (HABANA_VISIBLE_MODULES); asks none."""
+    return torch.hpu.device_count() if hpu_available() else 0  # type: ignore[attr-defined]
+
+
 def device_name() -> str:
-    return torch.hpu.get_device_name() if hpu_available() else "HPU (CPU emulation)"  # type: ignore[attr-defined]
+    """The card's name, without acquiring it: a front end (API server, the
+    caller of ``LLM``) asks while vLLM sizes its defaults, and a card it
+    acquired would be held for its life, one fewer for the workers."""
+    if not hpu_available():
+        return "HPU (CPU emulation)"
+    return _CARDS.get(card_type() or 0, (f"HPU (synapse type {card_type()})", 0))[0]
 
 
 def init_device_memory() -> None:
@@ -249,6 +315,11 @@ def memory_used() -> int:
 
 
 def total_memory() -> int:
+    """A card's memory, without acquiring it on Gaudi (see ``device_name``):
+    as published for its generation (0 for another); the worker sizes its
+    KV cache from ``mem_get_info``."""
+    if hpu_available():
+        return _CARDS.get(card_type() or 0, ("", 0))[1]
     return mem_get_info()[1]
 
 
@@ -333,10 +404,14 @@ def fused_rms_norm() -> Callable[..., Any] | None:
 
 
 def fused_rotary_embedding() -> Callable[..., Any] | None:
-    return _kernel("habana_frameworks.torch.hpex.kernels", "RotaryPosEmbeddingHelperV1")
+    """Gaudi's rotary kernel ``apply_rotary_pos_emb(x, cos, sin, position_ids,
+    offset, mode)``, either layout (``fused_rotary_mode``); None without Gaudi.
+    Not ``RotaryPosEmbeddingHelperV1``: its ``apply`` takes four arguments and
+    rotates halves only (bridge v1.19.0 RotaryPosEmbeddingHelper.py:50-139)."""
+    return _kernel("habana_frameworks.torch.hpex.kernels", "apply_rotary_pos_emb")
 
 
-class _CpuFusedSDPA:
+class CpuFusedSDPA:
     """FusedSDPA's call on the CPU: torch's fused attention kernel, heads-first
     inputs, an additive mask, grouped-query K/V shared without being repeated."""
 
@@ -369,11 +444,11 @@ def fused_sdpa() -> Any | None:
         "habana_frameworks.torch.hpex.kernels",
         "FusedSDPA",
         lambda: get_envs().prompt_use_fusedsdpa,
-        emulated=_CpuFusedSDPA,
+        emulated=CpuFusedSDPA,
     )
 
 
-def _cpu_sdpa_stats(
+def cpu_sdpa_stats(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -413,7 +488,7 @@ def fused_sdpa_stats() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | Non
     VLLM_PROMPT_USE_FUSEDSDPA turns the fused kernel off."""
     if not get_envs().prompt_use_fusedsdpa:
         return None
-    return _hpu_sdpa_stats if hpu_available() else _cpu_sdpa_stats
+    return _hpu_sdpa_stats if hpu_available() else cpu_sdpa_stats
 
 
 def fused_moe() -> Callable[..., Any] | None:
@@ -426,15 +501,17 @@ def fused_moe() -> Callable[..., Any] | None:
     return _KERNELS[key]
 
 
-def fused_moe_fp8() -> Callable[..., Any] | None:
-    """Gaudi's fused MoE kernel on fp8 tokens and experts with their scales
-    (``torch.ops.hpu.mixture_of_experts.fp8_fused_weights``), or None without
-    Gaudi, where ``quantization/fp8_moe.py`` rounds the input through fp8 and runs the
-    dequantized experts."""
-    key = "torch.ops.hpu.mixture_of_experts.fp8_fused_weights"
+def fused_moe_fp8(dynamic: bool) -> Callable[..., Any] | None:
+    """Gaudi's fused MoE kernel on fp8 tokens and experts with their scales,
+    which rounds the intermediate through fp8 with the scales it is given
+    (``torch.ops.hpu.mixture_of_experts.fp8_fused_weights``: a required
+    ``d_scale_intermediate_hidden_states``) or per token (``dynamic``:
+    ``.fp8_fused_weights_dynamic``); None without Gaudi, where
+    ``quantization/fp8_moe.py`` rounds alike around the dequantized experts."""
+    name = "fp8_fused_weights_dynamic" if dynamic else "fp8_fused_weights"
+    key = f"torch.ops.hpu.mixture_of_experts.{name}"
     if key not in _KERNELS:
-        moe = fused_moe()
-        _KERNELS[key] = getattr(moe, "fp8_fused_weights", None)
+        _KERNELS[key] = getattr(fused_moe(), name, None)
     return _KERNELS[key]
 
 
@@ -456,7 +533,8 @@ def load_kernels() -> None:
     fused_rotary_embedding()
     fused_sdpa()
     fused_moe()
-    fused_moe_fp8()
+    fused_moe_fp8(dynamic=False)
+    fused_moe_fp8(dynamic=True)
     fp8_gemm()
     fused_rotary_mode(True)
 

@@ -294,12 +294,13 @@ class HpuEnvs:
         False,
         "write a Chrome-trace JSON of engine steps (opens in Perfetto)",
     )
-    # The bridge's own switch; we read it to pick the execution mode.
-    pt_hpu_lazy_mode: str = _var(
+    # The bridge's own switch, checked here; the mode is asked of the bridge.
+    pt_hpu_lazy_mode: str | None = _var(
         "PT_HPU_LAZY_MODE",
         _choice("0", "1"),
-        "0",
-        "Habana bridge: 0 eager/torch.compile backend, 1 lazy mode",
+        None,
+        "Habana bridge: 0 eager/torch.compile backend, 1 lazy mode; unset: the "
+        "bridge's default",
     )
     # Empty: Gaudi's hpu_backend on Gaudi; in emulation torch.compile is then off,
     # since a dynamo trace of every default bucket costs minutes on a CPU.

@@ -188,13 +188,16 @@ class HpuPlatform(Platform):
 
     @classmethod
     def make_synced_weight_loader(cls, original_weight_loader):  # type: ignore[no-untyped-def]
-        """vLLM's synced loader, less the sync of a parameter left on the meta
-        device (online quantization materializes its weights later)."""
+        """Each device parameter's copy finished before the next loads, as the
+        reference plugin does: the device synchronized, not vLLM's
+        ``torch._sync`` (a functional-tensor sync for XLA, which asserts on a
+        plain HPU tensor); host and meta parameters (online quantization
+        materializes its weights later) need nothing."""
 
         def synced_weight_loader(param, *args, **kwargs):  # type: ignore[no-untyped-def]
             out = original_weight_loader(param, *args, **kwargs)
             if param.device.type not in ("cpu", "meta"):
-                torch._sync(param)
+                device.synchronize()
             return out
 
         return synced_weight_loader

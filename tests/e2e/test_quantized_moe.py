@@ -7,6 +7,7 @@ step: 2 pairs, fewer than the experts, so each step dequantizes only the
 experts it routes to (ops/moe.py::routed_experts)."""
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -52,19 +53,35 @@ METHODS = {
 }
 
 
-def round_expert_inputs(scale: float):  # type: ignore[no-untyped-def]
-    """transformers' experts get their input rounded through fp8 with the
-    checkpoint's static scale, as the plugin's experts do."""
+def round_through_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
+    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return (q.float() * scale).to(x.dtype)
 
-    def round_input(_module, args):  # type: ignore[no-untyped-def]
-        x = args[0]
-        q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-        return ((q.float() * scale).to(x.dtype), *args[1:])
+
+def rounded_experts(scale: float):  # type: ignore[no-untyped-def]
+    """transformers' Qwen3-MoE experts with their input and the down
+    projection's input rounded through fp8 with the checkpoint's static scale,
+    as the plugin's fp8 experts (Gaudi's fp8 MoE kernel, vLLM's own fp8 MoE
+    kernels) compute them; otherwise transformers' loop over the experts."""
+
+    def forward(experts, hidden_states, top_k_index, top_k_weights):  # type: ignore[no-untyped-def]
+        out = torch.zeros_like(hidden_states)
+        x = round_through_fp8(hidden_states, scale)
+        for expert in range(experts.num_experts):
+            tokens, slots = torch.where(top_k_index == expert)
+            gate_up = torch.nn.functional.linear(
+                x[tokens], experts.gate_up_proj[expert]
+            )
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = round_through_fp8(experts.act_fn(gate) * up, scale)
+            y = torch.nn.functional.linear(h, experts.down_proj[expert])
+            out.index_add_(0, tokens, y * top_k_weights[tokens, slots, None])
+        return out
 
     def prepare(model: torch.nn.Module) -> None:
         for name, module in model.named_modules():
             if name.endswith("mlp.experts"):
-                module.register_forward_pre_hook(round_input)
+                module.forward = types.MethodType(forward, module)
 
     return prepare
 
@@ -95,7 +112,7 @@ def test_quantized_experts_generate_what_transformers_does(case, tmp_path):
     quant_dir, deq_dir = write_moe_checkpoints(Path(model_path(name)), tmp_path, scheme)
     prompts = random_prompts(LENGTHS, 1024, seed=1)
     static = isinstance(scheme, Fp8Experts) and scheme.input_scale is not None
-    prepare = round_expert_inputs(INPUT_SCALE) if static else None
+    prepare = rounded_experts(INPUT_SCALE) if static else None
     expected = hf_greedy(
         str(deq_dir), prompts, MAX_TOKENS, torch.float32, prepare=prepare
     )

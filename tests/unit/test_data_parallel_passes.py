@@ -64,3 +64,26 @@ def test_unsupported_expert_layouts_are_named(changes, is_moe, named):
     refused = [name for name, on in unsupported_layouts(config).items() if on]
     assert len(refused) == (named is not None)
     assert named is None or named in refused[0]
+
+
+def test_combine_receives_only_this_ranks_rows(monkeypatch):
+    """Each rank gets the sums of its own tokens' rows from a reduce-scatter, not
+    every rank's from an all-reduce (review item D13: dp_size times the traffic).
+    Rank 1 of two, with 2 and 1 tokens (padded to 2 rows each)."""
+    from vllm_hpu.distributed import communicator
+
+    parts = [torch.arange(8.0).reshape(4, 2) * (rank + 1) for rank in range(2)]
+
+    class Rank1:
+        rank_in_group = 1
+
+        def reduce_scatter(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+            assert dim == 0 and x is parts[1]
+            return sum(parts).chunk(2, dim)[1]
+
+        def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+            raise AssertionError("every rank's rows went to every rank")
+
+    monkeypatch.setattr(communicator, "_exchange", lambda _: (Rank1(), [2, 1]))
+    combiner = object.__new__(communicator.HpuCommunicator)
+    assert combiner.combine(parts[1]).tolist() == [[12.0, 15.0]]

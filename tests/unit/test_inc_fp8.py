@@ -15,7 +15,7 @@ from vllm_hpu.attention.inc_modules import (
     Softmax,
     VLLMKVCache,
 )
-from vllm_hpu.device import _CpuFusedSDPA
+from vllm_hpu.device import CpuFusedSDPA
 from vllm_hpu.quantization import inc_emulation as emulated
 from vllm_hpu.quantization.inc import apply_fp8_options
 from vllm_hpu.quantization.inc_config import HpuIncConfig
@@ -74,7 +74,7 @@ class _GaudiPieces(torch.nn.Module):
         self.proj = torch.nn.Linear(64, 64, bias=False)
         self.matmul_qk, self.softmax, self.matmul_av = Matmul(), Softmax(), Matmul()
         self.k_cache = VLLMKVCache()
-        self.fused_sdpa = ModuleFusedSDPA(_CpuFusedSDPA)
+        self.fused_sdpa = ModuleFusedSDPA(CpuFusedSDPA)
 
     def forward(self, x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
         h = self.proj(x)

@@ -57,6 +57,10 @@ class HpuCommunicator(DeviceCommunicatorBase):
         hpu_device.mark_step()
         super().send(tensor, dst)
 
+    def reduce_scatter(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        hpu_device.mark_step()
+        return super().reduce_scatter(input_, dim)
+
     # ---- MoE layers with data parallelism (called on the expert group) ----
     # vLLM's naive dispatch: every data-parallel rank's tokens go to every rank,
     # whose experts (a shard of each, or whole experts with expert parallelism)
@@ -95,12 +99,11 @@ class HpuCommunicator(DeviceCommunicatorBase):
     ) -> torch.Tensor:
         """hidden_states: [group_size * max_num_tokens, hidden_size], this rank's
         part for every rank's tokens -> [num_tokens, hidden_size], the sum over
-        ranks for this rank's tokens. An all-reduce and a slice: gloo has no
-        reduce-scatter."""
+        ranks for this rank's tokens: a reduce-scatter, so each rank receives
+        only its own rows' sums (as the reference's HCCL communicator does)."""
         group, sizes = _exchange(is_sequence_parallel)
-        start = group.rank_in_group * max(sizes)
-        summed = group.all_reduce(hidden_states)
-        return summed[start : start + sizes[group.rank_in_group]]
+        mine = group.reduce_scatter(hidden_states, dim=0)
+        return mine[: sizes[group.rank_in_group]]
 
 
 def _exchange(is_sequence_parallel: bool) -> tuple[GroupCoordinator, list[int]]:

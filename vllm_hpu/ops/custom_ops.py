@@ -5,6 +5,8 @@ With an out-of-tree platform and custom_ops=["all"], vLLM constructs these
 subclasses and calls forward_oot: Gaudi's fused kernel, or forward_native without it.
 """
 
+from collections.abc import Callable
+
 import torch
 from vllm.model_executor.custom_op import CustomOp, op_registry_oot
 from vllm.model_executor.layers.activation import SiluAndMul
@@ -73,7 +75,7 @@ class HpuRotaryEmbedding(RotaryEmbedding):
 
     def _rotate(
         self,
-        kernel: object,
+        kernel: Callable[..., torch.Tensor],
         mode: object,
         x: torch.Tensor,
         cos: torch.Tensor,
@@ -81,9 +83,7 @@ class HpuRotaryEmbedding(RotaryEmbedding):
     ) -> torch.Tensor:
         shape = x.shape
         x = x.view(cos.shape[0], -1, self.head_size)
-        rotated = kernel.apply(  # type: ignore[attr-defined]
-            x[..., : self.rotary_dim], cos, sin, None, 0, mode
-        )
+        rotated = kernel(x[..., : self.rotary_dim], cos, sin, None, 0, mode)
         return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1).reshape(shape)
 
 

@@ -203,6 +203,10 @@ class HpuMoEMethod:
         """The experts' input as the format computes with it (as is by default)."""
         return x
 
+    def extras(self, layer: Any) -> ExpertExtras:
+        """The layer's expert extras as the format computes with them."""
+        return expert_extras(layer)
+
     def max_gathered(self, layer: Any, dtype: torch.dtype) -> int:
         """The most experts a pass gathers rather than reading them all.
         Weights dequantized in the forward are copied anyway: gathered packed
@@ -246,7 +250,7 @@ class HpuMoEMethod:
         experts, topk_ids = routed if routed is not None else (None, topk_ids)
         num_slots = num_experts if experts is None else len(experts)
         per_group = experts_per_group(layer, x.dtype, self.copies_weights or gathered)
-        inputs, extras = self.prepare_input(layer, x), expert_extras(layer)
+        inputs, extras = self.prepare_input(layer, x), self.extras(layer)
         out = None
         for first in range(0, num_slots, per_group):
             group = slice(first, min(first + per_group, num_slots))

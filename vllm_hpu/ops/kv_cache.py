@@ -9,6 +9,8 @@ does not take fp8 on the CPU) and upcast by every reader before a matmul.
 
 import torch
 
+from vllm_hpu import device
+
 
 def kv_cache_shape(
     num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
@@ -32,6 +34,7 @@ def allocate_kv_cache(
 
 
 FP8_DTYPES = (torch.float8_e4m3fn,)
+FP8_LIMIT = device.fp8_max()  # the card's e4m3 range (240 on Gaudi2)
 
 
 def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -41,8 +44,7 @@ def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     INC already quantized with its scale is stored as it is."""
     if x.dtype == dtype or dtype not in FP8_DTYPES:
         return x.to(dtype)
-    limit = torch.finfo(dtype).max
-    return x.clamp(-limit, limit).to(dtype)
+    return x.clamp(-FP8_LIMIT, FP8_LIMIT).to(dtype)
 
 
 def _indexable(cache: torch.Tensor) -> torch.Tensor:

@@ -52,13 +52,17 @@ class ExpertExtras:
     w2_bias: torch.Tensor | None = None  # [num_experts, hidden_size]
     swiglu_alpha: float = SWIGLUOAI_ALPHA
     swiglu_limit: float = SWIGLUOAI_LIMIT
+    # The gated intermediate [rows, intermediate] as the down projection takes
+    # it (fp8 experts round it through fp8, as Gaudi's fp8 kernel does).
+    intermediate: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def has_bias(self) -> bool:
         return self.w13_bias is not None or self.w2_bias is not None
 
     def gated(self, h: torch.Tensor, activation: str) -> torch.Tensor:
-        return gated(h, activation, self.swiglu_alpha, self.swiglu_limit)
+        h = gated(h, activation, self.swiglu_alpha, self.swiglu_limit)
+        return h if self.intermediate is None else self.intermediate(h)
 
     def of(self, experts: slice | torch.Tensor) -> "ExpertExtras":
         """The extras of some of the experts (their biases): a slice or ids."""
@@ -224,7 +228,8 @@ def fused_experts(
     ``experts_min + e``, and (token, k) pairs routed to other experts add
     nothing. ``extras``: biases (of the experts in ``w13``) and SwiGLU clamp."""
     kernel = device.fused_moe()
-    if kernel is not None and activation == "silu" and not extras.has_bias:
+    plain = not extras.has_bias and extras.intermediate is None
+    if kernel is not None and activation == "silu" and plain:
         return kernel(
             hidden_states=hidden_states,
             expert_routing_table=topk_ids.long(),

@@ -1,9 +1,9 @@
 """Every change the plugin makes to code it does not own, one module per patch.
 Each module says why it exists, how it works and which upstream change removes it.
 
-- ``accelerator``: ``torch.accelerator`` memory and sync calls of vLLM's loader
-  and shutdown, no-ops where torch has no accelerator (CPU emulation); EPLB's
-  events and current stream answered on the host.
+- ``accelerator``: ``torch.accelerator`` cache calls of vLLM's loader and
+  shutdown, no-ops where they fail (CPU emulation; Gaudi's allocator); in
+  emulation EPLB's events and current stream answered on the host.
 - ``engine_args``: ``--device hpu`` / ``device="hpu"`` accepted and checked; the
   options a user set (async scheduling, dtype, state-cache options, the hybrid
   KV cache manager) recorded on the config before vLLM resolves them, for every
@@ -16,7 +16,10 @@ Each module says why it exists, how it works and which upstream change removes i
 - ``torchvision_import``: PyPI's CUDA-built torchvision imports beside the CPU
   torch (also as the set-up's interpreter-start hook).
 - ``fp8_kernels``: the block-fp8 linear kernel in vLLM's kernel table; per-tensor
-  scales of fused fp8 layers kept per shard.
+  scales of fused fp8 layers kept per shard; vLLM's activation quantizer within
+  the card's fp8 range (Gaudi2: 240).
+- ``logprobs``: vLLM's logprob rank count without torch.compile on Gaudi,
+  whose graph compiler refuses the sampler's unbacked sizes.
 - ``nixl``: ``import nixl`` answered by the nixl-cu12 wheel.
 - ``triton_import``: no triton in a CPU emulation process (its nanobind extension
   reported leaks at every engine process's exit); ``interpreter_start`` is what

@@ -1,5 +1,6 @@
-"""fp8 checkpoints on the platform: the block-fp8 linear kernel in vLLM's table,
-and per-tensor scales of fused layers kept per shard."""
+"""fp8 on the platform: the block-fp8 linear kernel in vLLM's table, per-tensor
+scales of fused layers kept per shard, and vLLM's activation quantizer within
+the card's fp8 range."""
 
 import functools
 from typing import Any
@@ -58,3 +59,25 @@ def keep_fp8_shard_scales() -> None:
     from vllm.model_executor.layers.quantization.utils import w8a8_utils
 
     w8a8_utils.requantize_with_max_scale = _shard_scales_per_row
+
+
+# vLLM's activation quantizer within the card's e4m3 range.
+# Why: vLLM's ``QuantFP8`` (dynamic per-token, per-group and static activation
+# scales of fp8 layers) quantizes to module-level bounds taken from
+# ``torch.finfo(float8_e4m3fn)``, 448; Gaudi2's e4m3 stops at 240 and reads the
+# values past it as NaN (vllm-gaudi sets its own FP8_MAX to 240 there).
+# How: on such a card the module's bounds and smallest scale become the card's,
+# before any layer quantizes.
+# Upstream change that removes it: a platform hook for the fp8 range (vLLM asks
+# ``is_fp8_fnuz`` only, whose dtype Gaudi does not use).
+@functools.cache
+def quantize_within_card_range() -> None:
+    from vllm.model_executor.layers.quantization import input_quant_fp8
+
+    from vllm_hpu import device
+
+    limit = device.fp8_max()
+    if limit >= input_quant_fp8._FP8_MAX:
+        return
+    input_quant_fp8._FP8_MIN, input_quant_fp8._FP8_MAX = -limit, limit
+    input_quant_fp8._FP8_MIN_SCALING_FACTOR = 1.0 / (limit * 512.0)

@@ -38,8 +38,24 @@ from vllm_hpu.quantization.dequant import (
 )
 
 FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8_DTYPE).max
+FP8_MAX = device.fp8_max()  # the card's e4m3 range: 240 on Gaudi2
 _MIN_SCALE = 1e-12  # an all-zero tensor still gets a usable scale
+
+
+def fit_card_range(weight: torch.Tensor, *scales: torch.Tensor | None) -> None:
+    """Checkpoint fp8 values (up to e4m3fn's 448) on a card with a smaller e4m3
+    range (Gaudi2: 240), in place: halved, their scales (weight and static input
+    scales) doubled, as the reference plugin loads them (vllm-gaudi
+    extension/ops.py:968-993). The same numbers but for the smallest subnormals;
+    halved on the host, since the card reads values past its range as NaN.
+    Nothing on other devices."""
+    if torch.finfo(FP8_DTYPE).max <= FP8_MAX:
+        return
+    halved = (weight.detach().cpu().float() * 0.5).to(FP8_DTYPE)
+    weight.data.copy_(halved)
+    for scale in scales:
+        if scale is not None:
+            scale.data.mul_(2.0)
 
 
 def quantize_per_tensor(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,7 +76,7 @@ def fp8_scaled_mm(
 ) -> torch.Tensor:
     """(a * a_scale) @ (b * b_scale) + bias for fp8 ``a`` [M, K] and ``b`` [K, N];
     ``a_scale`` one value or [M, 1] (per token), ``b_scale`` one value or N (per
-    output channel, any shape with N elements)."""
+    output channel, any shape with N elements: vLLM keeps [N, 1])."""
     gemm = device.fp8_gemm()
     if gemm is not None:
         return gemm(
@@ -71,7 +87,9 @@ def fp8_scaled_mm(
             D=None,
             out_dtype=out_dtype,
             A_scale_inv=a_scale,
-            B_scale_inv=b_scale,
+            # Per output column is [N] (the bridge's own fp8 tests): [N, 1]
+            # would scale rows of B, not its columns.
+            B_scale_inv=b_scale if b_scale.numel() == 1 else b_scale.reshape(-1),
             bias=bias,
             accumulate=False,
         )
@@ -154,6 +172,11 @@ class HpuFp8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
             return False, "static activation scales must be per tensor"
         return True, None
 
+    def process_weights_after_loading(self, layer: Any) -> None:
+        super().process_weights_after_loading(layer)
+        weight, weight_scale, input_scale, _ = self._get_layer_params(layer)
+        fit_card_range(weight, weight_scale, input_scale)
+
     def apply_scaled_mm(
         self,
         *,
@@ -178,6 +201,11 @@ class HpuFp8BlockScaledMMLinearKernel(Fp8BlockScaledMMLinearKernel):
         cls, compute_capability: int | None = None
     ) -> tuple[bool, str | None]:
         return True, None
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        super().process_weights_after_loading(layer)
+        params = self._get_layer_params(layer)
+        fit_card_range(params.weight, params.block_scale)
 
     def apply_block_scaled_mm(
         self,

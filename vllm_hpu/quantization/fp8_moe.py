@@ -5,11 +5,14 @@ block), as vLLM's methods load them, run by the plugin.
 Block-scaled experts run on their dequantized weights with the activations as
 they are (the Gaudi reference's path for them). Per-tensor and per-channel
 experts take fp8 activations, as their checkpoints ask: the static input scale,
-or one computed per tensor (per token for compressed-tensors' dynamic tokens);
-on Gaudi through its fp8 MoE kernel, in emulation by rounding the input through
-fp8 before the dequantized experts. The intermediate stays in the model dtype.
+or one computed per tensor (per token for compressed-tensors' dynamic tokens).
+Per-tensor ones run on Gaudi's fp8 MoE kernel, which also rounds the
+intermediate through fp8 (with the down projection's static input scale, or per
+token); emulation rounds input and intermediate alike around the dequantized
+experts. With per-token inputs the intermediate stays in the model dtype.
 """
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -22,7 +25,7 @@ from vllm_hpu import device
 from vllm_hpu.ops.fused_moe import ExpertGroup
 from vllm_hpu.ops.moe import ExpertExtras
 from vllm_hpu.quantization.dequant import dequantize_fp8
-from vllm_hpu.quantization.fp8 import FP8_DTYPE, FP8_MAX
+from vllm_hpu.quantization.fp8 import FP8_DTYPE, FP8_MAX, fit_card_range
 from vllm_hpu.quantization.moe_methods import HpuQuantizedMoE
 
 _MIN_SCALE = 1e-12  # an all-zero input still gets a usable scale
@@ -43,6 +46,14 @@ def quantize_input(
         scale = x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX
     scale = scale.clamp(min=_MIN_SCALE)
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def round_through_fp8(
+    x: torch.Tensor, mode: str, static_scale: torch.Tensor | None
+) -> torch.Tensor:
+    """``x`` as fp8 with its scale holds it, back in x's dtype."""
+    xq, scale = quantize_input(x, mode, static_scale)
+    return (xq.float() * scale).to(x.dtype)
 
 
 def dequantize_w13_blocks(
@@ -76,7 +87,12 @@ class HpuFp8Experts(HpuQuantizedMoE):
         static = getattr(layer, "w13_input_scale", None)
         if self.input_mode == STATIC and static is not None:
             # One scale for the input of all experts, as vLLM's kernels take it.
-            layer.w13_input_scale.data = static.data.max()
+            static.data = static.data.max()
+        static_w2 = getattr(layer, "w2_input_scale", None)
+        if self.input_mode == STATIC and static_w2 is not None:
+            static_w2.data = static_w2.data.max()
+        fit_card_range(layer.w13_weight, w13_scale, static)
+        fit_card_range(layer.w2_weight, w2_scale, static_w2)
 
     def dequantize(
         self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
@@ -94,13 +110,25 @@ class HpuFp8Experts(HpuQuantizedMoE):
     def prepare_input(self, layer: Any, x: torch.Tensor) -> torch.Tensor:
         if self.input_mode is None or self._kernel() is not None:
             return x
-        xq, scale = quantize_input(x, self.input_mode, layer.w13_input_scale)
-        return (xq.float() * scale).to(x.dtype)
+        return round_through_fp8(x, self.input_mode, layer.w13_input_scale)
+
+    def extras(self, layer: Any) -> ExpertExtras:
+        """Per-tensor experts (static or dynamic input) round the intermediate
+        through fp8 as the fp8 kernel does: with the checkpoint's scale of the
+        down projection's input (as vLLM's own fp8 MoE kernels), or per token."""
+        extras = super().extras(layer)
+        if self.input_mode not in (STATIC, PER_TENSOR):
+            return extras
+        mode = STATIC if self.input_mode == STATIC else PER_TOKEN
+        scale = getattr(layer, "w2_input_scale", None)
+        return replace(extras, intermediate=lambda h: round_through_fp8(h, mode, scale))
 
     def _kernel(self) -> Any:
-        """Gaudi's fp8 MoE kernel where it takes this input, else None."""
-        fits = self.input_mode in (STATIC, PER_TENSOR)
-        return device.fused_moe_fp8() if fits else None
+        """Gaudi's fp8 MoE kernel where it takes this input (one static scale,
+        or one computed per tensor: its dynamic overload), else None."""
+        if self.input_mode not in (STATIC, PER_TENSOR):
+            return None
+        return device.fused_moe_fp8(dynamic=self.input_mode == PER_TENSOR)
 
     def run_group(
         self, layer: Any, x: torch.Tensor, group: ExpertGroup, extras: ExpertExtras
@@ -112,20 +140,26 @@ class HpuFp8Experts(HpuQuantizedMoE):
         w13_scale, w2_scale = self.scales(layer)
         experts = group.experts
         w13, w2 = layer.w13_weight[experts], layer.w2_weight[experts]
-        return kernel(
+        scales = {}
+        if mode == STATIC:  # the down projection's input scale, for each expert
+            intermediate = [layer.w2_input_scale] * w13.shape[0]
+            scales["d_scale_intermediate_hidden_states"] = intermediate
+        out = kernel(
             hidden_states=xq,
             expert_routing_table=group.topk_ids.long(),
             router_weights=group.topk_weights.to(x.dtype),
             w12=list(w13.unbind(0)),
             w3=list(w2.unbind(0)),
+            d_scale_hidden_states=x_scale,
             d_scale_w12=list(w13_scale[experts].flatten(1).unbind(0)),
             d_scale_w3=list(w2_scale[experts].flatten(1).unbind(0)),
-            d_scale_hidden_states=x_scale,
             permuted_weights=True,
             activation=layer.activation.value,
             experts_min=group.first,
             experts_max=group.first + w13.shape[0] - 1,
+            **scales,
         )
+        return out.to(x.dtype)
 
 
 class HpuFp8MoEMethod(HpuFp8Experts, Fp8MoEMethod):
