@@ -27,6 +27,7 @@ from tiny_llama4_vision import build_llama4_vision  # noqa: E402
 from tiny_multimodal import build_llava, build_mistral3  # noqa: E402
 from tiny_mxfp4 import write_gpt_oss_mxfp4  # noqa: E402
 from tiny_qwen2_vl import build_qwen2_vl  # noqa: E402
+from tiny_qwen3_5 import QWEN3_5_BUILDERS  # noqa: E402
 from tiny_qwen_vl import build_qwen2_5_vl, build_qwen3_vl  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
@@ -409,7 +410,8 @@ MODEL_SPECS.update(MULTIMODAL_MODELS)
 # ---- Model families (issue 33) -----------------------------------------------
 # gpt-oss and Llama 4 (text), built with their own config classes
 # (scripts/tiny_families.py) around the tiny Llama's sizes.
-FAMILY_MODELS = {name: ("", GQA_SHAPE) for name in FAMILY_BUILDERS}
+FAMILY_MODEL_BUILDERS = FAMILY_BUILDERS | QWEN3_5_BUILDERS
+FAMILY_MODELS = {name: ("", GQA_SHAPE) for name in FAMILY_MODEL_BUILDERS}
 MODEL_SPECS.update(FAMILY_MODELS)
 # gpt-oss as OpenAI ships it: tiny-gpt-oss's weights, its experts in MXFP4
 # (scripts/tiny_mxfp4.py).
@@ -618,7 +620,7 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
         write_gpt_oss_mxfp4(out_dir)
         return
     if name in FAMILY_MODELS:
-        FAMILY_BUILDERS[name](
+        FAMILY_MODEL_BUILDERS[name](
             {**shape, **token_ids},
             generation_config(tokenizer),
             lambda m: init_weights(m, seed, {}),

@@ -23,9 +23,15 @@ VARIANT_MODELS = (
 # Llama 4 (text), scripts/tiny_families.py.
 FAMILY_MODELS = ("tiny-gpt-oss", "tiny-llama4")
 # Hybrid state-space families (issue 33, design_hybrid), same script: Granite-4.0-H
-# (Mamba2) and Qwen3-Next (gated delta-net), run by the plugin
+# (Mamba2) and Qwen3-Next (gated delta-net); Qwen3.5 dense and MoE (gated
+# delta-net, scripts/tiny_qwen3_5.py), run by the plugin
 # (tests/e2e/test_hybrid_families.py) and by transformers.
-HYBRID_MODELS = ("tiny-granite-4.0-h", "tiny-qwen3-next")
+HYBRID_MODELS = (
+    "tiny-granite-4.0-h",
+    "tiny-qwen3-next",
+    "tiny-qwen3.5",
+    "tiny-qwen3.5-moe",
+)
 TINY_MODELS = (
     "tiny-llama",
     "tiny-qwen2",

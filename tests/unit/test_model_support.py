@@ -71,6 +71,8 @@ ALLOWED = (
     "Mistral3ForConditionalGeneration",  # Pixtral tower
     "GraniteMoeHybridForCausalLM",  # Mamba2 layers: a state cache
     "Qwen3NextForCausalLM",  # gated delta-net layers: a state cache
+    "Qwen3_5ForCausalLM",  # gated delta-net, gated attention with M-RoPE
+    "Qwen3_5MoeForCausalLM",  # and a sigmoid-gated shared expert
     "Llama4ForConditionalGeneration",  # tiled tower, buckets of tiles
 )
 

@@ -44,11 +44,14 @@ _MISSING_PIECES = (
 )
 # Hybrid classes whose state layers (Mamba2, gated delta-net) have HPU versions
 # (attention/state_layers.py) and whose generations were validated end to end against
-# transformers: the state-cache refusals above do not apply to them. Granite-4.0-H
-# and Qwen3-Next are the candidates (design_hybrid); each is listed once its
-# layer runs.
+# transformers: the state-cache refusals above do not apply to them.
 RUNNABLE_HYBRID_ARCHS = frozenset(
-    {"GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM"}
+    {
+        "GraniteMoeHybridForCausalLM",
+        "Qwen3NextForCausalLM",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM",
+    }
 )
 _STATE_FLAGS = ("is_hybrid", "has_inner_state")
 # Multimodal classes whose inputs the runner feeds
