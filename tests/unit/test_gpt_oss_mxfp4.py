@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import torch
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-from vllm_hpu.quantization import moe_methods
 from vllm_hpu.ops.activations import SWIGLUOAI, swiglu_oai
+from vllm_hpu.quantization import moe_methods
 from vllm_hpu.quantization.dequant import E2M1_VALUES, dequantize_mxfp4
 from vllm_hpu.quantization.packed_moe import HpuGptOssMxfp4MoEMethod
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from compressed_tensors.quantization import QuantizationArgs
 
-from vllm_hpu.quantization import moe_methods
 from vllm_hpu.ops.moe import fused_experts
+from vllm_hpu.quantization import moe_methods
 from vllm_hpu.quantization.fp8_moe import (
     PER_TENSOR,
     PER_TOKEN,

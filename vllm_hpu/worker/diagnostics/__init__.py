@@ -1,1 +1,2 @@
-"""Per-step diagnostics: graph compilations and CPU fallbacks."""
+"""Per-step diagnostics: plugin metrics, the step profiler, graph compilations and
+CPU fallbacks."""

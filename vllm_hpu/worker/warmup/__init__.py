@@ -1,2 +1,2 @@
-"""Before serving: execution mode, memory split, bucket warmup, graph capture
-budget, graph splits between layers."""
+"""Before serving: every bucket run once through the runner, and the device memory
+split between the KV cache and graphs."""
