@@ -20,8 +20,8 @@ VARIANT_MODELS = (
     "tiny-llama-h40",
 )
 # Model families with their own attention and MoE pieces (issue 33): gpt-oss and
-# Llama 4 (text), scripts/tiny_families.py.
-FAMILY_MODELS = ("tiny-gpt-oss", "tiny-llama4")
+# Llama 4 (text), scripts/tiny_families.py; Gemma 4 (text), scripts/tiny_gemma4.py.
+FAMILY_MODELS = ("tiny-gpt-oss", "tiny-llama4", "tiny-gemma4")
 # Hybrid state-space families (issue 33, design_hybrid), same script: Granite-4.0-H
 # (Mamba2) and Qwen3-Next (gated delta-net); Qwen3.5 dense and MoE (gated
 # delta-net, scripts/tiny_qwen3_5.py), run by the plugin

@@ -62,6 +62,7 @@ ALLOWED = (
     "BloomForCausalLM",
     "GptOssForCausalLM",  # attention sinks, biased clamped-SwiGLU experts
     "Llama4ForCausalLM",  # Llama 4 text: chunked attention, experts on the input
+    "Gemma4ForCausalLM",  # KV sharing, per-layer inputs, heads of 512
     "GPT2ForSequenceClassification",
     "Qwen2ForRewardModel",
     "BertModel",

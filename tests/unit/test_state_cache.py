@@ -147,7 +147,7 @@ def test_kv_cache_helpers_pass_state_groups_by() -> None:
     attention = {"a1": layers["a1"]}
     caches = bind_kv_caches(attention, config, CPU)
     assert list(caches) == ["a1"]
-    assert layer_groups(config) == {"a1": 1}
+    assert layer_groups(config, {}) == {"a1": 1}
     cache = group_cache_geometry(attention, config, torch.float32, CPU)
     assert cache.block_size == 16  # state groups' 256-token blocks ignored
     assert [g.holds_states for g in cache.group_geometries()] == [True, False, True]

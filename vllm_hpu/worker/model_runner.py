@@ -179,7 +179,7 @@ class HpuModelRunner:
             f"KV block size changed from {self.block_size} to {block_size} after "
             "the runner was built; the attention backend must prefer the platform's"
         )
-        self.layer_groups = layer_groups(kv_cache_config)
+        self.layer_groups = layer_groups(kv_cache_config, layers)
         self.buckets.set_num_kv_blocks(
             reachable_decode_blocks(
                 kv_cache_config,
