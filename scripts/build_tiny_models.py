@@ -27,6 +27,7 @@ from tiny_gemma4 import GEMMA4_BUILDERS  # noqa: E402
 from tiny_llama4_vision import build_llama4_vision  # noqa: E402
 from tiny_multimodal import build_llava, build_mistral3  # noqa: E402
 from tiny_mxfp4 import write_gpt_oss_mxfp4  # noqa: E402
+from tiny_nemotron_h import NEMOTRON_H_BUILDERS  # noqa: E402
 from tiny_qwen2_vl import build_qwen2_vl  # noqa: E402
 from tiny_qwen3_5 import QWEN3_5_BUILDERS  # noqa: E402
 from tiny_qwen_vl import build_qwen2_5_vl, build_qwen3_vl  # noqa: E402
@@ -411,7 +412,9 @@ MODEL_SPECS.update(MULTIMODAL_MODELS)
 # ---- Model families (issue 33) -----------------------------------------------
 # gpt-oss and Llama 4 (text), built with their own config classes
 # (scripts/tiny_families.py) around the tiny Llama's sizes.
-FAMILY_MODEL_BUILDERS = FAMILY_BUILDERS | QWEN3_5_BUILDERS | GEMMA4_BUILDERS
+FAMILY_MODEL_BUILDERS = (
+    FAMILY_BUILDERS | QWEN3_5_BUILDERS | NEMOTRON_H_BUILDERS | GEMMA4_BUILDERS
+)
 FAMILY_MODELS = {name: ("", GQA_SHAPE) for name in FAMILY_MODEL_BUILDERS}
 MODEL_SPECS.update(FAMILY_MODELS)
 # gpt-oss as OpenAI ships it: tiny-gpt-oss's weights, its experts in MXFP4

@@ -24,13 +24,15 @@ VARIANT_MODELS = (
 FAMILY_MODELS = ("tiny-gpt-oss", "tiny-llama4", "tiny-gemma4")
 # Hybrid state-space families (issue 33, design_hybrid), same script: Granite-4.0-H
 # (Mamba2) and Qwen3-Next (gated delta-net); Qwen3.5 dense and MoE (gated
-# delta-net, scripts/tiny_qwen3_5.py), run by the plugin
+# delta-net, scripts/tiny_qwen3_5.py); Nemotron-H (Mamba2, MLP, MoE and attention
+# layers, scripts/tiny_nemotron_h.py), run by the plugin
 # (tests/e2e/test_hybrid_families.py) and by transformers.
 HYBRID_MODELS = (
     "tiny-granite-4.0-h",
     "tiny-qwen3-next",
     "tiny-qwen3.5",
     "tiny-qwen3.5-moe",
+    "tiny-nemotron-h",
 )
 TINY_MODELS = (
     "tiny-llama",

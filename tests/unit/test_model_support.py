@@ -74,6 +74,7 @@ ALLOWED = (
     "Qwen3NextForCausalLM",  # gated delta-net layers: a state cache
     "Qwen3_5ForCausalLM",  # gated delta-net, gated attention with M-RoPE
     "Qwen3_5MoeForCausalLM",  # and a sigmoid-gated shared expert
+    "NemotronHForCausalLM",  # Mamba2, relu2 MLPs, non-gated relu2 experts
     "Llama4ForConditionalGeneration",  # tiled tower, buckets of tiles
 )
 

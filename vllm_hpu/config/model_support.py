@@ -51,6 +51,7 @@ RUNNABLE_HYBRID_ARCHS = frozenset(
         "Qwen3NextForCausalLM",
         "Qwen3_5ForCausalLM",
         "Qwen3_5MoeForCausalLM",
+        "NemotronHForCausalLM",
     }
 )
 _STATE_FLAGS = ("is_hybrid", "has_inner_state")
