@@ -29,7 +29,11 @@ from tiny_multimodal import build_llava, build_mistral3  # noqa: E402
 from tiny_mxfp4 import write_gpt_oss_mxfp4  # noqa: E402
 from tiny_nemotron_h import NEMOTRON_H_BUILDERS  # noqa: E402
 from tiny_qwen2_vl import build_qwen2_vl  # noqa: E402
-from tiny_qwen3_5 import QWEN3_5_BUILDERS  # noqa: E402
+from tiny_qwen3_5 import (  # noqa: E402
+    QWEN3_5_BUILDERS,
+    build_qwen3_5_moe_vl,
+    build_qwen3_5_vl,
+)
 from tiny_qwen_vl import build_qwen2_5_vl, build_qwen3_vl  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
@@ -385,7 +389,8 @@ MODEL_SPECS.update(SEQUENCE_CLASSIFIERS)
 # ---- Multimodal models (issue 25) -------------------------------------------
 # LLaVA-1.5 style around the tiny Llama (scripts/tiny_multimodal.py), and
 # Qwen2-VL with M-RoPE (scripts/tiny_qwen2_vl.py), Qwen2.5-VL and Qwen3-VL
-# (scripts/tiny_qwen_vl.py), Mistral 3 (scripts/tiny_multimodal.py) and Gemma 3
+# (scripts/tiny_qwen_vl.py), Qwen3.5 and its MoE (scripts/tiny_qwen3_5.py),
+# Mistral 3 (scripts/tiny_multimodal.py) and Gemma 3
 # (scripts/tiny_gemma3.py), Llama 4 with its tiled vision tower
 # (scripts/tiny_llama4_vision.py); each written with its processor and chat
 # template.
@@ -397,6 +402,8 @@ MULTIMODAL_MODELS = {
     "tiny-mistral3": ("mistral3", GQA_SHAPE),
     "tiny-gemma3": ("gemma3", GQA_SHAPE),
     "tiny-llama4-vision": ("llama4", GQA_SHAPE),
+    "tiny-qwen3.5-vl": ("qwen3_5", GQA_SHAPE),
+    "tiny-qwen3.5-moe-vl": ("qwen3_5_moe", GQA_SHAPE),
 }
 MULTIMODAL_BUILDERS = {
     "llava": build_llava,
@@ -406,6 +413,8 @@ MULTIMODAL_BUILDERS = {
     "mistral3": build_mistral3,
     "gemma3": build_gemma3,
     "llama4": build_llama4_vision,
+    "qwen3_5": build_qwen3_5_vl,
+    "qwen3_5_moe": build_qwen3_5_moe_vl,
 }
 MODEL_SPECS.update(MULTIMODAL_MODELS)
 

@@ -213,7 +213,8 @@ def save_hybrid(
 ) -> None:
     """Initialise, slow the state layers' decay (module comment), save."""
     init(model)
-    generator = torch.Generator().manual_seed(len(model.config.layer_types))
+    num_layers = len(model.config.get_text_config().layer_types)
+    generator = torch.Generator().manual_seed(num_layers)
     for name, param in model.named_parameters():
         if name.endswith("A_log"):
             rate = torch.empty(param.shape).uniform_(

@@ -63,6 +63,8 @@ MULTIMODAL_MODELS = (
     "tiny-mistral3",
     "tiny-gemma3",
     "tiny-llama4-vision",
+    "tiny-qwen3.5-vl",
+    "tiny-qwen3.5-moe-vl",
 )
 # Built by the set-up too: a target's first layer, its speculative draft.
 DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}

@@ -76,6 +76,8 @@ ALLOWED = (
     "Qwen3_5MoeForCausalLM",  # and a sigmoid-gated shared expert
     "NemotronHForCausalLM",  # Mamba2, relu2 MLPs, non-gated relu2 experts
     "Llama4ForConditionalGeneration",  # tiled tower, buckets of tiles
+    "Qwen3_5ForConditionalGeneration",  # Qwen3-VL's tower, hybrid decoder
+    "Qwen3_5MoeForConditionalGeneration",
 )
 
 
@@ -199,7 +201,9 @@ def test_start_up_refuses_a_mamba_checkpoint(tmp_path):
         _engine_config(tmp_path)
 
 
-@pytest.mark.parametrize("model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+@pytest.mark.parametrize(
+    "model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-qwen3.5-vl"]
+)
 def test_qwen_vl_takes_images_and_no_video(model):
     config = _engine_config(model_path(model))
     mm_config = config.model_config.multimodal_config

@@ -52,6 +52,8 @@ RUNNABLE_HYBRID_ARCHS = frozenset(
         "Qwen3_5ForCausalLM",
         "Qwen3_5MoeForCausalLM",
         "NemotronHForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
     }
 )
 _STATE_FLAGS = ("is_hybrid", "has_inner_state")
@@ -77,6 +79,9 @@ FED_MULTIMODAL_ARCHS = frozenset(
         # Tiled tower with a 2-D rotary embedding and pixel shuffle: passes
         # bucketed by tiles (bucketing/tile_buckets.py).
         "Llama4ForConditionalGeneration",
+        # Qwen3-VL's tower (no deepstack) before a hybrid decoder.
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
     }
 )
 # Inputs a fed class takes that have not been validated: none per prompt.
@@ -84,6 +89,8 @@ UNVALIDATED_MODALITIES = {
     "Qwen2VLForConditionalGeneration": ("video",),
     "Qwen2_5_VLForConditionalGeneration": ("video",),
     "Qwen3VLForConditionalGeneration": ("video",),
+    "Qwen3_5ForConditionalGeneration": ("video",),
+    "Qwen3_5MoeForConditionalGeneration": ("video",),
 }
 
 
