@@ -45,7 +45,13 @@ def _say_why_inactive() -> None:
 def register_ops() -> None:
     """Register custom-op overrides and the attention backend (idempotent)."""
     from vllm_hpu import device
-    from vllm_hpu.patches import accelerator, engine_args, fp8_kernels, moe_config
+    from vllm_hpu.patches import (
+        accelerator,
+        engine_args,
+        fp8_kernels,
+        lora_moe,
+        moe_config,
+    )
 
     engine_args.accept_device_option()
     if register() is None:
@@ -75,6 +81,7 @@ def register_ops() -> None:
     fp8_kernels.register_block_fp8_kernel()
     fp8_kernels.keep_fp8_shard_scales()
     moe_config.accept_non_gated_experts()
+    lora_moe.keep_moe_layers_without_lora()
     moe_configs.register()
     inc_config.register()
     weight_transfer.register()  # the "hpu" weight transfer backend

@@ -10,6 +10,8 @@ Each module says why it exists, how it works and which upstream change removes i
   torch (also as the set-up's interpreter-start hook).
 - ``fp8_kernels``: the block-fp8 linear kernel in vLLM's kernel table; per-tensor
   scales of fused fp8 layers kept per shard.
+- ``lora_moe``: MoE layers left without LoRA, which vLLM runs only with modular
+  expert kernels; the model's other layers take adapters.
 - ``moe_config``: vLLM's MoE config taking non-gated experts (Nemotron-H), which
   it builds only on CUDA, ROCm and XPU.
 - ``nixl``: ``import nixl`` answered by the nixl-cu12 wheel.
