@@ -14,22 +14,27 @@ if TYPE_CHECKING:
     from vllm.config import ModelConfig, VllmConfig
     from vllm.model_executor.models.registry import _ModelInfo
 
+# The hybrids whose state layers (Mamba2, gated delta-net) the plugin runs.
+_VALIDATED_HYBRIDS = "Granite-4.0-H, Nemotron-H, Qwen3-Next or Qwen3.5"
 # Checked in this order: the first missing piece is the one named.
 _MISSING_PIECES = (
     (
         "is_attention_free",
-        "is a state-space model (Mamba-style); it needs a Mamba state cache, "
-        "which the HPU plugin lacks: use an attention model",
+        "is a state-space model (Mamba-style) without attention layers; the HPU "
+        "plugin runs state layers only beside attention, in the hybrids it "
+        f"validated: use {_VALIDATED_HYBRIDS}, or an attention model",
     ),
     (
         "is_hybrid",
-        "mixes attention with Mamba or linear-attention layers; those need a "
-        "state cache, which the HPU plugin lacks: use an attention-only model",
+        "mixes attention with Mamba or linear-attention layers the HPU plugin "
+        "has not validated (it runs Mamba2 and gated delta-net layers, in the "
+        f"hybrids it validated): use {_VALIDATED_HYBRIDS}, or an attention-only "
+        "model",
     ),
     (
         "has_inner_state",
-        "keeps a recurrent state between steps, which the HPU plugin has no "
-        "cache for: use an attention model",
+        "keeps a recurrent state between steps in layers the HPU plugin has not "
+        f"validated: use {_VALIDATED_HYBRIDS}, or an attention model",
     ),
     (
         "supports_transcription",

@@ -143,7 +143,10 @@ def _with_requested_options(create: Callable[..., Any]) -> Callable[..., Any]:
         else:  # per engine: a process may create several
             async_scheduling_source = "vLLM's default"
         requested_dtype = self.dtype
-        requested_state_options = {"mamba_block_size": self.mamba_block_size}
+        requested_state_options = {
+            "mamba_block_size": self.mamba_block_size,
+            "enable_prefix_caching": self.enable_prefix_caching,
+        }
         try:
             return create(self, *args, **kwargs)
         finally:

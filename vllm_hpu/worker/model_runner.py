@@ -192,15 +192,20 @@ class HpuModelRunner:
             self.caps.kv_connector.register_kv_caches(self.kv_caches, block_size)
 
     def release_kv_cache(self) -> None:
-        """Free the KV caches (sleep mode); their blocks hold nothing afterwards."""
+        """Free the KV caches and states (sleep mode); their blocks hold
+        nothing afterwards."""
         self.stream.synchronize()
         self.kv_caches = unbind_kv_caches(self._attention_layers())
+        if self.caps.state_cache is not None:
+            self.caps.state_cache.free()
 
     def restore_kv_cache(self) -> None:
         """Allocate the caches ``release_kv_cache`` freed again, empty."""
         assert self.kv_cache_config is not None, "initialize_kv_cache() first"
         layers = self._attention_layers()
         self.kv_caches = bind_kv_caches(layers, self.kv_cache_config, self.device)
+        if self.caps.state_cache is not None:
+            self.caps.state_cache.allocate(self.kv_cache_config)
         device.reset_graphs(self.graph_model)
 
     def _geometry(self, num_blocks: int) -> CacheGeometry:
