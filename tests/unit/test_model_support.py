@@ -53,6 +53,8 @@ REFUSED = {
     "Phi3VForCausalLM": "image, audio or video inputs",
     "Qwen2AudioForConditionalGeneration": "image, audio or video inputs",
     "WhisperForConditionalGeneration": "speech-to-text",
+    # Image spans in the windowed layers only; towers without buckets.
+    "Gemma4ForConditionalGeneration": "in the windowed layers only",
 }
 ALLOWED = (
     "LlamaForCausalLM",

@@ -89,6 +89,16 @@ FED_MULTIMODAL_ARCHS = frozenset(
         "Qwen3_5MoeForConditionalGeneration",
     }
 )
+# Multimodal classes the runner does not feed yet: the piece they lack and
+# what to use instead (other unfed classes get the general reason).
+MISSING_MEDIA_PIECES = {
+    "Gemma4ForConditionalGeneration": (
+        "its image tokens attend both ways in the windowed layers only, within "
+        "the window, where the runner's image spans apply to every layer, and "
+        "its vision and audio towers (transformers' own) have no encoder "
+        "buckets: use Gemma4ForCausalLM"
+    ),
+}
 # Inputs a fed class takes that have not been validated: none per prompt.
 UNVALIDATED_MODALITIES = {
     "Qwen2VLForConditionalGeneration": ("video",),
@@ -112,6 +122,13 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
         if getattr(info, flag):
             return f"{info.architecture} {missing}."
     if info.supports_multimodal and info.architecture not in FED_MULTIMODAL_ARCHS:
+        missing = MISSING_MEDIA_PIECES.get(info.architecture)
+        if missing is not None:
+            return (
+                f"{info.architecture} takes image, audio or video inputs the HPU "
+                f"plugin does not feed yet: {missing}, or this one as text only "
+                "(every modality of --limit-mm-per-prompt at 0)."
+            )
         return (
             f"{info.architecture} takes image, audio or video inputs, which the HPU "
             "plugin feeds only to the image models it validated "
