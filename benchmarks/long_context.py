@@ -3,8 +3,8 @@
 replayed through the runner's own pass split.
 
 Bucket sets compared: the reference Gaudi stack's exponential buckets (one row
-per prompt, as it runs), the compact set without the long-context ladders (the
-default before issue 38), and the default now (compact, merged prefill, with the
+per prompt, as it runs), the compact set as it is below 32k (without the
+long-context ladders), and the default now (compact, merged prefill, with the
 square-root ladders of ``vllm_hpu/bucketing/long_context.py``). Padding is the
 share of computed units that were padding: prompt tokens, cached-context blocks
 of prompt passes (attention only), decode sequences and decode blocks.
@@ -54,8 +54,8 @@ def reference(workload: LongWorkload) -> HpuBucketManager:
     return _manager(workload, variables)
 
 
-def compact_before(workload: LongWorkload) -> HpuBucketManager:
-    """The compact set with its short-context ladders, at any max_model_len."""
+def compact_alone(workload: LongWorkload) -> HpuBucketManager:
+    """The compact set as below 32k, at any max_model_len."""
     manager = _manager(workload, {})
     config = manager.config
     manager.use_buckets(
@@ -71,7 +71,7 @@ def default(workload: LongWorkload) -> HpuBucketManager:
 
 BUCKET_SETS: tuple[tuple[str, Manager], ...] = (
     ("reference", reference),
-    ("compact before", compact_before),
+    ("compact without the long ladders", compact_alone),
     ("**default (long-context ladders)**", default),
 )
 

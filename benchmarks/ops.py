@@ -48,7 +48,7 @@ from vllm.scalar_type import scalar_types
 
 from benchmarks.moe_quant import quantized_moe_calls
 from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_metadata
-from vllm_hpu.attention.verify import build_verify_metadata, pack_rows
+from vllm_hpu.attention.verify import pack_rows
 from vllm_hpu.envs import SLICE_THRESHOLD
 from vllm_hpu.ops.encoder_attention import encoder_attention
 from vllm_hpu.ops.kv_cache import allocate_kv_cache, gather_blocks
@@ -350,8 +350,8 @@ def verify_attention(
     VERIFY_CONTEXT cached ones, causal among them."""
     seqs = [SeqLayout(t, VERIFY_CONTEXT, NUM_QUERIES) for t in tables]
     starts = pack_rows([NUM_QUERIES] * len(seqs), NUM_QUERIES)
-    blocks = build_verify_metadata(
-        seqs, starts, len(seqs), NUM_QUERIES, geometry.num_blocks, geometry
+    blocks = build_decode_metadata(
+        seqs, len(seqs), geometry.num_blocks, geometry, starts, NUM_QUERIES
     ).decode_blocks()
     query = torch.randn(len(seqs) * NUM_QUERIES, NUM_HEADS, HEAD_SIZE)
     query = query.to(key_cache.dtype)

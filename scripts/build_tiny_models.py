@@ -234,6 +234,21 @@ MLA_SPECS["tiny-deepseek-v2-q192"] = (
     "deepseek_v2",
     {**MLA_SHAPE, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
 )
+# DeepSeek-V3's block-FP8 layout wants every width in whole 128-wide blocks
+# (vLLM checks the parts of a fused projection): the tests write all of this
+# one's decoder linears, MLA, dense, shared and routed experts, in 128 x 128
+# blocks (tests/e2e/test_deepseek_fp8.py).
+MLA_SPECS["tiny-deepseek-v2-moe-128"] = (
+    "deepseek_v2",
+    {
+        **MLA_SPECS["tiny-deepseek-v2-moe"][1],
+        "q_lora_rank": 128,
+        "kv_lora_rank": 128,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 64,
+    },
+)
 MODEL_SPECS.update(MLA_SPECS)
 
 # Attention variants (sliding windows, soft-capping, ALiBi, small heads), each

@@ -1,7 +1,9 @@
 """Fail when the running environment holds CUDA packages or a CUDA build of torch.
 
-CPU emulation must not depend on CUDA by accident: vLLM's own requirements pull
-these in unless installed with --no-deps, and a CUDA torch hides such mistakes.
+vLLM's own requirements pull these in unless installed with --no-deps. CPU emulation
+must not depend on CUDA by accident (a CUDA torch hides such mistakes; the Makefile
+runs this after each set-up), and on Gaudi they mean pip replaced Habana's torch
+(Dockerfile.hpu runs this last).
 """
 
 import fnmatch
@@ -38,7 +40,7 @@ def cuda_packages() -> list[str]:
 
 
 def torch_cuda_version() -> str | None:
-    """torch's CUDA version; None for a CPU build or no torch at all."""
+    """torch's CUDA version; None for a CPU or Habana build, or no torch at all."""
     try:
         import torch
     except ImportError:
@@ -50,11 +52,11 @@ def main() -> int:
     problems = [f"CUDA package installed: {name}" for name in cuda_packages()]
     cuda = torch_cuda_version()
     if cuda is not None:
-        problems.append(f"torch is a CUDA build (CUDA {cuda}), not a CPU build")
+        problems.append(f"torch is a CUDA build (CUDA {cuda})")
     for problem in problems:
         print(f"check_no_cuda: {problem}", file=sys.stderr)
     if not problems:
-        print("check_no_cuda: no CUDA packages, torch is a CPU build")
+        print("check_no_cuda: no CUDA packages, torch is not a CUDA build")
     return 1 if problems else 0
 
 

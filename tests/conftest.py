@@ -1,22 +1,43 @@
-"""Test-wide set-up: emulation on, models from the local cache, no hub."""
+"""Test-wide set-up: emulation on, models from the local cache, no hub.
+
+With VLLM_HPU_DOUBLE=1 the run is the HPU-branch lane instead: the test double
+of Habana's bridge (tests/hpu_double) goes on the path of this process and of
+every process it starts, and the plugin takes its Gaudi branch. The double makes
+"hpu" a torch device process-wide, so the lane runs apart from the rest of the
+suite (its folder, hpu_double_unit, is collected only there).
+"""
 
 import collections
 import hashlib
 import logging
 import os
 import pathlib
+import sys
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-# Emulation must be on before vLLM is imported anywhere (spawned engine
-# processes find the plugin again through its entry point and read this too).
-os.environ.setdefault("VLLM_HPU_EMULATION", "1")
+HPU_DOUBLE_LANE = os.environ.get("VLLM_HPU_DOUBLE") == "1"
+HPU_DOUBLE = pathlib.Path(__file__).resolve().parent / "hpu_double"
+if HPU_DOUBLE_LANE:
+    sys.path.insert(0, str(HPU_DOUBLE))
+    paths = [str(HPU_DOUBLE), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    os.environ.setdefault("PT_HPU_LAZY_MODE", "0")
+    os.environ.setdefault(
+        "HPU_DOUBLE_STATE_DIR", tempfile.mkdtemp(prefix="hpu-double-")
+    )
+else:
+    # Emulation must be on before vLLM is imported anywhere (spawned engine
+    # processes find the plugin again through its entry point and read this too).
+    os.environ.setdefault("VLLM_HPU_EMULATION", "1")
+collect_ignore = [] if HPU_DOUBLE_LANE else ["hpu_double_unit"]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # The tests import transformers themselves, before vLLM loads the plugin.
-from vllm_hpu.patches.torchvision_import import allow_torchvision_import
+from vllm_hpu.patches.torchvision_import import allow_torchvision_import  # noqa: E402
 
 allow_torchvision_import()
 

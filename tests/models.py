@@ -48,6 +48,7 @@ TINY_MODELS = (
     "tiny-deepseek-v2",
     "tiny-deepseek-v2-moe",
     "tiny-deepseek-v2-q192",
+    "tiny-deepseek-v2-moe-128",
     *VARIANT_MODELS,
     *FAMILY_MODELS,
     *HYBRID_MODELS,

@@ -252,20 +252,36 @@ def total_memory() -> int:
     return mem_get_info()[1]
 
 
-def wrap_in_graph(module: torch.nn.Module) -> Callable[..., Any]:
-    """Replay recorded HPU graphs on Gaudi; a plain call in emulation."""
-    if hpu_available():
-        hpu_graphs = importlib.import_module("habana_frameworks.torch.hpu.graphs")
-        return hpu_graphs.wrap_in_hpu_graph(module, disable_tensor_cache=True)
-    return module
+GraphCall = Callable[..., Any]  # call(use_graph, **inputs) -> the forward's output
 
 
-def reset_graphs(wrapped: Any) -> None:
-    """Forget the HPU graphs ``wrap_in_graph`` recorded, after the tensors they
-    read moved (sleep mode): each bucket records again on its next call. A no-op
-    in emulation, where nothing is recorded."""
-    clear_cache = getattr(wrapped, "clear_cache", None)
-    if hpu_available() and callable(clear_cache):
+def wrap_in_graph(module: torch.nn.Module) -> GraphCall:
+    """Wrap ``module``'s forward for HPU graphs, once (in place, on Gaudi):
+    returns ``call(use_graph, **inputs)``, which with ``use_graph`` records a
+    graph per structure of ``inputs`` and replays it after, reading afresh only
+    the tensors among ``inputs``; else runs the forward (the bridge's
+    ``bypass_hpu_graphs``). In emulation every call runs the forward."""
+    graphs = _hpu_graphs()
+    if graphs is None:
+        return lambda use_graph, **inputs: module(**inputs)
+    graphs.wrap_in_hpu_graph(module, disable_tensor_cache=True)
+    return lambda use_graph, **inputs: module(**inputs, bypass_hpu_graphs=not use_graph)
+
+
+def _hpu_graphs() -> Any | None:
+    """The bridge's HPU graph module, or None without Gaudi."""
+    if not hpu_available():
+        return None
+    return importlib.import_module("habana_frameworks.torch.hpu.graphs")
+
+
+def reset_graphs(module: torch.nn.Module) -> None:
+    """Forget the HPU graphs recorded for ``module`` (``wrap_in_graph``), after
+    the tensors they read moved (sleep mode): each bucket records again on its
+    next call. A no-op where nothing was recorded (the bridge adds
+    ``clear_cache`` to the modules it wraps)."""
+    clear_cache = getattr(module, "clear_cache", None)
+    if callable(clear_cache):
         clear_cache()
 
 

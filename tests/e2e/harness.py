@@ -29,7 +29,7 @@ import dataclasses
 import gc
 import os
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -183,6 +183,27 @@ def vllm_greedy(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[lis
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     return [list(r.outputs[0].token_ids) for r in results]
+
+
+def vllm_greedy_with_images(
+    llm: Any,
+    requests: Sequence[tuple[str, Sequence[int]]],
+    image: Callable[[int], Any],
+    max_tokens: int,
+) -> list[list[int]]:
+    """One ``generate`` call (all requests are scheduled together) of prompts
+    with the images ``image(seed)`` of their seeds (none: text only)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    prompts = [
+        {"prompt": p, "multi_modal_data": {"image": [image(s) for s in seeds]}}
+        if seeds
+        else {"prompt": p}
+        for p, seeds in requests
+    ]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
 
 
 def counters(llm: Any) -> dict[str, float]:

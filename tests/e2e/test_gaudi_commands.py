@@ -155,6 +155,7 @@ def test_without_gaudi_or_emulation_device_hpu_fails_at_once():
     assert HOW_TO_EMULATE in built.stderr
 
 
+@pytest.mark.other_vllm
 @uses_servers(TINY_LLAMA_SERVER)  # --device hpu, the engine in its own process
 def test_serve_device_hpu_answers_a_completion(server_url, reference_tokens):
     body = {
@@ -195,6 +196,7 @@ WARM_TORCH = f"""
     """
 
 
+@pytest.mark.other_vllm
 def test_ray_tp2_engine_in_its_own_process_after_torch_work(reference_tokens):
     """No cluster started here: the engine process starts Ray with two emulated
     HPUs declared, and stops it when it shuts down. A transformers forward first

@@ -8,16 +8,16 @@ image tokens, and cross the decoder's attention chunk. The engine is compiled
 after warmup. The reference changes
 with the image's pixels, so the checks see the tower's output."""
 
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
 import torch
 from models import model_path
 from PIL import Image
-from vllm import LLM, SamplingParams
+from vllm import LLM
 
-from e2e.harness import engine_spec, uses_engines
+from e2e.harness import engine_spec, uses_engines, vllm_greedy_with_images
 
 MODEL = "tiny-llama4-vision"
 MAX_TOKENS = 8
@@ -94,17 +94,7 @@ def _hf_greedy(hf: Any, prompt: str, seeds: tuple[int, ...]) -> list[int]:
     return output[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-def vllm_greedy(llm: LLM, requests: Requests) -> list[list[int]]:
-    """One ``generate`` call: all requests are scheduled together."""
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    prompts: list[Any] = [
-        {"prompt": p, "multi_modal_data": {"image": [image(s) for s in seeds]}}
-        if seeds
-        else {"prompt": p}
-        for p, seeds in requests
-    ]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
+vllm_greedy = partial(vllm_greedy_with_images, image=image, max_tokens=MAX_TOKENS)
 
 
 def _layout(seed: int) -> tuple[int, list[int], int]:

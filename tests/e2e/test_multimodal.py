@@ -11,9 +11,9 @@ import pytest
 import torch
 from models import model_path
 from PIL import Image
-from vllm import LLM, SamplingParams
+from vllm import LLM
 
-from e2e.harness import compiled_graphs, vllm_engine
+from e2e.harness import compiled_graphs, vllm_engine, vllm_greedy_with_images
 
 MODEL = "tiny-llava"
 MAX_TOKENS = 8
@@ -57,16 +57,9 @@ def hf_greedy(prompt: str, seed: int | None) -> list[int]:
 
 
 def vllm_greedy(llm: LLM, requests: list[tuple[str, int | None]]) -> list[list[int]]:
-    """One ``generate`` call: all requests are scheduled together."""
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    prompts: list[Any] = [
-        {"prompt": p}
-        if s is None
-        else {"prompt": p, "multi_modal_data": {"image": image(s)}}
-        for p, s in requests
-    ]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
+    """Each request with one image (its seed) or none."""
+    with_seeds = [(p, () if s is None else (s,)) for p, s in requests]
+    return vllm_greedy_with_images(llm, with_seeds, image, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")

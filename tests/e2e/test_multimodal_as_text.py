@@ -47,7 +47,9 @@ def hf_greedy(prompt: tuple[int, ...]) -> list[int]:
 
 
 def _feeds_media(worker: Any) -> bool:
-    return worker.model_runner.caps.multimodal is not None
+    from vllm_hpu.worker.capabilities.multimodal import MultimodalInputs
+
+    return isinstance(worker.model_runner.caps.multimodal, MultimodalInputs)
 
 
 @uses_engines(TEXT_ONLY)

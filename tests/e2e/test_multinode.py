@@ -129,6 +129,7 @@ def serve_layout(nodes, cluster_env, layout: str, log) -> dict:
     return {"tokens": tokens, "placed": placed, "stopped_s": stopped_s, "left": left}
 
 
+@pytest.mark.other_vllm
 @pytest.mark.timeout(2 * READY_TIMEOUT_S + 300)
 def test_serve_across_two_ray_nodes_matches_single_node(tmp_path):
     expected = hf_greedy(model_path(MODEL), PROMPTS, MAX_TOKENS, torch.float32)

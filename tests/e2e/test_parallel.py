@@ -66,6 +66,7 @@ TP2_MP = engine_spec(
 )
 
 
+@pytest.mark.other_vllm
 @pytest.mark.timeout(300)
 @uses_engines(TP2_MP)
 def test_tensor_parallel_mp_matches_single_worker(llm, single_worker_tokens):

@@ -5,7 +5,7 @@ and a prompt chunked inside its image tokens. In compiled mode the vision
 encoder meets only the (images, patches) shapes warmup ran."""
 
 from collections.abc import Iterator
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ from PIL import Image
 from vllm import LLM, SamplingParams
 from vllm.exceptions import VLLMValidationError
 
-from e2e.harness import compiled_graphs, vllm_engine
+from e2e.harness import compiled_graphs, vllm_engine, vllm_greedy_with_images
 
 MODEL = "tiny-qwen2-vl"
 MAX_TOKENS = 8
@@ -62,17 +62,7 @@ def hf_greedy(prompt: str, seeds: tuple[int, ...]) -> list[int]:
     return output[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-def vllm_greedy(llm: LLM, requests: list[tuple[str, tuple[int, ...]]]) -> list[Any]:
-    """One ``generate`` call: all requests are scheduled together."""
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    prompts: list[Any] = [
-        {"prompt": p, "multi_modal_data": {"image": [image(s) for s in seeds]}}
-        if seeds
-        else {"prompt": p}
-        for p, seeds in requests
-    ]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
+vllm_greedy = partial(vllm_greedy_with_images, image=image, max_tokens=MAX_TOKENS)
 
 
 def expected(requests: list[tuple[str, tuple[int, ...]]]) -> list[list[int]]:

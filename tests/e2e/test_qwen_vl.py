@@ -12,7 +12,7 @@ transformers' text."""
 import base64
 import io
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -20,9 +20,14 @@ import openai
 import torch
 from models import model_path
 from PIL import Image
-from vllm import LLM, SamplingParams
+from vllm import LLM
 
-from e2e.harness import compiled_graphs, engine_spec, uses_engines
+from e2e.harness import (
+    compiled_graphs,
+    engine_spec,
+    uses_engines,
+    vllm_greedy_with_images,
+)
 from e2e.server import ServerSpec, uses_servers
 
 QWEN2_5 = "tiny-qwen2.5-vl"
@@ -134,17 +139,7 @@ def expected(model: str, requests: tuple[tuple[str, tuple[int, ...]], ...]) -> l
     return [hf_greedy(hf, model, p, seeds) for p, seeds in requests]
 
 
-def vllm_greedy(llm: LLM, requests: Requests) -> list[list[int]]:
-    """One ``generate`` call: all requests are scheduled together."""
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    prompts: list[Any] = [
-        {"prompt": p, "multi_modal_data": {"image": [image(s) for s in seeds]}}
-        if seeds
-        else {"prompt": p}
-        for p, seeds in requests
-    ]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
+vllm_greedy = partial(vllm_greedy_with_images, image=image, max_tokens=MAX_TOKENS)
 
 
 @uses_engines(COMPILED)

@@ -53,6 +53,7 @@ def complete(client: openai.OpenAI, text: str) -> str:
     return client.completions.create(prompt=text, **GREEDY).choices[0].text
 
 
+@pytest.mark.other_vllm
 def test_serve_health_and_models(base_url: str, client: openai.OpenAI) -> None:
     assert httpx.get(f"{base_url}/health", timeout=10).status_code == 200
     models = client.models.list().data
@@ -60,6 +61,7 @@ def test_serve_health_and_models(base_url: str, client: openai.OpenAI) -> None:
     assert models[0].max_model_len == MAX_MODEL_LEN  # type: ignore[attr-defined]
 
 
+@pytest.mark.other_vllm
 def test_serve_completion_stream_equals_non_streamed(client: openai.OpenAI) -> None:
     text = complete(client, prompt(0))
     stream = client.completions.create(
@@ -71,6 +73,7 @@ def test_serve_completion_stream_equals_non_streamed(client: openai.OpenAI) -> N
     assert chunks[-1].usage.completion_tokens == MAX_TOKENS
 
 
+@pytest.mark.other_vllm
 def test_serve_chat_stream_equals_non_streamed(client: openai.OpenAI) -> None:
     messages: Any = [{"role": "user", "content": "What colour is the sea?"}]
     chat = client.chat.completions.create(messages=messages, **GREEDY)

@@ -112,9 +112,9 @@ def test_measure_padding_rejects_unknown_phase():
         ),
         (
             ["--trace", str(TRACES / "example.jsonl"), "--graph-cost-s", "60"],
-            "46 buckets (compact): 18 prompt + 28 decode\nwarmup: 46 forward steps, "
-            "then up to 46 graph captures as the graph memory budget allows; at 60 s "
-            "per bucket about 46 min\nprompt passes: merged prefill (a step's prompts "
+            "40 buckets (compact): 16 prompt + 24 decode\nwarmup: 40 forward steps, "
+            "then up to 40 graph captures as the graph memory budget allows; at 60 s "
+            "per bucket about 40 min\nprompt passes: merged prefill (a step's prompts "
             "packed into one sequence)\ntrace: 251 steps,",
         ),
     ],

@@ -237,8 +237,14 @@ def _manager(**limits: int) -> HpuBucketManager:
 def test_merged_buckets_are_tokens_by_context() -> None:
     manager = _manager()
     assert manager.config.merged_prefill
-    tokens = [128, 256, 384, 512, 640, 896, 1152, 1536, 2048]
-    assert manager.prompt_buckets == [Bucket(1, t, c) for t in tokens for c in (0, 32)]
+    # Multiples of 64 below 256 tokens, then three values per doubling; the
+    # largest and every other one below it, three, also with context.
+    tokens = [64, 128, 192, 256, 320, 384, 512, 640, 768, 1024, 1280, 1536, 2048]
+    with_context = [768, 1280, 2048]
+    expected = [Bucket(1, t, 0) for t in tokens] + [
+        Bucket(1, t, 32) for t in with_context
+    ]
+    assert manager.prompt_buckets == sorted(expected)
     assert merged_prompt_buckets(manager.config) == manager.prompt_buckets
 
 
@@ -255,7 +261,7 @@ def test_split_packs_a_step_and_splits_only_on_context() -> None:
     assert [[s.row for s in pack] for pack in packs] == [[0, 1, 2], [3]]
     assert pass_shape(packs[0], True, 128) == (1, 1040, 24)
     assert manager.find_prompt_bucket(*pass_shape(packs[0], True, 128)) == Bucket(
-        1, 1152, 32
+        1, 1280, 32
     )
 
 

@@ -20,8 +20,8 @@ from test_ops_reference import (
     tolerance,
 )
 
-from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
-from vllm_hpu.attention.verify import build_verify_metadata, num_groups, pack_rows
+from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout, build_decode_metadata
+from vllm_hpu.attention.verify import num_groups, pack_rows
 from vllm_hpu.ops.kv_cache import write_to_cache
 from vllm_hpu.ops.paged_attention import ALL_BLOCKS, blocks_with_alibi, paged_attention
 from vllm_hpu.ops.score_mods import Scoring
@@ -99,8 +99,8 @@ def _check_verify(
         **variant.geometry_fields(),
     )
     used_blocks = sum(len(t) for t in layout.block_tables)
-    metadata = build_verify_metadata(
-        seqs, starts, padded_batch, NUM_QUERIES, used_blocks + 2, geometry
+    metadata = build_decode_metadata(
+        seqs, padded_batch, used_blocks + 2, geometry, starts, NUM_QUERIES
     )
     assert not metadata.is_prompt
     assert metadata.slot_mapping.shape == (padded_batch * NUM_QUERIES,)
@@ -150,7 +150,7 @@ def test_verify_metadata_refuses_rows_beyond_its_queries() -> None:
     with pytest.raises(ValueError, match="do not fit 4 queries per row"):
         pack_rows([NUM_QUERIES + 1], NUM_QUERIES)
     with pytest.raises(ValueError, match="do not fit the 4 slots"):
-        build_verify_metadata([seq], [0], 1, NUM_QUERIES, 4, geometry)
+        build_decode_metadata([seq], 1, 4, geometry, [0], NUM_QUERIES)
 
 
 def test_short_rows_share_query_groups() -> None:

@@ -125,6 +125,8 @@ def test_unsupported_speculative_configs_are_refused(method, pipeline, refusal):
         draft_sample_method="probabilistic",
         use_heterogeneous_vocab=False,
         parallel_drafting=False,
+        rejection_sample_method="standard",
+        draft_lm_head_quantization=None,  # vLLM 0.33's; read there only
     )
     config = SimpleNamespace(
         speculative_config=spec,
@@ -151,6 +153,8 @@ def test_draft_targets_not_run_yet_are_refused(
         draft_sample_method="greedy",
         use_heterogeneous_vocab=False,
         parallel_drafting=False,
+        rejection_sample_method="standard",
+        draft_lm_head_quantization=None,  # vLLM 0.33's; read there only
         draft_parallel_config=SimpleNamespace(tensor_parallel_size=draft_tp),
     )
     config = SimpleNamespace(
@@ -180,6 +184,8 @@ def test_draft_model_with_other_kv_heads_is_refused():
         draft_sample_method="greedy",
         use_heterogeneous_vocab=False,
         parallel_drafting=False,
+        rejection_sample_method="standard",
+        draft_lm_head_quantization=None,  # vLLM 0.33's; read there only
         draft_parallel_config=SimpleNamespace(tensor_parallel_size=1),
         draft_model_config=model_config(2),
     )

@@ -220,7 +220,7 @@ def test_worker_leaves_the_state_slots_out_of_the_kv_cache_budget() -> None:
     cache, _ = _state_cache(max_num_seqs=3)
     worker = HpuWorker.__new__(HpuWorker)
     worker.cache_config = SimpleNamespace(kv_cache_memory_bytes=1 << 20)
-    worker.model_runner = SimpleNamespace(caps=SimpleNamespace(state_cache=cache))
+    worker.model_runner = SimpleNamespace(kv_cache_share=cache.kv_cache_share)
     assert worker.determine_available_memory() == (1 << 20) - cache.num_bytes
 
 

@@ -140,7 +140,7 @@ def test_worker_leaves_slots_and_checkpoints_out_of_the_kv_cache_budget() -> Non
     cache, _ = _cache()
     worker = HpuWorker.__new__(HpuWorker)
     worker.cache_config = SimpleNamespace(kv_cache_memory_bytes=1 << 20)
-    worker.model_runner = SimpleNamespace(caps=SimpleNamespace(state_cache=cache))
+    worker.model_runner = SimpleNamespace(kv_cache_share=cache.kv_cache_share)
     pages = [ALIGNED.real_page_size_bytes] * 2
     want = kv_cache_share((1 << 20) - cache.num_bytes, pages[0], sum(pages))
     assert worker.determine_available_memory() == want

@@ -11,7 +11,7 @@ from vllm_hpu.attention.metadata import CacheGeometry, SeqLayout
 from vllm_hpu.bucketing import Bucket, BucketingConfig, HpuBucketManager, ServingLimits
 from vllm_hpu.bucketing.manager import verification_buckets
 from vllm_hpu.envs import read_envs
-from vllm_hpu.worker.passes.build import build_verify_pass
+from vllm_hpu.worker.passes.build import build_decode_pass
 from vllm_hpu.worker.passes.seqs import ScheduledSeq, split_by_phase
 
 BLOCK = 16
@@ -112,7 +112,7 @@ def test_verification_pass_packs_short_rows_into_groups():
         ScheduledSeq(3, SeqLayout([8, 9, 10], 40, 1)),  # no drafts: one query
     ]
     token_ids = np.arange(4 * 64).reshape(4, 64)
-    forward_pass = build_verify_pass(seqs, manager, token_ids, cache, QUERIES)
+    forward_pass = build_decode_pass(seqs, manager, token_ids, cache, QUERIES)
 
     bucket = forward_pass.bucket
     assert not forward_pass.is_prompt

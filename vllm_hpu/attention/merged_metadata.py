@@ -3,18 +3,21 @@ sequence ``[1, T]`` with their cached context blocks ``[1, C]`` (docs/bucketing.
 "Merged prefill"). The attention ops see an ordinary one-row prompt pass whose
 mask is block-diagonal: each chunk's owner is its index in the pack."""
 
+import numpy as np
 import torch
+from vllm.utils.math_utils import cdiv
 
-from vllm_hpu.attention.metadata import CacheGeometry, HpuAttentionMetadata, SeqLayout
+from vllm_hpu.attention.metadata import (
+    CacheGeometry,
+    HpuAttentionMetadata,
+    PassRows,
+    SeqLayout,
+)
 from vllm_hpu.ops.prompt_mask import NO_OWNER, PromptMask
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def packed_context_blocks(seqs: list[SeqLayout], block_size: int) -> int:
-    return sum(_cdiv(seq.num_computed_tokens, block_size) for seq in seqs)
+    return sum(cdiv(seq.num_computed_tokens, block_size) for seq in seqs)
 
 
 def packed_tokens(seqs: list[SeqLayout]) -> int:
@@ -40,7 +43,6 @@ class _Packing:
         self.query_owner: list[int] = []
         self.query_position: list[int] = []
         self.query_span_end: list[int] = []
-        self.slots: list[int] = []
         self.context_owner: list[int] = []
         self.context_position: list[int] = []
         self.context_blocks: list[int] = []
@@ -49,13 +51,10 @@ class _Packing:
 
     def _add(self, owner: int, seq: SeqLayout, block_size: int) -> None:
         start = seq.num_computed_tokens
-        for position in range(start, start + seq.num_scheduled_tokens):
-            block = seq.block_table[position // block_size]
-            self.slots.append(block * block_size + position % block_size)
         self.query_owner += [owner] * seq.num_scheduled_tokens
         self.query_position += range(start, start + seq.num_scheduled_tokens)
         self.query_span_end += seq.span_ends().tolist()
-        num_blocks = _cdiv(start, block_size)
+        num_blocks = cdiv(start, block_size)
         self.context_blocks += seq.block_table[:num_blocks]
         # Slots of a partly cached last block past the context are hidden.
         positions = range(num_blocks * block_size)
@@ -82,8 +81,8 @@ def build_merged_prompt_metadata(
     _check_fits(seqs, num_tokens, num_context_blocks, block_size)
     packing = _Packing(seqs, block_size)
     past_len = num_context_blocks * block_size
-    dummy_slots = [dummy * block_size + i % block_size for i in range(num_tokens)]
-    slots = packing.slots + dummy_slots[len(packing.slots) :]
+    lengths = [seq.num_scheduled_tokens for seq in seqs]
+    starts = np.cumsum([0, *lengths[:-1]]).tolist()
     query_owner = _padded_tensor(packing.query_owner, num_tokens, NO_OWNER)
     query_position = _padded_tensor(packing.query_position, num_tokens, 0)
     key_owner = torch.cat(
@@ -110,7 +109,7 @@ def build_merged_prompt_metadata(
         block_list = blocks.to(to_device)
     return HpuAttentionMetadata(
         is_prompt=True,
-        slot_mapping=torch.tensor(slots, dtype=torch.long).to(to_device),
+        slot_mapping=PassRows.of(seqs, starts).slot_mapping(num_tokens, cache),
         block_list=block_list,
         prompt_mask=mask,
         query_lens=torch.tensor([packed_tokens(seqs)]).to(to_device),

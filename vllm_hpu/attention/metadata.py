@@ -5,10 +5,13 @@ keeps opaque_attention_op() False; no vllm._C needed), which reads
 forward_context.attn_metadata[layer_name]: the runner maps every layer to one object.
 """
 
+import itertools
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
+from vllm.utils.math_utils import cdiv
 from vllm.v1.attention.backend import AttentionMetadata
 
 from vllm_hpu.ops.paged_attention import DecodeBlocks
@@ -119,10 +122,6 @@ class HpuAttentionMetadata(AttentionMetadata):
 _PADDING_ROW = SeqLayout(block_table=[], num_computed_tokens=0, num_scheduled_tokens=0)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _padded(row: list[int], width: int, fill: int) -> list[int]:
     return row[:width] + [fill] * (width - len(row[:width]))
 
@@ -133,23 +132,50 @@ def _pad_batch(seqs: list[SeqLayout], batch_size: int) -> list[SeqLayout]:
     return seqs + [_PADDING_ROW] * (batch_size - len(seqs))
 
 
-def _prompt_slot_mapping(
-    rows: list[SeqLayout], query_len: int, cache: CacheGeometry
-) -> torch.Tensor:
-    """Cache slot of every token of the padded [bs, q] batch, as [bs * q]."""
-    block_size, dummy_block = cache.block_size, cache.num_blocks
-    width = max(max(len(row.block_table) for row in rows), 1)
-    tables = torch.tensor([_padded(r.block_table, width, dummy_block) for r in rows])
-    start = torch.tensor([row.num_computed_tokens for row in rows])
-    length = torch.tensor([row.num_scheduled_tokens for row in rows])
-    offsets = torch.arange(query_len)
-    positions = start[:, None] + offsets[None, :]
-    block_ids = tables.gather(1, (positions // block_size).clamp(max=width - 1))
-    slots = block_ids * block_size + positions % block_size
-    # Padding tokens spread over the dummy block's slots.
-    dummy = dummy_block * block_size + offsets % block_size
-    slots = torch.where(offsets[None, :] < length[:, None], slots, dummy[None, :])
-    return slots.flatten()
+@dataclass(frozen=True)
+class PassRows:
+    """A pass's rows as arrays, one entry per row."""
+
+    context: np.ndarray  # num_computed_tokens
+    query_lens: np.ndarray  # tokens of the row in the pass
+    starts: np.ndarray  # flat index of the row's first token
+    tables: np.ndarray  # every row's block table, one after another
+    table_starts: np.ndarray  # where the row's table starts in ``tables``
+
+    @classmethod
+    def of(cls, seqs: list[SeqLayout], starts: list[int]) -> "PassRows":
+        lengths = np.array([len(s.block_table) for s in seqs], dtype=np.int64)
+        return cls(
+            context=np.array([s.num_computed_tokens for s in seqs], dtype=np.int64),
+            query_lens=np.array([s.num_scheduled_tokens for s in seqs], dtype=np.int64),
+            starts=np.array(starts, dtype=np.int64),
+            tables=np.fromiter(
+                itertools.chain.from_iterable(s.block_table for s in seqs),
+                dtype=np.int64,
+                count=int(lengths.sum()),
+            ),
+            table_starts=np.cumsum(lengths) - lengths,
+        )
+
+    def block_ids(self, rows: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """Physical id of block ``blocks[k]`` (a position // block_size) of
+        row ``rows[k]``."""
+        return self.tables[self.table_starts[rows] + blocks]
+
+    def slot_mapping(self, num_tokens: int, cache: CacheGeometry) -> torch.Tensor:
+        """[num_tokens] cache slot of every token, row ``i``'s from flat index
+        ``starts[i]`` on; padding spreads over the dummy block."""
+        block_size = cache.block_size
+        slots = cache.num_blocks * block_size + np.arange(num_tokens) % block_size
+        counts = self.query_lens
+        row = np.repeat(np.arange(len(counts)), counts)
+        offset = np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
+        positions = self.context[row] + offset
+        slots[self.starts[row] + offset] = (
+            self.block_ids(row, positions // block_size) * block_size
+            + positions % block_size
+        )
+        return torch.from_numpy(slots).to(cache.device)
 
 
 def _context_block_list(
@@ -158,7 +184,7 @@ def _context_block_list(
     """[bs * C]: each row's context blocks, padded with the dummy block."""
     flat: list[int] = []
     for row in rows:
-        needed = _cdiv(row.num_computed_tokens, cache.block_size)
+        needed = cdiv(row.num_computed_tokens, cache.block_size)
         if needed > num_context_blocks:
             raise ValueError(
                 f"num_context_blocks={num_context_blocks} is below the {needed} "
@@ -184,14 +210,15 @@ def build_prompt_metadata(
     block_list = None
     if num_context_blocks > 0:
         block_list = _context_block_list(rows, num_context_blocks, cache)
-    slot_mapping = _prompt_slot_mapping(rows, query_len, cache)
+    starts = [i * query_len for i in range(len(seqs))]
+    slot_mapping = PassRows.of(seqs, starts).slot_mapping(batch_size * query_len, cache)
     context_lens = torch.tensor([row.num_computed_tokens for row in rows])
     query_lens = torch.tensor([row.num_scheduled_tokens for row in rows])
     context_lens = context_lens.to(cache.device)
     query_lens = query_lens.to(cache.device)
     return HpuAttentionMetadata(
         is_prompt=True,
-        slot_mapping=slot_mapping.to(cache.device),
+        slot_mapping=slot_mapping,
         block_list=block_list,
         prompt_mask=padded_rows_mask(
             context_lens,
@@ -219,28 +246,16 @@ def _query_span_end(
 
 
 def first_visible_position(
-    position: int, sliding_window: int | None, attention_chunk: int | None
-) -> int:
-    """The earliest key position a query at ``position`` attends: its chunk's
-    start, the first of its last ``sliding_window`` positions, or 0."""
+    position: Any, sliding_window: int | None, attention_chunk: int | None
+) -> Any:
+    """The earliest key position a query at ``position`` (an int or an array
+    of them) attends: its chunk's start, the first of its last
+    ``sliding_window`` positions, or 0."""
     if attention_chunk is not None:
         return position - position % attention_chunk
     if sliding_window is not None:
-        return max(0, position + 1 - sliding_window)
-    return 0
-
-
-def decode_block_range(
-    seq: SeqLayout,
-    block_size: int,
-    sliding_window: int | None,
-    attention_chunk: int | None = None,
-) -> tuple[int, int, int]:
-    """(first block, end block, first visible position) of the keys that the
-    decode token of ``seq`` attends (:func:`first_visible_position` on)."""
-    position = seq.num_computed_tokens
-    start = first_visible_position(position, sliding_window, attention_chunk)
-    return start // block_size, _cdiv(position + 1, block_size), start
+        return np.maximum(0, position + 1 - sliding_window)
+    return position * 0
 
 
 def window_capacity(
@@ -254,96 +269,159 @@ def window_capacity(
     capacity, not by P."""
     if sliding_window is None:
         return num_blocks
-    per_row = _cdiv(sliding_window - 1, block_size) + 1
+    per_row = cdiv(sliding_window - 1, block_size) + 1
     return min(num_blocks, batch_size * per_row)
 
 
-@dataclass
-class _FlatBlocks:
-    """Per flat block: physical id, row, visible token range, key offset; numpy
-    arrays per row, so a batch of many blocks costs no Python loop per block."""
+def _owned_slots(rows: PassRows, batch_size: int, num_queries: int) -> np.ndarray:
+    """Slots each row owns: up to the next row's first in its group, or to the
+    group's end for its group's last row; refuses rows that do not fit."""
+    num_groups = int(rows.starts.max(initial=-1)) // num_queries + 1
+    if num_groups > batch_size:
+        raise ValueError(
+            f"{num_groups} query groups do not fit batch size {batch_size}"
+        )
+    order = np.argsort(rows.starts, kind="stable")
+    ordered = rows.starts[order]
+    following = np.append(ordered[1:], np.iinfo(np.int64).max)
+    group_ends = (ordered // num_queries + 1) * num_queries
+    owned = np.empty_like(ordered)
+    owned[order] = np.minimum(following, group_ends) - ordered
+    if (rows.query_lens > owned).any():
+        i = int(np.argmax(rows.query_lens > owned))
+        raise ValueError(
+            f"{rows.query_lens[i]} tokens do not fit the {owned[i]} slots their "
+            f"packing leaves ({num_queries} queries per group)"
+        )
+    return owned
 
-    block_list: list[np.ndarray] = field(default_factory=list)
-    block_groups: list[np.ndarray] = field(default_factory=list)
-    block_start: list[np.ndarray] = field(default_factory=list)  # first visible
-    block_usage: list[np.ndarray] = field(default_factory=list)  # end of visible
-    block_offsets: list[np.ndarray] = field(default_factory=list)
 
-    @property
-    def num_blocks(self) -> int:
-        return sum(len(ids) for ids in self.block_list)
+def _flat_layout(
+    rows: PassRows,
+    owned: np.ndarray,
+    num_queries: int,
+    window: int | None,
+    chunk: int | None,
+    block_size: int,
+) -> dict[str, np.ndarray]:
+    """Per flat block: physical id, query group, key offset (ALiBi: key
+    position minus query position is offset + key slot - slot); per block and
+    slot of its group the visible key range [start, usage) within the block,
+    empty for other rows' slots. A row's blocks run from its first query's
+    first visible key to its last query's own; slot ``j`` of a row (of its
+    ``owned`` slots) queries at the row's ``j``-th token (past its tokens: the
+    last)."""
+    slot0 = rows.starts % num_queries
+    slot = np.arange(num_queries)[None, :] - slot0[:, None]  # [R, Q]: the row's j
+    is_owned = (slot >= 0) & (slot < owned[:, None])
+    last = np.maximum(rows.query_lens - 1, 0)[:, None]
+    positions = rows.context[:, None] + np.clip(slot, 0, last)
+    visible = first_visible_position(positions, window, chunk)
+    first = first_visible_position(rows.context, window, chunk) // block_size
+    final = rows.context + np.minimum(owned, rows.query_lens) - 1
+    counts = (final + block_size) // block_size - first
+    row = np.repeat(np.arange(len(counts)), counts)
+    block = (
+        first[row] + np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
+    )
+    keys = (block * block_size)[:, None]
+    start = np.maximum(visible[row] - keys, 0)
+    usage = np.clip(positions[row] + 1 - keys, 0, block_size)
+    return {
+        "block_list": rows.block_ids(row, block),
+        "block_groups": rows.starts[row] // num_queries,
+        "block_offsets": keys[:, 0] - rows.context[row] + slot0[row],
+        "block_start": np.where(is_owned[row], start, 0),
+        "block_usage": np.where(is_owned[row], usage, 0),
+    }
 
-    def add_row(
-        self,
-        row: int,
-        seq: SeqLayout,
-        block_size: int,
-        window: int | None,
-        chunk: int | None = None,
-    ) -> None:
-        first, end, start = decode_block_range(seq, block_size, window, chunk)
-        positions = np.arange(first, end, dtype=np.int64) * block_size
-        self.block_list.append(np.asarray(seq.block_table[first:end], dtype=np.int64))
-        self.block_groups.append(np.full(end - first, row, dtype=np.int64))
-        self.block_start.append(np.maximum(start - positions, 0))
-        end_slot = seq.num_computed_tokens + 1 - positions
-        self.block_usage.append(np.minimum(end_slot, block_size))
-        self.block_offsets.append(positions - seq.num_computed_tokens)
 
-    def pad(self, count: int, batch_size: int, dummy_block: int) -> None:
-        """Padding blocks read the dummy block for the sink row, one token each."""
-        for values, fill in (
-            (self.block_list, dummy_block),
-            (self.block_groups, batch_size),
-            (self.block_start, 0),
-            (self.block_usage, 1),
-            (self.block_offsets, 0),
-        ):
-            values.append(np.full(count, fill, dtype=np.int64))
+def _padded_layout(
+    layout: dict[str, np.ndarray], count: int, batch_size: int, dummy_block: int
+) -> dict[str, np.ndarray]:
+    """Padding blocks read the dummy block for the sink row, one token each."""
+    fills = {
+        "block_list": dummy_block,
+        "block_groups": batch_size,
+        "block_offsets": 0,
+        "block_start": 0,
+        "block_usage": 1,
+    }
+    return {
+        name: np.concatenate(
+            (values, np.full((count, *values.shape[1:]), fills[name], np.int64))
+        )
+        for name, values in layout.items()
+    }
+
+
+def _decode_blocks(
+    layout: dict[str, np.ndarray], batch_size: int, cache: CacheGeometry
+) -> DecodeBlocks:
+    on_device = {n: torch.from_numpy(v).to(cache.device) for n, v in layout.items()}
+    start, usage = on_device["block_start"], on_device["block_usage"]
+    keys = torch.arange(cache.block_size, device=cache.device)
+    hidden = (keys >= usage[..., None]) | (keys < start[..., None])  # [P, Q, B]
+    # A block may hide every key from one of its queries (a later block of a
+    # verified row, or one before a window): a finite floor keeps that query's
+    # block maximum finite, and the row's visible keys outweigh it.
+    bias = torch.zeros(hidden.shape, dtype=cache.dtype, device=cache.device)
+    bias.masked_fill_(hidden, torch.finfo(cache.dtype).min)
+    groups = on_device["block_groups"]
+    return DecodeBlocks(
+        block_list=on_device["block_list"],
+        block_groups=groups,
+        block_mapping=block_mapping(groups, batch_size, cache),
+        # One query per row (decode): [P, B], else [P, Q, 1, B].
+        block_bias=bias.squeeze(1) if bias.shape[1] == 1 else bias.unsqueeze(2),
+        block_offsets=on_device["block_offsets"],
+    )
 
 
 def build_decode_metadata(
-    seqs: list[SeqLayout], batch_size: int, num_blocks: int, cache: CacheGeometry
+    seqs: list[SeqLayout],
+    batch_size: int,
+    num_blocks: int,
+    cache: CacheGeometry,
+    starts: list[int] | None = None,
+    num_queries: int = 1,
 ) -> HpuAttentionMetadata:
-    """Metadata of a decode pass of ``batch_size`` tokens over ``num_blocks`` (P)
-    flat blocks (spec section 2), one layout per sliding window and attention
-    chunk size (and one for full attention): a windowed or chunked layer reads
-    only the blocks it attends.
+    """Metadata of a decode pass of ``batch_size`` query groups of
+    ``num_queries`` (Q) slots over ``num_blocks`` (P) flat blocks (spec section
+    2): one token per row at flat index ``i``, or verifying drafts, row ``i``'s
+    tokens from flat index ``starts[i]`` on (``attention/verify.py``), causal
+    within the row. One layout per sliding window and attention chunk size
+    (and one for full attention): a windowed or chunked layer reads only the
+    blocks it attends.
 
-    Cost per layout: O(batch_size) Python work and O(P) numpy, a few
-    host-to-device copies and small device ops ([P, block_size] bias, [P, bs]
-    one-hot).
-    """
-    rows = _pad_batch(seqs, batch_size)
-    block_size, dummy_block = cache.block_size, cache.num_blocks
-    slots = [
-        seq.block_table[seq.num_computed_tokens // block_size] * block_size
-        + seq.num_computed_tokens % block_size
-        for seq in seqs
-    ]
-    slots += [
-        dummy_block * block_size + i % block_size for i in range(len(seqs), len(rows))
-    ]
+    Cost per layout: a few numpy operations over the rows and the P blocks, no
+    Python loop; a few host-to-device copies and small device ops ([P, Q,
+    block_size] bias, [P, bs] one-hot)."""
+    rows = PassRows.of(seqs, list(range(len(seqs))) if starts is None else starts)
+    owned = _owned_slots(rows, batch_size, num_queries)
     windows: list[int | None] = [None] if cache.full_attention else []
     windows += cache.sliding_windows
 
     def layout(window: int | None, chunk: int | None = None) -> DecodeBlocks:
-        flat = _FlatBlocks()
-        for i, seq in enumerate(seqs):
-            flat.add_row(i, seq, block_size, window, chunk)
+        flat = _flat_layout(rows, owned, num_queries, window, chunk, cache.block_size)
+        used = len(flat["block_list"])
+        # A group's rows need at most Q times a window's blocks in all (a row
+        # of q queries: its window widened by q - 1 keys).
         span = window if chunk is None else chunk
-        capacity = window_capacity(num_blocks, batch_size, span, block_size)
-        if flat.num_blocks > capacity:
+        capacity = window_capacity(
+            num_blocks, batch_size * num_queries, span, cache.block_size
+        )
+        if used > capacity:
             raise ValueError(
-                f"decode batch needs {flat.num_blocks} blocks but "
-                f"num_blocks={num_blocks}; pick a larger bucket."
+                f"decode batch needs {used} blocks but num_blocks={num_blocks}; "
+                "pick a larger bucket."
             )
-        flat.pad(capacity - flat.num_blocks, batch_size, dummy_block)
+        flat = _padded_layout(flat, capacity - used, batch_size, cache.num_blocks)
         return _decode_blocks(flat, batch_size, cache)
 
     return HpuAttentionMetadata(
         is_prompt=False,
-        slot_mapping=torch.tensor(slots, dtype=torch.long).to(cache.device),
+        slot_mapping=rows.slot_mapping(batch_size * num_queries, cache),
         decode_by_window={window: layout(window) for window in windows},
         decode_by_chunk={
             chunk: layout(None, chunk) for chunk in cache.attention_chunks
@@ -362,23 +440,3 @@ def block_mapping(
     )
     mapping.scatter_(1, groups[:, None], 1.0)
     return mapping[:, :batch_size]
-
-
-def _decode_blocks(
-    flat: _FlatBlocks, batch_size: int, cache: CacheGeometry
-) -> DecodeBlocks:
-    def to_device(values: list[np.ndarray]) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate(values)).to(cache.device)
-
-    groups = to_device(flat.block_groups)
-    start, usage = to_device(flat.block_start), to_device(flat.block_usage)
-    offsets = torch.arange(cache.block_size, device=cache.device)[None, :]
-    hidden = (offsets >= usage[:, None]) | (offsets < start[:, None])
-    bias = torch.zeros(hidden.shape, dtype=cache.dtype, device=cache.device)
-    return DecodeBlocks(
-        block_list=to_device(flat.block_list),
-        block_groups=groups,
-        block_mapping=block_mapping(groups, batch_size, cache),
-        block_bias=bias.masked_fill_(hidden, float("-inf")),
-        block_offsets=to_device(flat.block_offsets),
-    )

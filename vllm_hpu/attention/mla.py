@@ -2,9 +2,9 @@
 
 vLLM's ``MLAAttention.forward_impl`` absorbs W_UK into decode queries and projects
 decode outputs through W_UV itself; our impl writes the latent cache, runs prompt
-tokens as MHA over their expanded latents, their cached context in latent space
-(queries absorbed through our own split of kv_b_proj) and decode tokens as flat
-MQA (``ops/mla_kernels.py``).
+tokens as MHA over their latents expanded through the same W_UK and W_UV (our own
+split of kv_b_proj), their cached context in latent space (queries absorbed) and
+decode tokens as flat MQA (``ops/mla_kernels.py``).
 """
 
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -156,9 +156,9 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         self.decode_block_slice = decode_block_slice()
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
-        """W_UK and W_UV for prompt passes with cached context, split from
-        kv_b_proj as vLLM's layer splits its own (views of an unquantized weight;
-        a dequantized copy otherwise)."""
+        """W_UK and W_UV for prompt passes, split from kv_b_proj as vLLM's
+        layer splits its own (views of an unquantized weight; a dequantized
+        copy otherwise)."""
         self.w_uk, self.w_uv = split_kv_b_proj(
             self.kv_b_proj,
             act_dtype,
@@ -169,7 +169,16 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         )
 
     def _kv_b_proj(self, kv_c: torch.Tensor) -> torch.Tensor:
-        return self.kv_b_proj(kv_c)[0]  # vLLM's linear layers return (out, bias)
+        """kv_b_proj as decode and cached context apply it, in latent space:
+        through W_UK and W_UV (a quantized weight dequantized once), the
+        latents as they are, so a token's keys and values are the same in
+        every kind of pass. kv_c: [T, L] -> [T, N * (P + V)]."""
+        assert self.w_uk is not None and self.w_uv is not None, (
+            "process_weights_after_loading has not run"
+        )
+        k_nope = torch.einsum("tl,lnp->tnp", kv_c, self.w_uk)
+        value = torch.einsum("tl,lnv->tnv", kv_c, self.w_uv)
+        return torch.cat((k_nope, value), dim=-1).flatten(1)
 
     def do_kv_cache_update(
         self,

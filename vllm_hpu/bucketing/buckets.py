@@ -65,6 +65,17 @@ def smallest_padded(values: list[int], floor: int) -> list[int]:
     return [floor] + [previous + 1 for previous in values[:-1]]
 
 
+def fillable_batch_sizes(batch_sizes: list[int], num_kv_blocks: int) -> list[int]:
+    """The sorted batch sizes some batch the KV cache can hold pads to: every
+    decoding sequence writes its next token into a KV block of its own, so no
+    more than ``num_kv_blocks`` sequences decode at once (the smallest always
+    stays)."""
+    lowest = smallest_padded(batch_sizes, 1)
+    pairs = zip(batch_sizes, lowest, strict=True)
+    fillable = [size for size, low in pairs if low <= num_kv_blocks]
+    return fillable or batch_sizes[:1]
+
+
 def context_tokens(min_blocks: int, block_size: int) -> int:
     """The fewest cached tokens that occupy ``min_blocks`` blocks."""
     return 0 if min_blocks == 0 else (min_blocks - 1) * block_size + 1

@@ -1,15 +1,25 @@
-"""The default ``compact`` buckets: few graphs, spent where a mixed workload pads.
+"""The default ``compact`` buckets: few graphs, spent where a workload pads.
 
-Prompt passes get a short query ladder and few batch sizes, with cached-context
-buckets only where a context chunk runs; decode block counts are tied to the batch
-size (a ladder in blocks per sequence), so no graph is spent on a block count its
-batch cannot reach or would pad to little use. docs/bucketing.md has the numbers.
+Prompt passes (one row per prompt) get a short query ladder and few batch sizes,
+with cached-context buckets only where a context chunk runs. Decode block counts
+are a ladder in blocks per sequence: short sequences at every batch size, and for
+the largest batch size (where a busy server runs) block counts growing by a
+constant factor up to the KV cache. A batch of longer sequences runs in a larger
+batch size's bucket: it pads rows, which a decode step computes for little (it
+streams the weights once whatever its rows), not blocks, which flat paged
+attention reads one by one. docs/bucketing.md has the numbers.
 """
 
 import dataclasses
 import math
 
-from vllm_hpu.bucketing.buckets import Bucket, context_tokens, smallest_padded
+from vllm_hpu.bucketing.buckets import (
+    Bucket,
+    context_tokens,
+    decode_block_cap,
+    fillable_batch_sizes,
+    smallest_padded,
+)
 from vllm_hpu.bucketing.ranges import geometric_range, points_per_doubling
 from vllm_hpu.bucketing.settings import BucketingConfig
 
@@ -26,12 +36,14 @@ class CompactShape:
     max_context_batch: int = 2
     # Context values besides 0: the maximum, then a quarter of it, and so on.
     num_context_values: int = 1
-    # Decode block counts per batch size, in blocks per sequence of the batch;
-    # the batch's cap (KV cache, max_model_len) is always one more.
-    blocks_per_seq: tuple[float, ...] = (2.5, 3.5, 5)
-    # Batches below this size pad few blocks in all: one ratio is enough.
-    small_batch: int = 4
-    small_blocks_per_seq: tuple[float, ...] = (5,)
+    # Decode block counts per batch size, in blocks per sequence of the batch.
+    blocks_per_seq: tuple[int, ...] = (1, 2, 4)
+    # Batch sizes below this one get one block per sequence only: they hold
+    # few blocks in all, and their longer sequences run in this size's buckets.
+    small_batch: int = 8
+    # The largest batch size's block counts grow by this factor, from one
+    # block per sequence up to the most the batch can hold.
+    largest_batch_growth: float = math.sqrt(2)
 
 
 COMPACT = CompactShape()
@@ -83,18 +95,48 @@ def compact_decode_batch_sizes(config: BucketingConfig) -> list[int]:
     return geometric_range(1, 2, seqs, points_per_doubling(seqs)) if seqs > 1 else [1]
 
 
+def growing_block_counts(batch_size: int, cap: int, growth: float) -> list[int]:
+    """``batch_size`` x 1, ``growth``, ``growth**2``, ... blocks per sequence
+    (rounded up), below ``cap``, then ``cap`` itself."""
+    counts = set()
+    per_seq = 1.0
+    while round(batch_size * per_seq, 6) < cap:
+        counts.add(math.ceil(round(batch_size * per_seq, 6)))
+        per_seq *= growth
+    return sorted(counts | {cap})
+
+
+def short_sequence_buckets(
+    config: BucketingConfig,
+    batch_sizes: list[int],
+    num_kv_blocks: int,
+    shape: CompactShape = COMPACT,
+) -> set[Bucket]:
+    """Per batch size ``b``: ``b`` x 1, 2, 4 blocks (only 1 below ``small_batch``),
+    within what the batch can hold."""
+    buckets: set[Bucket] = set()
+    for batch_size in batch_sizes:
+        cap = decode_block_cap(config, batch_size, num_kv_blocks)
+        small = batch_size < shape.small_batch
+        ratios = shape.blocks_per_seq[:1] if small else shape.blocks_per_seq
+        buckets.update(Bucket(batch_size, 1, min(cap, batch_size * r)) for r in ratios)
+    return buckets
+
+
 def compact_decode_buckets(
     config: BucketingConfig, num_kv_blocks: int, shape: CompactShape = COMPACT
 ) -> list[Bucket]:
-    """Per batch size: ``ceil(batch * k)`` blocks for ``k`` in the per-sequence
-    ladder, and the most blocks the batch can hold."""
-    blocks_per_seq = math.ceil(config.max_model_len / config.block_size)
-    buckets = set()
-    for batch_size in compact_decode_batch_sizes(config):
-        cap = min(num_kv_blocks, batch_size * blocks_per_seq)
-        small = batch_size < shape.small_batch
-        for ratio in shape.small_blocks_per_seq if small else shape.blocks_per_seq:
-            blocks = min(cap, math.ceil(batch_size * ratio))
-            buckets.add(Bucket(batch_size, 1, max(blocks, min(batch_size, cap))))
-        buckets.add(Bucket(batch_size, 1, cap))
+    """Short sequences at every batch size; for the largest batch size the KV
+    cache can fill, block counts growing by ``largest_batch_growth`` up to the
+    most it can hold (KV cache, max_model_len), so every decode batch has a
+    bucket (a smaller batch of longer sequences in a larger batch's)."""
+    *smaller, largest = fillable_batch_sizes(
+        compact_decode_batch_sizes(config), num_kv_blocks
+    )
+    cap = decode_block_cap(config, largest, num_kv_blocks)
+    growth = shape.largest_batch_growth
+    buckets = short_sequence_buckets(config, smaller, num_kv_blocks, shape)
+    buckets.update(
+        Bucket(largest, 1, n) for n in growing_block_counts(largest, cap, growth)
+    )
     return sorted(buckets)

@@ -14,12 +14,18 @@ a value per fraction of every doubling.
 import dataclasses
 import math
 
-from vllm_hpu.bucketing.buckets import Bucket, decode_block_cap
-from vllm_hpu.bucketing.compact import (
-    compact_decode_batch_sizes,
-    compact_decode_buckets,
+from vllm_hpu.bucketing.buckets import (
+    Bucket,
+    decode_block_cap,
+    fillable_batch_sizes,
 )
-from vllm_hpu.bucketing.merged_buckets import merged_token_ladder
+from vllm_hpu.bucketing.compact import (
+    COMPACT,
+    compact_decode_batch_sizes,
+    growing_block_counts,
+    short_sequence_buckets,
+)
+from vllm_hpu.bucketing.merged_buckets import context_token_values, merged_token_ladder
 from vllm_hpu.bucketing.settings import BucketingConfig
 
 # From this max_model_len on, the compact strategy uses these ladders.
@@ -32,9 +38,10 @@ class LongContextShape:
 
     # Context values besides 0 (in blocks, up to the most one request holds).
     num_context_values: int = 8
-    # Context buckets pair with every n-th query value, from the largest down:
-    # long prompts' chunks fill the step, and context costs attention only.
-    context_query_stride: int = 2
+    # Context buckets pair with this many token values, every other one from
+    # the largest down: long prompts' chunks fill the step, and context costs
+    # attention only.
+    num_context_token_values: int = 5
     # Decode block values of all batch sizes together, at least this many each.
     num_decode_values: int = 64
     min_decode_values: int = 8
@@ -68,10 +75,9 @@ def long_context_prompt_buckets(
     config: BucketingConfig, shape: LongContextShape = LONG_CONTEXT
 ) -> list[Bucket]:
     """Merged prefill's ``(1, tokens, context)``: every token value without
-    context, every ``context_query_stride``-th (the largest kept) with each
-    context value."""
+    context, ``num_context_token_values`` of them with each context value."""
     tokens = merged_token_ladder(config)
-    with_context = tokens[::-1][:: shape.context_query_stride][::-1]
+    with_context = context_token_values(tokens, shape.num_context_token_values)
     contexts = long_context_values(config, shape)[1:]
     return [Bucket(1, t, 0) for t in tokens] + [
         Bucket(1, t, c) for t in with_context for c in contexts
@@ -83,14 +89,24 @@ def long_context_decode_buckets(
     num_kv_blocks: int,
     shape: LongContextShape = LONG_CONTEXT,
 ) -> list[Bucket]:
-    """The compact decode buckets (short sequences), plus per batch size a
-    ladder from the batch size to the most blocks it can hold (KV cache,
-    max_model_len), so no bucket exceeds what the KV cache holds."""
-    batch_sizes = compact_decode_batch_sizes(config)
+    """The compact set's buckets for short sequences (the largest batch
+    size's growing ladder up to the others' most blocks per sequence), plus
+    per batch size a ladder from the batch size to the most blocks it can
+    hold (KV cache, max_model_len), so no bucket exceeds what the KV cache
+    holds and long sequences keep their own batch size."""
+    batch_sizes = fillable_batch_sizes(
+        compact_decode_batch_sizes(config), num_kv_blocks
+    )
+    *smaller, largest = batch_sizes
+    buckets = short_sequence_buckets(config, smaller, num_kv_blocks)
+    short = min(num_kv_blocks, largest * max(COMPACT.blocks_per_seq))
+    growth = COMPACT.largest_batch_growth
+    buckets.update(
+        Bucket(largest, 1, n) for n in growing_block_counts(largest, short, growth)
+    )
     per_batch = max(
         shape.min_decode_values, shape.num_decode_values // len(batch_sizes)
     )
-    buckets = set(compact_decode_buckets(config, num_kv_blocks))
     for batch_size in batch_sizes:
         cap = decode_block_cap(config, batch_size, num_kv_blocks)
         for blocks in square_root_ladder(min(batch_size, cap), cap, per_batch):

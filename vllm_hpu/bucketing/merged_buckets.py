@@ -3,21 +3,48 @@
 A merged pass packs the step's prompt chunks into one sequence, so its buckets
 depend on the tokens of the whole step, not on batch x longest chunk: a token
 ladder up to the step budget, and context 0 or the most one request can hold.
+
+The ladder follows what padding costs on Gaudi: a pass of fewer than
+``COMPUTE_BOUND_TOKENS`` tokens takes about the time of streaming the weights
+once (the chip does more FLOPs per byte of HBM than such a pass asks for), so
+coarse values pad it cheaply; from there on every padded token is compute, so
+values are three per doubling (at most a third apart).
 """
 
 import math
 
 from vllm_hpu.bucketing.buckets import Bucket
-from vllm_hpu.bucketing.ranges import geometric_range, points_per_doubling
 from vllm_hpu.bucketing.settings import BucketingConfig
+
+# Token values step by this many tokens below COMPUTE_BOUND_TOKENS.
+SHORT_PASS_STEP = 64
+COMPUTE_BOUND_TOKENS = 256
+# Three values per doubling from COMPUTE_BOUND_TOKENS on: 4, 5 and 6 x 2**k.
+PER_DOUBLING = (4, 5, 6)
+# Token values with a cached-context bucket: the largest and every other one
+# below it, this many (context passes are later chunks of long prompts, which
+# fill the budget or hold its remainder, and prefix hits).
+NUM_CONTEXT_TOKEN_VALUES = 3
 
 
 def merged_token_ladder(config: BucketingConfig) -> list[int]:
-    """A geometric token ladder, one point per doubling less one, reaching the
-    step's token budget: 128, 256, ..., 1536, 2048 for 2048 at block 128."""
-    block_size = config.block_size
-    high = max(block_size, config.max_num_batched_tokens)
-    return geometric_range(block_size, block_size, high, points_per_doubling(high) - 2)
+    """Multiples of ``SHORT_PASS_STEP`` below ``COMPUTE_BOUND_TOKENS``, then
+    three values per doubling, up to the step's token budget: 64, 128, 192,
+    256, 320, 384, 512, 640, 768, 1024, 1280, 1536, 2048 for 2048."""
+    budget = config.max_num_batched_tokens
+    short = min(budget, COMPUTE_BOUND_TOKENS)
+    values = set(range(SHORT_PASS_STEP, short, SHORT_PASS_STEP))
+    scale = COMPUTE_BOUND_TOKENS // PER_DOUBLING[0]
+    while scale * PER_DOUBLING[0] < budget:
+        values.update(scale * m for m in PER_DOUBLING if scale * m < budget)
+        scale *= 2
+    return sorted(values | {budget})
+
+
+def context_token_values(tokens: list[int], count: int | None = None) -> list[int]:
+    """Every other token value from the largest down (``count`` of them, or
+    all), ascending: the token values that get cached-context buckets."""
+    return sorted(tokens[::-1][::2][:count])
 
 
 def merged_contexts(config: BucketingConfig) -> list[int]:
@@ -29,11 +56,14 @@ def merged_contexts(config: BucketingConfig) -> list[int]:
 
 
 def merged_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
-    return [
-        Bucket(1, tokens, blocks)
-        for tokens in merged_token_ladder(config)
-        for blocks in merged_contexts(config)
-    ]
+    """Every token value without context; ``NUM_CONTEXT_TOKEN_VALUES`` of
+    them with the most context one request holds."""
+    tokens = merged_token_ladder(config)
+    most = merged_contexts(config)[-1]
+    with_context = context_token_values(tokens, NUM_CONTEXT_TOKEN_VALUES)
+    return sorted(
+        {Bucket(1, t, 0) for t in tokens} | {Bucket(1, t, most) for t in with_context}
+    )
 
 
 def single_row_buckets(buckets: list[Bucket], source: str) -> list[Bucket]:

@@ -5,9 +5,9 @@ import math
 from vllm_hpu.bucketing.bucket_file import read_bucket_file
 from vllm_hpu.bucketing.buckets import (
     Bucket,
+    fillable_batch_sizes,
     generate_decode_buckets,
     generate_prompt_buckets,
-    smallest_padded,
 )
 from vllm_hpu.bucketing.compact import compact_decode_buckets, compact_prompt_buckets
 from vllm_hpu.bucketing.long_context import (
@@ -60,13 +60,11 @@ def strategy_decode_buckets(
 
 
 def drop_unfillable_batches(buckets: list[Bucket], num_kv_blocks: int) -> list[Bucket]:
-    """Every decoding sequence writes its next token into a KV block of its own,
-    so no more than ``num_kv_blocks`` sequences decode at once: a batch size
-    only larger batches pad to is never used (and warming it would run a
-    smaller one)."""
+    """Buckets of batch sizes only batches larger than the KV cache can hold
+    pad to are never used (and warming one would run a smaller batch)."""
     batch_sizes = sorted({bucket.batch_size for bucket in buckets})
-    lowest = dict(zip(batch_sizes, smallest_padded(batch_sizes, 1), strict=True))
-    return [b for b in buckets if lowest[b.batch_size] <= num_kv_blocks]
+    fillable = set(fillable_batch_sizes(batch_sizes, num_kv_blocks))
+    return [b for b in buckets if b.batch_size in fillable]
 
 
 def _decode_buckets(config: BucketingConfig, num_kv_blocks: int) -> list[Bucket]:

@@ -82,14 +82,21 @@ class TraceRecorder:
     """Appends each step's shape to a trace file as the runner plans it.
 
     The header is written once the KV cache is sized; a line per step is flushed
-    at once, so a trace survives a server that is killed.
+    at once, so a trace survives a server that is killed. Without a ``path``
+    nothing is recorded.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
         self.path = path
         self._file: IO[str] | None = None
 
+    @property
+    def recording(self) -> bool:
+        return self._file is not None
+
     def start(self, header: dict[str, int]) -> None:
+        if self.path is None:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("w")
         self._file.write(json.dumps({"version": TRACE_VERSION, **header}) + "\n")

@@ -4,7 +4,7 @@ feature, option or model the HPU plugin cannot run, each error naming the fix.""
 import importlib.util
 from typing import TYPE_CHECKING
 
-from vllm_hpu import envs
+from vllm_hpu import compat, envs
 from vllm_hpu.config import model_support
 from vllm_hpu.kv_transfer.connectors import has_kv_connector
 
@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 
 def reject_unsupported_features(vllm_config: "VllmConfig") -> None:
     """Fail at start-up, naming the option to drop, rather than mid-generation."""
+    version = compat.unsupported_vllm_version()
+    if version:
+        raise ValueError(version)
     model_config = vllm_config.model_config
     runner_type = model_config.runner_type if model_config is not None else "generate"
     unsupported = {
@@ -21,7 +24,20 @@ def reject_unsupported_features(vllm_config: "VllmConfig") -> None:
         # (worker/spec_decode/draft_model.py).
         f"the '{runner_type}' runner (--runner)": runner_type
         not in ("generate", "pooling", "draft"),
+        # vLLM 0.32's older Ray executor; 0.33 has only the V2 one, which the
+        # plugin runs (distributed/ray_cluster.py).
+        "VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0 (vLLM 0.32's older Ray executor, "
+        "gone in 0.33; unset it to run Ray on the V2 executor)": (
+            vllm_config.parallel_config.distributed_executor_backend == "ray"
+            and compat.legacy_ray_executor_requested()
+        ),
     }
+    sleep_backend = model_config.sleep_mode_backend if model_config else "cumem"
+    # The worker's own sleep mode (capabilities/sleep.py) answers vLLM's sleep
+    # RPCs; vLLM's backends (cumem, xpumem, plugins') are never called.
+    unsupported[f"the '{sleep_backend}' sleep mode backend (--sleep-mode-backend)"] = (
+        sleep_backend != "cumem"
+    )
     weights_change = model_config is not None and (
         model_config.enable_sleep_mode or vllm_config.weight_transfer_config
     )
@@ -38,6 +54,14 @@ def reject_unsupported_features(vllm_config: "VllmConfig") -> None:
     # sample nothing: logits indices the runner does not pass.
     unsupported["--kv-sharing-fast-prefill"] = bool(
         vllm_config.cache_config.kv_sharing_fast_prefill
+    )
+    # Drafts' rows would need the verification's acceptance counts.
+    unsupported[
+        "routed experts returned (enable_return_routed_experts) with speculative "
+        "decoding"
+    ] = bool(
+        vllm_config.aux_output_config.enable_return_routed_experts
+        and vllm_config.speculative_config is not None
     )
     from vllm_hpu.worker.capabilities.data_parallel import unsupported_layouts
 

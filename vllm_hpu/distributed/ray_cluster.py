@@ -5,9 +5,7 @@
 from typing import TYPE_CHECKING, Any
 
 import ray
-from vllm import envs as vllm_envs
 from vllm.logger import init_logger
-from vllm.v1.executor.ray_executor import RayDistributedExecutor
 from vllm.v1.executor.ray_executor_v2 import RayExecutorV2
 
 from vllm_hpu import device
@@ -110,12 +108,8 @@ class HpuRayExecutorV2(_HpuRay, RayExecutorV2):
     pass
 
 
-class HpuRayDistributedExecutor(_HpuRay, RayDistributedExecutor):
-    pass
-
-
 def hpu_ray_executor() -> type["Executor"]:
-    """The executor vLLM would pick for ``ray``, preceded by the checks above."""
-    if vllm_envs.VLLM_USE_RAY_V2_EXECUTOR_BACKEND:
-        return HpuRayExecutorV2
-    return HpuRayDistributedExecutor
+    """The executor vLLM picks for ``ray`` (the V2 executor, vLLM 0.32's default
+    and 0.33's only one), preceded by the checks above. vLLM 0.32's older Ray
+    executor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0) is refused at start-up."""
+    return HpuRayExecutorV2

@@ -51,7 +51,7 @@ from vllm.distributed.weight_transfer.factory import (
     WeightTransferTrainerFactory,
 )
 
-from vllm_hpu import device
+from vllm_hpu import compat, device
 
 BACKEND = "hpu"
 DEFAULT_CHUNK_BYTES = 1 << 30
@@ -226,7 +226,7 @@ def _chunks(
     """The source's tensors in groups of at most ``chunk_bytes`` (or one tensor)."""
     chunk: list[tuple[str, torch.Tensor]] = []
     size = 0
-    for name, tensor in source:
+    for name, tensor in compat.weight_source_tensors(source):
         nbytes = tensor.numel() * tensor.element_size()
         if chunk and size + nbytes > chunk_bytes:
             yield chunk
@@ -269,7 +269,12 @@ class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitI
         is_sender: bool,
         init_info: HpuTrainerInitInfo,
     ):
-        super().__init__(client=client, source=source, is_sender=is_sender)
+        super().__init__(
+            client=client,
+            source=source,
+            is_sender=is_sender,
+            **compat.trainer_engine_kwargs(init_info.rank),
+        )
         self.chunk_bytes = init_info.chunk_bytes
         self.directory = init_info.directory or _shared_memory_dir()
         self.group: ProcessGroup | None = None  # with a master_address

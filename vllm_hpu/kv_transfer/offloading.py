@@ -97,8 +97,14 @@ class HostBlockCopier(OffloadingWorker):
         return True
 
     def submit_load(
-        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec
+        self,
+        job_id: int,
+        src_spec: LoadStoreSpec,
+        dst_spec: GPULoadStoreSpec,
+        expedited: bool = False,
     ) -> bool:
+        """``expedited`` (vLLM 0.33: a load its request waits on within the
+        step) changes nothing here: every copy is done when this returns."""
         self._copy(job_id, dst_spec, src_spec, to_host=False)
         return True
 

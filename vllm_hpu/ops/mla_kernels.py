@@ -105,7 +105,9 @@ class LatentExpansion:
     qk_nope_head_dim: int  # P
     v_head_dim: int  # V
 
-    def __call__(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def keys_and_values(
+        self, latent: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """latent: [..., L + R] -> key [..., N, P + R] (the rope part shared by
         every head), value [..., N, V]."""
         lead = latent.shape[:-1]
@@ -151,7 +153,7 @@ class LatentKeys:
         return self._expanded(self.latent)
 
     def _expanded(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        key, value = self.expand(latent)
+        key, value = self.expand.keys_and_values(latent)
         return _pad_head(key, self.head_size), _pad_head(value, self.head_size)
 
 
@@ -243,10 +245,10 @@ def latent_chunk_attention(
         past = [t for t in tiles if t.stop <= past_len]
         own = [t for t in tiles if t.start >= past_len]
         ctx_out, ctx_lse = attend_tiles(
-            in_latent, latent_query[:, queries], context.read, bias, queries, past
+            in_latent, latent_query[:, queries], context.read, bias.tile, queries, past
         )
         own_out, own_lse = attend_tiles(
-            expanded, padded_query[:, queries], read_own, bias, queries, own
+            expanded, padded_query[:, queries], read_own, bias.tile, queries, own
         )
         out, _ = merge_tiles(
             (context.project(ctx_out), ctx_lse),

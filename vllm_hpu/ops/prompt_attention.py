@@ -124,7 +124,7 @@ def prompt_attention(
     if slicing.applies(keys.num_keys):
         grid = TileGrid(query.shape[1], keys.past_len, slicing.chunk_size, bias.causal)
         attend = tile_attention(scoring, kernels)
-        return sliced_attention(attend, query, keys, bias, grid, scoring.sinks)
+        return sliced_attention(attend, query, keys, bias.tile, grid, scoring.sinks)
     key, value = keys.whole()
     attn_bias = bias.whole()
     if scoring.sinks is not None:

@@ -130,8 +130,10 @@ class PromptBias:
         skips those tiles): not with bidirectional spans."""
         return self.mask.causal and self.mask.query_span_end is None
 
-    def __call__(self, queries: slice, keys: slice) -> torch.Tensor:
-        """[bs, 1, len(queries), len(keys)] (or [bs, num_heads, ...] with ALiBi).
+    def tile(self, queries: slice, keys: slice) -> torch.Tensor:
+        """The bias of one tile: [bs, 1, len(queries), len(keys)] (or [bs,
+        num_heads, ...] with ALiBi), a named method: Dynamo 2.11 (Gaudi 1.24's
+        torch) cannot trace ``__call__`` of a dataclass made in a compiled region.
         Hidden keys get the dtype's most negative finite value, not -inf: a tile
         where a query sees nothing then has finite statistics, weighted out when
         tiles are merged (``ops/sliced_attention.py``)."""
@@ -147,7 +149,7 @@ class PromptBias:
 
     def whole(self) -> torch.Tensor:
         """The bias of the whole pass, [bs, 1 or num_heads, q, K]."""
-        return self(slice(0, self.mask.query_len), slice(0, self.mask.num_keys))
+        return self.tile(slice(0, self.mask.query_len), slice(0, self.mask.num_keys))
 
 
 def _hidden_code(key_ids: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,7 @@ def check_device(value: str | None) -> None:
         )
     if value != "hpu":
         raise ValueError(
-            f"--device {value}: vLLM 0.32 has no --device option and picks its "
+            f"--device {value}: vLLM has no --device option (since 0.11) and picks its "
             "platform itself; the HPU plugin only reads --device hpu. Leave it out."
         )
 
@@ -100,8 +100,10 @@ def _patch_engine_args(arg_utils: ModuleType) -> None:
     engine_args.add_cli_args = staticmethod(  # type: ignore[method-assign]
         _with_device_option(engine_args.add_cli_args)
     )
+    from vllm_hpu.patches.eplb_config import with_eplb
+
     engine_args.create_engine_config = _with_kv_transfer_check(  # type: ignore[method-assign]
-        _with_requested_options(engine_args.create_engine_config)
+        with_eplb(_with_requested_options(engine_args.create_engine_config))
     )
 
 

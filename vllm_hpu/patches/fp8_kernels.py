@@ -10,21 +10,17 @@ import torch
 # a block-fp8 linear kernel for the platform.
 # Why: vLLM picks the kernel of a block-scaled fp8 layer (``fp8`` checkpoints with
 # ``weight_block_size``, compressed-tensors FP8_BLOCK) from
-# ``_POSSIBLE_FP8_BLOCK_KERNELS``, which lists CUDA, ROCm, CPU and XPU kernels only;
-# ``register_linear_kernel`` has no kind for it, so an out-of-tree platform finds
-# none ("Failed to find a kernel ... Reasons:" with an empty list).
-# How: our kernel becomes the table's entry for ``PlatformEnum.OOT``, once.
-# Upstream change that removes it: a "fp8_block" kind in ``register_linear_kernel``.
+# ``_POSSIBLE_FP8_BLOCK_KERNELS``, which lists CUDA, ROCm, CPU and XPU kernels only.
+# How: vLLM 0.33's ``register_linear_kernel`` takes the kind "fp8_block" (the hook
+# that removes this patch); on vLLM 0.32, which lacks it, the kernel becomes the
+# table's entry for ``PlatformEnum.OOT`` (compat.register_fp8_block_kernel).
+# Upstream change that removes it: vLLM 0.33 (the table entry goes with 0.32).
 @functools.cache
 def register_block_fp8_kernel() -> None:
-    from vllm.model_executor.kernels import linear
-    from vllm.platforms import PlatformEnum
+    from vllm_hpu.compat import register_fp8_block_kernel
+    from vllm_hpu.quantization.fp8 import HpuFp8BlockScaledMMLinearKernel
 
-    from vllm_hpu.quantization.fp8 import HpuFp8BlockScaledMMLinearKernel as kernel
-
-    kernels = linear._POSSIBLE_FP8_BLOCK_KERNELS.setdefault(PlatformEnum.OOT, [])
-    if kernel not in kernels:
-        kernels.append(kernel)
+    register_fp8_block_kernel(HpuFp8BlockScaledMMLinearKernel)
 
 
 # fp8 per-tensor scales of fused layers.

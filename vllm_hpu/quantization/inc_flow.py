@@ -19,16 +19,31 @@ if TYPE_CHECKING:
 logger = init_logger("vllm.hpu.quantization")
 
 
-class IncFlow:
+def quantization_flow(vllm_config: "VllmConfig") -> "QuantizationFlow":
+    """INC's flow when ``--quantization inc`` or QUANT_CONFIG asked for it."""
+    settings = inc_settings(vllm_config)
+    return QuantizationFlow() if settings is None else IncFlow(settings)
+
+
+class QuantizationFlow:
+    """What the loaded model goes through before it serves; without INC (this
+    class) nothing."""
+
+    replaces_linears = False  # the runner may pack the linear weights
+
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def finalize(self) -> None:
+        pass
+
+
+class IncFlow(QuantizationFlow):
+    replaces_linears = True
+
     def __init__(self, settings: IncSettings) -> None:
         self.settings = settings
         self.measured: torch.nn.Module | None = None  # until its files are written
-
-    @classmethod
-    def from_config(cls, vllm_config: "VllmConfig") -> "IncFlow | None":
-        """The flow when ``--quantization inc`` or QUANT_CONFIG asked for it."""
-        settings = inc_settings(vllm_config)
-        return None if settings is None else cls(settings)
 
     def apply(self, model: torch.nn.Module) -> torch.nn.Module:
         """Prepare (MEASURE) or convert (QUANTIZE) the loaded model in place."""

@@ -54,14 +54,14 @@ class HpuCompressedTensorsWNA16MoEMethod(
         self.group_size = weight_quant.group_size or -1
 
     def dequantize(
-        self, layer: Any, experts: slice, dtype: torch.dtype
+        self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._dequantize(layer, "w13", experts, dtype), self._dequantize(
             layer, "w2", experts, dtype
         )
 
     def _dequantize(
-        self, layer: Any, name: str, experts: slice, dtype: torch.dtype
+        self, layer: Any, name: str, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> torch.Tensor:
         zeros = getattr(layer, f"{name}_weight_zero_point", None)
         weight = dequant.dequantize_pack_quantized(
@@ -86,7 +86,7 @@ class HpuCompressedTensorsMxfp4MoEMethod(
         self.group_size = MXFP4_GROUP_SIZE
 
     def dequantize(
-        self, layer: Any, experts: slice, dtype: torch.dtype
+        self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return mxfp4_experts(layer, "weight_packed", experts, dtype)
 
@@ -106,13 +106,13 @@ class HpuGptOssMxfp4MoEMethod(HpuQuantizedMoE, GptOssMxfp4MoEMethod):
         self.mxfp4_backend = Mxfp4MoeBackend.EMULATION
 
     def dequantize(
-        self, layer: Any, experts: slice, dtype: torch.dtype
+        self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return mxfp4_experts(layer, "weight", experts, dtype)
 
 
 def mxfp4_experts(
-    layer: Any, codes: str, experts: slice, dtype: torch.dtype
+    layer: Any, codes: str, experts: slice | torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """w13 and w2 of ``experts`` from their e2m1 ``w*_{codes}`` and e8m0
     ``w*_weight_scale``, in ``dtype``."""
@@ -197,7 +197,7 @@ class HpuAWQMoEMethod(HpuInt4CheckpointMoEMethod):
         return inputs, outputs // dequant.pack_factor(4)
 
     def dequantize(
-        self, layer: Any, experts: slice, dtype: torch.dtype
+        self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         w13, w2 = (
             dequant.dequantize_awq(
@@ -218,7 +218,7 @@ class HpuGPTQMoEMethod(HpuInt4CheckpointMoEMethod):
         return inputs // dequant.pack_factor(4), outputs
 
     def dequantize(
-        self, layer: Any, experts: slice, dtype: torch.dtype
+        self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         weights = []
         for name in ("w13", "w2"):

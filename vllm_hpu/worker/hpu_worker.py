@@ -32,7 +32,6 @@ from vllm_hpu.distributed.host_network import choose_gloo_interface
 from vllm_hpu.envs import get_envs
 from vllm_hpu.kv_transfer.connectors import check_worker_config
 from vllm_hpu.worker.capabilities import kv_connector, pipeline
-from vllm_hpu.worker.capabilities.lora import HpuLoRA
 from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
 from vllm_hpu.worker.capabilities.sleep import HpuSleepMode
 from vllm_hpu.worker.capabilities.weight_updates import (
@@ -44,7 +43,7 @@ from vllm_hpu.worker.diagnostics.fallback_stats import StepFallbacks
 from vllm_hpu.worker.diagnostics.metrics import HpuMetrics
 from vllm_hpu.worker.model_runner import HpuModelRunner
 from vllm_hpu.worker.warmup.memory import MemorySplit, split_memory
-from vllm_hpu.worker.warmup.warmup import start_step_trace, warm_up_model
+from vllm_hpu.worker.warmup.warmup import warm_up_model
 
 logger = init_logger("vllm.hpu.worker")
 
@@ -71,6 +70,9 @@ class HpuWorker(WorkerBase):
             envs.log_step_cpu_fallbacks, envs.log_step_cpu_fallbacks_all
         )
         self.metrics: HpuMetrics | None = None
+        # Asleep only if enable_sleep_mode lets the RPCs through.
+        self.sleep_mode = HpuSleepMode(self.model_config.sleep_preserve_parameter_names)
+        self.weight_updates: WeightUpdates | None = None  # set by load_model
 
     @property
     def runner(self) -> HpuModelRunner:
@@ -97,6 +99,14 @@ class HpuWorker(WorkerBase):
         if load_dummy_weights:
             self.load_config.load_format = "dummy"
         self.runner.load_model()
+        if self.vllm_config.weight_transfer_config is not None:
+            self.weight_updates = WeightUpdates(
+                self.vllm_config,
+                self.runner.device,
+                self.runner.get_model(),
+                self.sleep_mode,
+                self.vllm_config.parallel_config.rank,
+            )
 
     def get_model(self) -> torch.nn.Module:
         return self.runner.get_model()
@@ -111,17 +121,7 @@ class HpuWorker(WorkerBase):
         """Bytes for the KV cache: an explicit size, or the documented split;
         less a hybrid model's state slots and checkpoints, which the runner
         allocates itself."""
-        available = self._kv_cache_bytes()
-        state_cache = self.runner.caps.state_cache
-        if state_cache is None:
-            return available
-        share = state_cache.kv_cache_share(available)
-        logger.info(
-            "State slots%s of the hybrid model's state layers: %s GiB.",
-            " and checkpoints" if state_cache.prefix_caching else "",
-            format_gib(available - share),
-        )
-        return share
+        return self.runner.kv_cache_share(self._kv_cache_bytes())
 
     def _kv_cache_bytes(self) -> int:
         explicit = self.cache_config.kv_cache_memory_bytes
@@ -160,7 +160,8 @@ class HpuWorker(WorkerBase):
     def compile_or_warm_up_model(self) -> CompilationTimes:
         started = time.perf_counter()
         warm_up_model(self.runner, self._graph_mem())
-        start_step_trace(self.runner)
+        self.runner.caps.eplb.after_warmup()
+        self.runner.start_step_trace()
         # The seed is reset so that profiling does not shift seeded sampling.
         set_random_seed(self.model_config.seed)
         elapsed = time.perf_counter() - started
@@ -198,15 +199,24 @@ class HpuWorker(WorkerBase):
         if isinstance(output, IntermediateTensors):
             pipeline.send(output)
             return None
+        if output is not None:  # a step without sampling (pooling, no tokens)
+            self._eplb_step()
         return output
 
     def execute_dummy_batch(self) -> None:
         self.runner.execute_dummy_batch()
+        self._eplb_step(is_dummy=True)
 
     def sample_tokens(
         self, grammar_output: GrammarOutput | None
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
-        return self.runner.sample_tokens(grammar_output)
+        output = self.runner.sample_tokens(grammar_output)
+        self._eplb_step()
+        return output
+
+    def _eplb_step(self, is_dummy: bool = False) -> None:
+        """vLLM's EPLB counts engine steps (warmup's are not)."""
+        self.runner.caps.eplb.step(is_dummy)
 
     def synchronize_device(self) -> None:
         device.synchronize()
@@ -216,35 +226,28 @@ class HpuWorker(WorkerBase):
         return sum(spec.page_size_bytes for spec in specs)
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
-        return self._lora().add_lora(lora_request)
+        return self.runner.lora_adapters().add_lora(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
-        return self._lora().remove_lora(lora_id)
+        return self.runner.lora_adapters().remove_lora(lora_id)
 
     def pin_lora(self, lora_id: int) -> bool:
-        return self._lora().pin_lora(lora_id)
+        return self.runner.lora_adapters().pin_lora(lora_id)
 
     def list_loras(self) -> set[int]:
-        return self._lora().list_loras()
-
-    def _lora(self) -> HpuLoRA:
-        if self.runner.caps.lora is None:
-            raise RuntimeError("LoRA is not enabled: start vLLM with --enable-lora.")
-        self.runner.stream.synchronize()  # queued passes read the adapters
-        return self.runner.caps.lora
+        return self.runner.lora_adapters().list_loras()
 
     def reset_encoder_cache(self) -> None:
         """Forget encoder outputs, as vLLM's scheduler forgets which it holds
         (a pause that clears caches, sleep)."""
-        if self.runner.caps.multimodal is not None:
-            self.runner.caps.multimodal.encoder_cache.clear()
+        self.runner.reset_encoder_cache()
 
     # ---- RL frameworks: sleep mode (capabilities/sleep.py) and weight
     # updates (capabilities/weight_updates.py) ----
 
     def sleep(self, level: int = 1) -> None:
         sleep = self._sleep_mode()
-        self.runner.stream.synchronize()
+        self.runner.synchronize()
         used_before = device.memory_used()
         sleep.sleep(level, [self.runner.get_model()], self.runner.release_kv_cache)
         used_after = device.memory_used()
@@ -259,19 +262,18 @@ class HpuWorker(WorkerBase):
         self._sleep_mode().wake_up(tags, self.runner.restore_kv_cache)
 
     def discard(self, tags: tuple[str, ...]) -> None:
-        self.runner.stream.synchronize()
+        self.runner.synchronize()
         self._sleep_mode().discard(tags, self.runner.release_kv_cache)
 
     def _sleep_mode(self) -> HpuSleepMode:
-        if self.runner.caps.sleep is None:
+        if not self.model_config.enable_sleep_mode:
             raise RuntimeError("Sleep mode is off: start vLLM with enable_sleep_mode.")
-        return self.runner.caps.sleep
+        return self.sleep_mode
 
     def reload_weights(self, **kwargs: Any) -> None:
-        if self.runner.caps.sleep is not None:
-            self.runner.caps.sleep.check_awake("reload_weights")
+        self.sleep_mode.check_awake("reload_weights")
         runner = self.runner
-        runner.stream.synchronize()  # queued passes read the weights
+        runner.synchronize()  # queued passes read the weights
         reload_model_weights(
             self.vllm_config, runner.get_model(), runner.packed_weights, **kwargs
         )
@@ -280,11 +282,11 @@ class HpuWorker(WorkerBase):
         self._weight_updates().init_engine(init_info)
 
     def shutdown_weight_transfer_engine(self) -> None:
-        if self.runner.caps.weight_updates is not None:
-            self.runner.caps.weight_updates.shutdown()
+        if self.weight_updates is not None:
+            self.weight_updates.shutdown()
 
     def start_weight_update(self) -> None:
-        self.runner.stream.synchronize()  # queued passes read the weights
+        self.runner.synchronize()  # queued passes read the weights
         self._weight_updates().start()
 
     def update_weights(
@@ -296,12 +298,13 @@ class HpuWorker(WorkerBase):
         self._weight_updates().finish()
 
     def _weight_updates(self) -> WeightUpdates:
-        if self.runner.caps.weight_updates is None:
+        """The trainer's engine, as vLLM's GPU worker keeps it."""
+        if self.weight_updates is None:
             raise RuntimeError(
                 "Weight transfer is not configured: start vLLM with "
                 "weight_transfer_config={'backend': 'hpu'}."
             )
-        return self.runner.caps.weight_updates
+        return self.weight_updates
 
     def check_health(self) -> None:
         return
@@ -309,17 +312,14 @@ class HpuWorker(WorkerBase):
     def shutdown_inc(self) -> None:
         """Write Intel Neural Compressor's measurements now (MEASURE only; the
         reference's name): ``llm.collective_rpc("shutdown_inc")``."""
-        if self.model_runner is not None and self.model_runner.caps.inc is not None:
-            self.model_runner.stream.synchronize()  # queued passes are measured
-            self.model_runner.caps.inc.finalize()
+        if self.model_runner is not None:
+            self.model_runner.shutdown_inc()
 
     def shutdown(self) -> None:
-        self.shutdown_inc()
-        if self.model_runner is not None and self.model_runner.caps.weight_updates:
-            self.model_runner.caps.weight_updates.engine.shutdown()
         if self.model_runner is not None:
-            logger.info(self.model_runner.buckets.stats.summary())
-            self.model_runner.caps.profiler.write()
+            self.model_runner.shutdown()
+        if self.weight_updates is not None:
+            self.weight_updates.engine.shutdown()
         if self.metrics is not None:
             self.metrics.log()
         kv_connector.shutdown_kv_transfer()

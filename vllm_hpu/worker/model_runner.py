@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 from vllm.config import VllmConfig, get_layers_from_vllm_config, set_current_vllm_config
-from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.layers.mamba.abstract import MambaBase
@@ -36,8 +35,18 @@ from vllm_hpu.envs import get_envs
 from vllm_hpu.quantization.moe_methods import check_moe_layers
 from vllm_hpu.worker.capabilities import pipeline
 from vllm_hpu.worker.capabilities.factory import attach_model, build_capabilities
+from vllm_hpu.worker.capabilities.lora import LoRAAdapters
 from vllm_hpu.worker.capabilities.weight_updates import weights_change
-from vllm_hpu.worker.compilation.execution import pack_linear_weights, select_mode
+from vllm_hpu.worker.compilation.execution import (
+    CompileOptions,
+    ExecutionMode,
+    GraphedModel,
+    GraphKey,
+    compile_options,
+    graph_key,
+    pack_linear_weights,
+    select_mode,
+)
 from vllm_hpu.worker.compilation.layer_split import split_graph_every
 from vllm_hpu.worker.kv_caches import (
     bind_kv_caches,
@@ -91,25 +100,22 @@ class HpuModelRunner:
         is_async = bool(vllm_config.scheduler_config.async_scheduling)
         self.stream = device.device_stream(queued=is_async)
         self.caps = build_capabilities(self, self.sampler, self.stream)
-        self.step_sampler = StepSampler(self.states, self.sampler, self.caps)
+        self.step_sampler = StepSampler(self.states, self.caps)
         self.planner = PassPlanner(
-            self.input_batch,
-            self.states.requests,
-            self.buckets,
-            vllm_config,
-            self.caps.step_trace,
+            self.input_batch, self.states.requests, self.buckets, vllm_config
         )
         # vLLM's model classes add methods (compute_logits) beyond nn.Module.
         self.model: Any = None  # set by load_model
+        # The buckets whose passes replay graphs (warmup's ``capture_graph``),
+        # shared with a draft model's; what runs the model: set by load_model.
+        self.graphed_buckets: set[GraphKey] = set()
+        self.graphed_model: GraphedModel
         # Per layer: (key_cache, value_cache), or one latent cache for MLA.
         self.kv_caches: dict[str, Any] = {}  # set by initialize_kv_cache
         self.kv_cache_config: KVCacheConfig | None = None
         self.cache: CacheGeometry | None = None
         # Each attention layer's KV cache group; empty until the caches exist.
         self.layer_groups: dict[str, int] = {}
-        # Set by warmup (warmup/warmup.py): what runs the buckets given graphs.
-        self.graph_model: Any = None
-        self.graphed_buckets: set[tuple[str, Bucket]] = set()
         self._pending: PendingStep | None = None
         self.packed_weights = False  # repacked for the CPU by load_model
 
@@ -118,25 +124,27 @@ class HpuModelRunner:
     def load_model(self) -> None:
         started = time.perf_counter()
         used_before = device.memory_used()
+        self.caps.eplb.before_load()
         with set_current_vllm_config(self.vllm_config):
             if self.model_config.is_hybrid:
                 from vllm_hpu.attention.state_layers import register_state_layers
 
                 register_state_layers()  # before vLLM builds the layers
             self.model = get_model(vllm_config=self.vllm_config)
-            if self.caps.lora is not None:
-                self.model = self.caps.lora.wrap(self.model, self.device)
+            self.model = self.caps.lora.wrap(self.model, self.device)
         check_moe_layers(self.model)
-        if self.caps.inc is not None:  # INC replaces the linears: nothing to pack
-            self.model = self.caps.inc.apply(self.model)
-        else:
-            keep_layout = weights_change(self.vllm_config)
-            self.packed_weights = pack_linear_weights(
-                self.model, self.execution_mode, keep_layout
-            )
+        self.caps.eplb.after_load(self.model)
+        self.model = self.caps.inc.apply(self.model)
+        # INC replaces the linears: nothing to pack then.
+        keep_layout = weights_change(self.vllm_config) or self.caps.inc.replaces_linears
+        self.packed_weights = pack_linear_weights(
+            self.model, self.execution_mode, keep_layout
+        )
         split_graph_every(self.model, get_envs().config_hidden_layers)
-        if self.caps.spec is not None:  # a draft model loads after the target
-            self.caps.spec.proposer.load_model()
+        self.graphed_model = GraphedModel(
+            self.model, self.vllm_config, self.graphed_buckets
+        )
+        self.caps.spec.load_model()  # a draft model loads after the target
         attach_model(self.caps, self, self.stage.is_first)
         logger.info(
             "Loading model weights took %.2f s and %.4f GiB of device memory",
@@ -167,8 +175,7 @@ class HpuModelRunner:
         self.kv_cache_config = kv_cache_config
         layers = self._attention_layers()
         self.kv_caches = bind_kv_caches(layers, kv_cache_config, self.device)
-        if self.caps.state_cache is not None:
-            self.caps.state_cache.allocate(kv_cache_config)
+        self.caps.state_cache.allocate(kv_cache_config)
         self.cache = group_cache_geometry(
             layers, kv_cache_config, self.dtype, self.device
         )
@@ -188,25 +195,28 @@ class HpuModelRunner:
             )
         )
         logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
-        if self.caps.kv_connector is not None:
-            self.caps.kv_connector.register_kv_caches(self.kv_caches, block_size)
+        self.caps.kv_connector.register_kv_caches(self.kv_caches, block_size)
+        self.caps.routed_experts.start(kv_cache_config)
+
+    def kv_cache_share(self, available: int) -> int:
+        """Of ``available`` bytes, what the KV cache may take: less a hybrid
+        model's state slots (and checkpoints), which the runner allocates."""
+        return self.caps.state_cache.kv_cache_share(available)
 
     def release_kv_cache(self) -> None:
         """Free the KV caches and states (sleep mode); their blocks hold
         nothing afterwards."""
         self.stream.synchronize()
         self.kv_caches = unbind_kv_caches(self._attention_layers())
-        if self.caps.state_cache is not None:
-            self.caps.state_cache.free()
+        self.caps.state_cache.free()
 
     def restore_kv_cache(self) -> None:
         """Allocate the caches ``release_kv_cache`` freed again, empty."""
         assert self.kv_cache_config is not None, "initialize_kv_cache() first"
         layers = self._attention_layers()
         self.kv_caches = bind_kv_caches(layers, self.kv_cache_config, self.device)
-        if self.caps.state_cache is not None:
-            self.caps.state_cache.allocate(self.kv_cache_config)
-        device.reset_graphs(self.graph_model)
+        self.caps.state_cache.allocate(self.kv_cache_config)
+        self.graphed_model.reset()
 
     def _geometry(self, num_blocks: int) -> CacheGeometry:
         return cache_geometry(
@@ -231,8 +241,7 @@ class HpuModelRunner:
         bind_scratch_kv_caches(
             self._attention_layers(), self.get_kv_cache_spec(), self.device
         )
-        if self.caps.state_cache is not None:  # every row on the dummy slot
-            self.caps.state_cache.allocate()
+        self.caps.state_cache.allocate()  # every row on the dummy slot
         token_ids = torch.zeros((1, bucket.query_len), dtype=torch.int64).numpy()
         forward_pass = build_prompt_forward(
             seqs, self.buckets, token_ids, self._geometry(1)
@@ -240,8 +249,7 @@ class HpuModelRunner:
         self._forward(forward_pass, *self._stage_inputs([forward_pass], None))
         device.synchronize()
         unbind_kv_caches(self._attention_layers())
-        if self.caps.state_cache is not None:
-            self.caps.state_cache.free()
+        self.caps.state_cache.free()
 
     # ---- one engine step -------------------------------------------------
 
@@ -259,7 +267,7 @@ class HpuModelRunner:
             self.caps.after_update(scheduler_output, self.states.requests)
             if not scheduler_output.total_num_scheduled_tokens:
                 # Empty, but for a KV connector's transfers, which go on.
-                return self.caps.no_forward_output(scheduler_output)
+                return self.caps.kv_connector.no_forward_output(scheduler_output)
             passes = self._plan_passes(scheduler_output)
         inputs = self._stage_inputs(passes, intermediate_tensors)
         if not self.stage.is_last:
@@ -267,11 +275,11 @@ class HpuModelRunner:
                 [self._forward(p, x) for p, x in zip(passes, inputs, strict=True)]
             )
         pairs = list(zip(passes, inputs, strict=True))
-        if self.caps.pooler is not None:  # pooling models answer here: no sampling
+        if self.is_pooling_model:  # pooling models answer here: no sampling
             outputs = ((p, self._forward(p, x)) for p, x in pairs)
             return self.caps.pooler.pool(scheduler_output, outputs)
-        num_sampled = 1 + self._num_draft_tokens()
-        with self.caps.kv_connector_step(scheduler_output):
+        num_sampled = 1 + self.caps.spec.num_draft_tokens()
+        with self.caps.kv_connector.step(scheduler_output):
             passes_done = self.stream.submit(
                 self._run_passes, pairs, num_sampled, scheduler_output
             )
@@ -279,9 +287,7 @@ class HpuModelRunner:
             scheduler_output=scheduler_output,
             device=passes_done,
             discard_rows=self.states.rows_inside_prompt(scheduler_output),
-            spec_metadata=self.caps.spec.metadata(self.device)
-            if self.caps.spec
-            else None,
+            spec_metadata=self.caps.spec.metadata(self.device),
         )
         return None
 
@@ -310,11 +316,6 @@ class HpuModelRunner:
             prompt_logprobs=self.prompt_logprobs.finish(scheduler_output),
         )
 
-    def _num_draft_tokens(self) -> np.ndarray:
-        if self.caps.spec is None:
-            return np.zeros(self.input_batch.num_reqs, dtype=np.int64)
-        return self.caps.spec.num_draft_tokens()
-
     def _stage_inputs(
         self, passes: list[ForwardPass], received: IntermediateTensors | None
     ) -> Sequence[IntermediateTensors | None]:
@@ -332,19 +333,16 @@ class HpuModelRunner:
         """The step's padded passes (worker/passes/): prompts, then decodes."""
         assert self.cache is not None, "initialize_kv_cache() first"
         plan = self.planner.plan(scheduler_output, self.cache)
-        if self.caps.state_cache is not None:
-            self.caps.state_cache.add_metadata(plan.passes)
-        if self.caps.async_feed is not None and plan.decode is not None:
+        self.caps.state_cache.add_metadata(plan.passes)
+        if plan.decode is not None:
             self.caps.async_feed.feed(plan.decode)
-        if self.caps.data_parallel is not None:
-            return self.caps.data_parallel.align(plan.passes, self.cache)
-        return plan.passes
+        return self.caps.data_parallel.align(plan.passes, self.cache)
 
     @torch.no_grad()
     def execute_dummy_batch(self) -> None:
         """A step without work while other data-parallel ranks have some: their
         MoE layers wait for this rank's idle passes."""
-        if self.caps.data_parallel is None or self.cache is None:
+        if self.cache is None:
             return
         passes = self.caps.data_parallel.align([], self.cache)
         self.stream.submit(lambda: [self._forward(p, None) for p in passes]).result()
@@ -357,44 +355,26 @@ class HpuModelRunner:
         """Run the model on one padded pass; returns hidden states [num_tokens, H]
         on the last pipeline stage, IntermediateTensors on the others."""
         groups = self.layer_groups or dict.fromkeys(self._attention_layers(), 0)
-        attn_metadata = forward_pass.metadata_by_layer(groups)
-        # MLA layers write their cache before attending, from this mapping.
-        slot_mapping = {name: m.slot_mapping for name, m in attn_metadata.items()}
-        layer_metadata: dict[str, Any] = dict(attn_metadata)
+        metadata: dict[str, Any] = dict(forward_pass.metadata_by_layer(groups))
         state_cache = self.caps.state_cache
-        if state_cache is not None:
-            layer_metadata |= state_cache.metadata_by_layer(forward_pass)
-            state_cache.before_pass(forward_pass)
-        phase = "prompt" if forward_pass.is_prompt else "decode"
-        graphed = (phase, forward_pass.bucket) in self.graphed_buckets
-        model = self.graph_model if graphed else self.get_model()
-        if self.caps.lora is not None:
-            self.caps.lora.set_pass(forward_pass)
-        with (
-            self.caps.profiler.span("forward", phase=phase, bucket=forward_pass.bucket),
-            set_forward_context(
-                layer_metadata,
-                self.vllm_config,
-                num_tokens=forward_pass.num_tokens,
-                num_tokens_across_dp=forward_pass.num_tokens_across_dp,
-                slot_mapping=slot_mapping,
-            ),
-        ):
-            hidden = model(
-                intermediate_tensors=intermediate_tensors,
-                **self.caps.model_inputs(forward_pass),
-            )
-            device.mark_step()
-        if state_cache is not None:
-            state_cache.after_pass(forward_pass)
-        if self.caps.spec is not None:  # a draft model writes the pass into its KV
-            hidden = self.caps.spec.proposer.after_target_pass(forward_pass, hidden)
-        return hidden
+        metadata |= state_cache.metadata_by_layer(forward_pass)
+        state_cache.before_pass(forward_pass)
+        self.caps.lora.set_pass(forward_pass)
+        self.caps.eplb.before_pass(forward_pass.num_real_tokens)
+        self.caps.routed_experts.before_pass(forward_pass)
+        phase, bucket = graph_key(forward_pass)
+        with self.caps.profiler.span("forward", phase=phase, bucket=bucket):
+            inputs = self.caps.model_inputs(forward_pass)
+            inputs["intermediate_tensors"] = intermediate_tensors
+            hidden = self.graphed_model.run(forward_pass, inputs, metadata)
+        state_cache.after_pass(forward_pass)
+        self.caps.routed_experts.after_pass(forward_pass)
+        # A draft model writes the pass into its KV cache.
+        return self.caps.spec.after_target_pass(forward_pass, hidden)
 
     def _compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """Logits of ``hidden``, whose states belong to InputBatch ``rows``."""
-        if self.caps.lora is not None:
-            self.caps.lora.set_logits_rows(rows)
+        self.caps.lora.set_logits_rows(rows)
         return self.get_model().compute_logits(hidden)
 
     @torch.no_grad()
@@ -404,26 +384,74 @@ class HpuModelRunner:
         pending, self._pending = self._pending, None
         if pending is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        if self.caps.async_feed is not None:
-            # The forward passes are queued: now the host may wait for step N-1.
-            self.caps.async_feed.record_on_host()
+        # The forward passes are queued: now the host may wait for step N-1.
+        self.caps.async_feed.record_on_host()
         sampled = self.stream.submit(
             self.step_sampler.sample,
             pending,
             grammar_output,
             self.input_batch.sampling_metadata,
         )
-        if self.caps.async_feed is not None:
-            # The sampled tokens stay on the device for the next step; the
-            # host copy completes in the output (never with drafts).
-            output = ModelRunnerOutput(
-                req_ids=list(self.input_batch.req_ids),
-                req_id_to_index=dict(self.input_batch.req_id_to_index),
-            )
-            return self.caps.async_feed.launch(output, sampled, pending.discard_rows)
-        return self.step_sampler.output(pending, sampled.result())
+        return self.caps.async_feed.finish(
+            sampled,
+            pending.discard_rows,
+            lambda: self.step_sampler.output(pending, sampled.result()),
+            self.caps.routed_experts.step_output(pending.device, pending.discard_rows),
+        )
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The drafts proposed in the last step, for the scheduler's next."""
-        spec = self.caps.spec
-        return spec.take_draft_token_ids() if spec is not None else None
+        return self.caps.spec.take_draft_token_ids()
+
+    # ---- for the worker and warmup ---------------------------------------
+
+    def apply_execution_mode(self) -> CompileOptions | None:
+        """Compile the model (and a draft model) or wrap it for graphs, once,
+        before warmup; returns how it compiles, if it does."""
+        num_buckets = len(self.buckets.prompt_buckets) + len(
+            self.buckets.decode_buckets
+        )
+        num_models = 1 + self.caps.spec.has_draft_model
+        options = compile_options(num_buckets, num_models)
+        mode = self.execution_mode
+        self.graphed_model.prepare(mode, options)
+        self.caps.spec.prepare(mode, options)
+        how = ""
+        if mode is ExecutionMode.COMPILE and options is not None:
+            how = f" (backend={options.backend}, whole model)"
+        logger.info("Execution mode: %s%s", mode.value, how)
+        return options
+
+    def capture_graph(self, phase: str, bucket: Bucket) -> None:
+        """From now on, passes of ``bucket`` replay a graph, recorded on the
+        next one (warmup's capture, within the graph memory budget)."""
+        self.graphed_buckets.add((phase, bucket))
+
+    def start_step_trace(self) -> None:
+        """Record step shapes from now on (after warmup), if asked to."""
+        if self.cache is not None:
+            self.planner.start_trace(self.cache.num_blocks)
+
+    def synchronize(self) -> None:
+        """Wait for the queued device work (it reads weights, adapters and
+        caches the worker is about to change)."""
+        self.stream.synchronize()
+
+    def lora_adapters(self) -> LoRAAdapters:
+        """The LoRA adapters, for the worker to change: no queued pass reads
+        them any more."""
+        self.synchronize()
+        return self.caps.lora
+
+    def reset_encoder_cache(self) -> None:
+        self.caps.multimodal.reset()
+
+    def shutdown_inc(self) -> None:
+        """Write Intel Neural Compressor's measurements (MEASURE only)."""
+        self.synchronize()  # queued passes are measured
+        self.caps.inc.finalize()
+
+    def shutdown(self) -> None:
+        self.shutdown_inc()
+        logger.info(self.buckets.stats.summary())
+        self.caps.profiler.write()

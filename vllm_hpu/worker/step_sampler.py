@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
 
@@ -38,12 +37,9 @@ class PendingStep:
 
 
 class StepSampler:
-    def __init__(
-        self, states: RequestStates, sampler: Sampler, caps: "Capabilities"
-    ) -> None:
+    def __init__(self, states: RequestStates, caps: "Capabilities") -> None:
         self.states = states
         self.input_batch = states.input_batch
-        self.sampler = sampler
         self.caps = caps
 
     def sample(
@@ -67,21 +63,13 @@ class StepSampler:
             self.caps.profiler.span("sample"),
             keeping_generators(generators, pending.discard_rows),
         ):
-            if pending.spec_metadata is not None:
-                assert self.caps.spec is not None
-                sampled, logprobs = self.caps.spec.sample(
-                    pending.spec_metadata,
-                    step.logits,
-                    sampling_metadata,
-                    pending.discard_rows,
-                )
-                return SampledStep(sampled, logprobs, step.prompt_logprobs)
-            output = self.sampler(
-                logits=step.logits, sampling_metadata=sampling_metadata
+            sampled, logprobs = self.caps.spec.sample(
+                pending.spec_metadata,
+                step.logits,
+                sampling_metadata,
+                pending.discard_rows,
             )
-        return SampledStep(
-            output.sampled_token_ids, output.logprobs_tensors, step.prompt_logprobs
-        )
+        return SampledStep(sampled, logprobs, step.prompt_logprobs)
 
     def output(self, pending: PendingStep, step: SampledStep) -> ModelRunnerOutput:
         """The step's tokens on the host, appended to their requests (and drafts
@@ -90,13 +78,12 @@ class StepSampler:
         for row, tokens in enumerate(sampled_token_ids):
             for token_id in tokens:
                 self.states.append_sampled(row, token_id)
-        if self.caps.spec is not None:
-            self.caps.spec.propose(pending.scheduler_output, sampled_token_ids)
+        self.caps.spec.propose(pending.scheduler_output, sampled_token_ids)
         return ModelRunnerOutput(
             req_ids=list(self.input_batch.req_ids),
             req_id_to_index=dict(self.input_batch.req_id_to_index),
             sampled_token_ids=sampled_token_ids,
             logprobs=logprobs,
             prompt_logprobs_dict=step.prompt_logprobs,
-            kv_connector_output=self.caps.kv_connector_output(),
+            kv_connector_output=self.caps.kv_connector.take_output(),
         )

@@ -75,13 +75,17 @@ def shutdown_kv_transfer() -> None:
 
 class KVConnectorSteps:
     """The runner's calls into the connector (vLLM's process-wide transfer
-    group, which the worker creates), and the last step's connector output."""
+    group, which the worker creates), and the last step's connector output.
+    Without a connector every call does nothing: the scheduler then sends no
+    connector metadata."""
 
     def __init__(self, vllm_config: VllmConfig):
         self.vllm_config = vllm_config
         self.output: KVConnectorOutput | None = None
 
     def register_kv_caches(self, kv_caches: Mapping[str, Any], block_size: int) -> None:
+        if not has_kv_transfer_group():
+            return
         connector = get_kv_transfer_group()
         connector.register_kv_caches(
             {name: block_major_view(c, block_size) for name, c in kv_caches.items()}

@@ -2,6 +2,7 @@
 adapter mapping set per padded forward pass (prompt or decode) from the rows'
 LoRA ids, and dummy adapters active through warmup."""
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,9 +20,45 @@ from vllm_hpu.worker.passes.forward_pass import ForwardPass
 WARMUP_LORA_PATH = "/not/a/real/path"  # dummy adapters are never read from disk
 
 
-class HpuLoRA(LoRAModelRunnerMixin):
-    """What the runner asks of LoRA; ``add_lora``, ``remove_lora``,
-    ``pin_lora`` and ``list_loras`` come from vLLM's mixin."""
+class LoRAAdapters:
+    """What the runner asks of LoRA; without --enable-lora (this class) no
+    adapter exists and none can be added."""
+
+    def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        return model
+
+    def set_pass(self, forward_pass: ForwardPass) -> None:
+        pass
+
+    def set_logits_rows(self, rows: list[int]) -> None:
+        pass
+
+    def warmup_request(self, index: int) -> LoRARequest | None:
+        return None
+
+    def dummy_adapters(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        raise _not_enabled()
+
+    def remove_lora(self, lora_id: int) -> bool:
+        raise _not_enabled()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        raise _not_enabled()
+
+    def list_loras(self) -> set[int]:
+        raise _not_enabled()
+
+
+def _not_enabled() -> RuntimeError:
+    return RuntimeError("LoRA is not enabled: start vLLM with --enable-lora.")
+
+
+class HpuLoRA(LoRAModelRunnerMixin, LoRAAdapters):
+    """LoRA with --enable-lora; ``add_lora``, ``remove_lora``, ``pin_lora`` and
+    ``list_loras`` come from vLLM's mixin."""
 
     def __init__(self, vllm_config: VllmConfig, input_batch: InputBatch) -> None:
         assert vllm_config.lora_config is not None, "only built with --enable-lora"

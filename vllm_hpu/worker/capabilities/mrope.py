@@ -18,7 +18,14 @@ from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.passes.seqs import ScheduledSeq
 
 
-class MRopePositions:
+class FlatPositions:
+    """A pass's positions as planned, ``[num_tokens]``: a model without M-RoPE."""
+
+    def positions(self, forward_pass: ForwardPass) -> torch.Tensor:
+        return forward_pass.positions
+
+
+class MRopePositions(FlatPositions):
     def __init__(
         self,
         model: SupportsMRoPE,
@@ -71,8 +78,8 @@ def mrope_positions_for(
     model_config: Any,
     input_batch: InputBatch,
     requests: dict[str, CachedRequestState],
-) -> MRopePositions | None:
-    """The M-RoPE position builder of a model that uses M-RoPE, else None."""
+) -> FlatPositions:
+    """The M-RoPE position builder of a model that uses M-RoPE."""
     if not model_config.uses_mrope:
-        return None
+        return FlatPositions()
     return MRopePositions(model, model_config.mrope_num_dims, input_batch, requests)

@@ -29,6 +29,7 @@ from vllm_hpu.bucketing.vision_buckets import (
     is_grid_item,
     item_patches,
 )
+from vllm_hpu.worker.diagnostics.profiler import StepProfiler
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 
 logger = init_logger("vllm.hpu.multimodal")
@@ -44,7 +45,24 @@ def encoder_batch_sizes(max_items: int) -> list[int]:
     return sizes
 
 
-class MultimodalInputs:
+class TextInputs:
+    """A pass's model inputs: its token ids, for a model that takes no media
+    (this class) or runs past the first pipeline stage."""
+
+    def update(self, scheduler_output: SchedulerOutput) -> None:
+        pass
+
+    def warm_up(self) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
+        return {"input_ids": forward_pass.input_ids}
+
+
+class MultimodalInputs(TextInputs):
     """Runs the model's encoder for scheduled encoder inputs once per item, keeps
     the outputs keyed by the item's hash until the scheduler frees them, and
     builds the input embeddings of every pass (text, or text and encoder outputs).
@@ -63,8 +81,10 @@ class MultimodalInputs:
         input_batch: InputBatch,
         requests: dict[str, CachedRequestState],
         torch_device: torch.device,
+        profiler: StepProfiler,
     ):
         self.model = model
+        self.profiler = profiler
         self.device = torch_device
         self.input_batch = input_batch
         self.requests = requests
@@ -260,9 +280,21 @@ class MultimodalInputs:
             self._run_encoder(buckets.pad(empty, num_tiles), 1)
         logger.info("Warmed up encoder passes of %s tiles", buckets.warmup_shapes())
 
+    def reset(self) -> None:
+        """Forget encoder outputs, as vLLM's scheduler forgets which it holds
+        (a pause that clears caches, sleep)."""
+        self.encoder_cache.clear()
+
     # ---- input embeddings ---------------------------------------------------
 
-    def embed(self, forward_pass: ForwardPass) -> torch.Tensor:
+    def inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
+        """Input embeddings on every pass (encoder outputs merged in), so each
+        bucket compiles one graph."""
+        with self.profiler.span("embed", bucket=forward_pass.bucket):
+            embeds = self._embed(forward_pass)
+        return {"input_ids": None, "inputs_embeds": embeds}
+
+    def _embed(self, forward_pass: ForwardPass) -> torch.Tensor:
         """The pass's input embeddings, encoder outputs at their placeholders."""
         num_tokens = forward_pass.num_tokens
         is_multimodal = torch.zeros(num_tokens, dtype=torch.bool)

@@ -55,7 +55,22 @@ def supported_pooling_tasks(model: Any) -> list[PoolingTask]:
     return list(model.pooler.get_supported_tasks())
 
 
-class StepPooler:
+class Pooling:
+    """What the runner asks of a pooling model's pooler; a generating model's
+    (this class) is never asked to pool."""
+
+    def prepare_new_requests(self, scheduler_output: SchedulerOutput) -> None:
+        pass
+
+    def pool(
+        self,
+        scheduler_output: SchedulerOutput,
+        hidden_states: Iterable[tuple[ForwardPass, torch.Tensor]],
+    ) -> ModelRunnerOutput:
+        raise AssertionError("a generating model samples its passes' logits")
+
+
+class StepPooler(Pooling):
     """Packs one step's hidden states, pass by pass, and pools them at the end."""
 
     def __init__(

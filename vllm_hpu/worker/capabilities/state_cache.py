@@ -23,7 +23,9 @@ far vLLM resumed it (its tokens past that one were rejected).
 from collections.abc import Iterable, Mapping
 
 import torch
+from vllm.logger import init_logger
 from vllm.model_executor.layers.mamba.abstract import MambaBase
+from vllm.utils.mem_utils import format_gib
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 from vllm.v1.worker.gpu_input_batch import InputBatch
@@ -41,6 +43,8 @@ from vllm_hpu.worker.capabilities.state_checkpoints import (
     state_layer_groups,
 )
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
+
+logger = init_logger("vllm.hpu.state_cache")
 
 
 class StateSlots:
@@ -96,7 +100,42 @@ class StateSlots:
                 self._free.append(slot)
 
 
-class HpuStateCache:
+class StateCache:
+    """What the runner asks of a hybrid model's state layers; a model without
+    any (this class) keeps no state: every call does nothing."""
+
+    def kv_cache_share(self, available: int) -> int:
+        """Of ``available`` bytes, what vLLM may size its KV cache with."""
+        return available
+
+    def allocate(self, kv_cache_config: KVCacheConfig | None = None) -> None:
+        pass
+
+    def free(self) -> None:
+        pass
+
+    def before_update(self, scheduler_output: SchedulerOutput) -> None:
+        pass
+
+    def after_update(self) -> None:
+        pass
+
+    def add_metadata(self, passes: list[ForwardPass]) -> None:
+        pass
+
+    def metadata_by_layer(
+        self, forward_pass: ForwardPass
+    ) -> dict[str, HpuStateMetadata]:
+        return {}
+
+    def before_pass(self, forward_pass: ForwardPass) -> None:
+        pass
+
+    def after_pass(self, forward_pass: ForwardPass) -> None:
+        pass
+
+
+class HpuStateCache(StateCache):
     """Each state layer's slots, bound through the layer's own ``bind_kv_cache``
     (vLLM's views and dtypes of one packed page per slot)."""
 
@@ -134,13 +173,18 @@ class HpuStateCache:
         return sum(spec.real_page_size_bytes for spec in self.specs.values())
 
     def kv_cache_share(self, available: int) -> int:
-        """Of ``available`` bytes, what vLLM may size its KV cache with: less
-        the slots, and with prefix caching less each block's checkpoints."""
-        available -= self.num_bytes
-        if not self.prefix_caching:
-            return available
-        page = max(spec.page_size_bytes for spec in self.specs.values())
-        return kv_cache_share(available, page, self._page_bytes)
+        """Less the slots, and with prefix caching less each block's
+        checkpoints."""
+        share = available - self.num_bytes
+        if self.prefix_caching:
+            page = max(spec.page_size_bytes for spec in self.specs.values())
+            share = kv_cache_share(share, page, self._page_bytes)
+        logger.info(
+            "State slots%s of the hybrid model's state layers: %s GiB.",
+            " and checkpoints" if self.prefix_caching else "",
+            format_gib(available - share),
+        )
+        return share
 
     def allocate(self, kv_cache_config: KVCacheConfig | None = None) -> None:
         """Zeroed slots for every layer, bound to it; with the KV cache config

@@ -56,7 +56,7 @@ class WeightUpdates:
         vllm_config: VllmConfig,
         torch_device: torch.device,
         model: torch.nn.Module,
-        sleep: HpuSleepMode | None,
+        sleep: HpuSleepMode,
         rank: int,
     ):
         config = vllm_config.weight_transfer_config
@@ -78,8 +78,7 @@ class WeightUpdates:
                 "start_weight_update called while a weight update is active: "
                 "call finish_weight_update first."
             )
-        if self.sleep is not None:
-            self.sleep.check_awake("start_weight_update")
+        self.sleep.check_awake("start_weight_update")
         with set_current_vllm_config(self.vllm_config):
             self.engine.start_weight_update()
         self.active = True

@@ -6,14 +6,23 @@ trace of SmolLM2 costs about 10 s per bucket on a CPU, an inductor compile 35 to
 else the model runs eagerly.
 """
 
+import dataclasses
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from vllm.config import VllmConfig
+from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 
 from vllm_hpu import device
+from vllm_hpu.attention.metadata import HpuAttentionMetadata
+from vllm_hpu.bucketing import Bucket
+from vllm_hpu.envs import get_envs
+from vllm_hpu.worker.compilation.graphs import DECODE, PROMPT
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
 
 logger = init_logger("vllm.hpu.execution")
 
@@ -90,19 +99,123 @@ def compile_model(model: torch.nn.Module, options: CompileOptions) -> None:
     model.compile(backend=options.backend, dynamic=False, fullgraph=options.fullgraph)
 
 
-def prepare_model(
-    model: torch.nn.Module, mode: ExecutionMode, options: CompileOptions | None
-) -> Any:
-    """Apply the mode to ``model``; returns what runs graph-captured buckets."""
-    if mode is ExecutionMode.COMPILE:
-        assert options is not None, "torch.compile needs a backend"
-        compile_model(model, options)
-        logger.info(
-            "Execution mode: torch.compile (backend=%s, whole model, static shapes)",
-            options.backend,
+def compile_options(num_buckets: int, num_models: int) -> CompileOptions | None:
+    """How ``num_models`` models (a draft model of the target's class compiles
+    the same code once more) compile a forward per bucket; None without a
+    backend (emulation's default)."""
+    backend = device.model_compile_backend()
+    if backend is None:
+        return None
+    max_entries = num_buckets * num_models + RECOMPILE_HEADROOM
+    return CompileOptions(backend, get_envs().compile_fullgraph, max_entries)
+
+
+GraphKey = tuple[str, Bucket]  # (phase, bucket): a pass's graph
+
+
+def graph_key(forward_pass: ForwardPass) -> GraphKey:
+    return (PROMPT if forward_pass.is_prompt else DECODE, forward_pass.bucket)
+
+
+class GraphedModel(torch.nn.Module):
+    """A model as a step runs it: ``forward`` takes every layer's attention and
+    state metadata as arguments and sets vLLM's forward context itself, so a
+    replayed graph reads this pass's metadata (the bridge copies only its
+    arguments' tensors; LoRA's punica buffers are rewritten in place, read as
+    weights are). Compiled or wrapped for graphs once (``prepare``), ``run``
+    replays a bucket's graph if it is in ``graphed`` (shared with a draft
+    model: warmup captures both at once), else runs eagerly."""
+
+    def __init__(self, model: Any, vllm_config: VllmConfig, graphed: set[GraphKey]):
+        super().__init__()
+        self.model = model
+        self.vllm_config = vllm_config
+        self.graphed = graphed
+        self._call: device.GraphCall = lambda use_graph, **inputs: self(**inputs)
+
+    def prepare(self, mode: ExecutionMode, options: CompileOptions | None) -> None:
+        if mode is ExecutionMode.COMPILE:
+            assert options is not None, "torch.compile needs a backend"
+            compile_model(self.model, options)
+        if mode.captures_graphs:
+            self._call = device.wrap_in_graph(self)
+
+    def run(
+        self,
+        forward_pass: ForwardPass,
+        model_inputs: dict[str, Any],
+        metadata: dict[str, Any],
+    ) -> Any:
+        """``forward_pass`` on its ``model_inputs`` and each layer's
+        ``metadata`` (layers share their group's: each object goes once)."""
+        distinct = list({id(m): m for m in metadata.values()}.values())
+        index = {id(m): i for i, m in enumerate(distinct)}
+        output = self._call(
+            graph_key(forward_pass) in self.graphed,
+            model_inputs=graph_form(model_inputs),
+            metadata=graph_form(tuple(distinct)),
+            layer_index={name: index[id(m)] for name, m in metadata.items()},
+            num_tokens=forward_pass.num_tokens,
+            num_tokens_across_dp=forward_pass.num_tokens_across_dp,
         )
-    else:
-        logger.info("Execution mode: %s", mode.value)
-    if mode.captures_graphs:
-        return device.wrap_in_graph(model)
-    return model
+        device.mark_step()
+        return output
+
+    def forward(
+        self,
+        model_inputs: dict[str, Any],
+        metadata: tuple[Any, ...],
+        layer_index: dict[str, int],
+        num_tokens: int,
+        num_tokens_across_dp: torch.Tensor | None,
+    ) -> Any:
+        objects = from_graph_form(metadata)
+        by_layer = {name: objects[i] for name, i in layer_index.items()}
+        # MLA layers write their cache before attending, from this mapping.
+        slot_mapping = {
+            name: m.slot_mapping
+            for name, m in by_layer.items()
+            if isinstance(m, HpuAttentionMetadata)
+        }
+        with set_forward_context(
+            by_layer,
+            self.vllm_config,
+            num_tokens=num_tokens,
+            num_tokens_across_dp=num_tokens_across_dp,
+            slot_mapping=slot_mapping,
+        ):
+            return self.model(**from_graph_form(model_inputs))
+
+    def reset(self) -> None:
+        """Forget recorded graphs (their tensors moved: sleep mode)."""
+        device.reset_graphs(self)
+
+
+def graph_form(value: Any) -> Any:
+    """``value`` as the bridge takes graph inputs: dicts, lists and tuples of
+    tensors and hashable constants (it hashes and copies nothing else), each
+    dataclass as a tuple of its class and its fields' values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return (type(value), *(graph_form(getattr(value, f.name)) for f in fields))
+    return _each_item(value, graph_form)
+
+
+def from_graph_form(value: Any) -> Any:
+    """What ``graph_form`` took apart, each dataclass built again around the
+    tensors given (its ``__init__`` is not run again)."""
+    cls = value[0] if isinstance(value, tuple) and value else None
+    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+        rebuilt = object.__new__(cls)
+        for field, item in zip(dataclasses.fields(rebuilt), value[1:], strict=True):
+            object.__setattr__(rebuilt, field.name, from_graph_form(item))
+        return rebuilt
+    return _each_item(value, from_graph_form)
+
+
+def _each_item(value: Any, convert: Callable[[Any], Any]) -> Any:
+    if isinstance(value, dict):
+        return {key: convert(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(convert(item) for item in value)
+    return value

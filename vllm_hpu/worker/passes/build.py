@@ -25,7 +25,7 @@ from vllm_hpu.attention.metadata import (
     build_decode_metadata,
     build_prompt_metadata,
 )
-from vllm_hpu.attention.verify import build_verify_metadata, num_groups, pack_rows
+from vllm_hpu.attention.verify import num_groups, pack_rows
 from vllm_hpu.bucketing import Bucket, HpuBucketManager
 from vllm_hpu.bucketing.prompt_passes import pass_shape
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
@@ -85,64 +85,34 @@ def build_prompt_forward(
     token_ids: np.ndarray,
     cache: CacheGeometry,
 ) -> ForwardPass:
-    """The prompt pass over ``seqs``, packed or one row per chunk as the
-    bucketing config says; ``token_ids`` is InputBatch.token_ids_cpu."""
-    if buckets.config.merged_prefill:
-        return build_merged_pass(seqs, buckets, token_ids, cache)
-    return build_prompt_pass(seqs, buckets, token_ids, cache)
+    """The prompt pass over ``seqs``: one row per chunk, or under merged
+    prefill the chunks packed one after another into one row;
+    ``token_ids`` is InputBatch.token_ids_cpu."""
+    merged = buckets.config.merged_prefill
+    bucket = buckets.find_prompt_bucket(*pass_shape(seqs, merged, cache.block_size))
+    if merged:
+        lengths = [seq.layout.num_scheduled_tokens for seq in seqs]
+        first_token_indices = np.cumsum([0, *lengths[:-1]]).tolist()
 
+        def build(
+            layouts: list[SeqLayout], group: CacheGeometry
+        ) -> HpuAttentionMetadata:
+            return build_merged_prompt_metadata(
+                layouts, bucket.query_len, bucket.num_blocks, group
+            )
+    else:
+        first_token_indices = [i * bucket.query_len for i in range(len(seqs))]
 
-def build_prompt_pass(
-    seqs: list[ScheduledSeq],
-    buckets: HpuBucketManager,
-    token_ids: np.ndarray,
-    cache: CacheGeometry,
-) -> ForwardPass:
-    """A prompt pass over ``seqs``, one row each; ``token_ids`` is
-    InputBatch.token_ids_cpu."""
-    shape = pass_shape(seqs, False, cache.block_size)
-    bucket = buckets.find_prompt_bucket(*shape)
-    first_token_indices = [i * bucket.query_len for i in range(len(seqs))]
-    input_ids, positions = _placed_tokens(
-        seqs, token_ids, first_token_indices, bucket.batch_size * bucket.query_len
-    )
-    return _forward_pass(
-        True,
-        bucket,
-        seqs,
-        (input_ids, positions),
-        cache,
-        first_token_indices,
-        lambda layouts, group: build_prompt_metadata(
-            layouts, bucket.batch_size, bucket.query_len, bucket.num_blocks, group
-        ),
-    )
+        def build(
+            layouts: list[SeqLayout], group: CacheGeometry
+        ) -> HpuAttentionMetadata:
+            return build_prompt_metadata(
+                layouts, bucket.batch_size, bucket.query_len, bucket.num_blocks, group
+            )
 
-
-def build_merged_pass(
-    seqs: list[ScheduledSeq],
-    buckets: HpuBucketManager,
-    token_ids: np.ndarray,
-    cache: CacheGeometry,
-) -> ForwardPass:
-    """One packed prompt pass; ``token_ids`` is InputBatch.token_ids_cpu."""
-    bucket = buckets.find_prompt_bucket(*pass_shape(seqs, True, cache.block_size))
-    lengths = [seq.layout.num_scheduled_tokens for seq in seqs]
-    first_token_indices = np.cumsum([0, *lengths[:-1]]).tolist()
-    input_ids, positions = _placed_tokens(
-        seqs, token_ids, first_token_indices, bucket.query_len
-    )
-    return _forward_pass(
-        True,
-        bucket,
-        seqs,
-        (input_ids, positions),
-        cache,
-        first_token_indices,
-        lambda layouts, group: build_merged_prompt_metadata(
-            layouts, bucket.query_len, bucket.num_blocks, group
-        ),
-    )
+    num_tokens = bucket.batch_size * bucket.query_len
+    tokens = _placed_tokens(seqs, token_ids, first_token_indices, num_tokens)
+    return _forward_pass(True, bucket, seqs, tokens, cache, first_token_indices, build)
 
 
 def build_decode_pass(
@@ -150,45 +120,12 @@ def build_decode_pass(
     buckets: HpuBucketManager,
     token_ids: np.ndarray,
     cache: CacheGeometry,
+    num_queries: int = 1,
 ) -> ForwardPass:
-    """A decode pass: one new token per seq, attending over its paged blocks."""
-    num_blocks = flat_blocks(seqs, cache.block_size)
-    bucket = buckets.find_decode_bucket(len(seqs), num_blocks)
-    input_ids = np.zeros(bucket.batch_size, dtype=np.int64)
-    positions = np.zeros_like(input_ids)
-    rows = np.array([s.row for s in seqs], dtype=np.int64)
-    starts = np.array([s.start for s in seqs], dtype=np.int64)
-    input_ids[: len(seqs)] = token_ids[rows, starts]
-    positions[: len(seqs)] = starts
-    return _forward_pass(
-        False,
-        bucket,
-        seqs,
-        (input_ids, positions),
-        cache,
-        list(range(len(seqs))),
-        lambda layouts, group: build_decode_metadata(
-            layouts, bucket.batch_size, bucket.num_blocks, group
-        ),
-    )
-
-
-def flat_blocks(seqs: list[ScheduledSeq], block_size: int) -> int:
-    """The flat blocks a decode or verification pass over ``seqs`` reads."""
-    return sum(cdiv(s.end, block_size) for s in seqs)
-
-
-def build_verify_pass(
-    seqs: list[ScheduledSeq],
-    buckets: HpuBucketManager,
-    token_ids: np.ndarray,
-    cache: CacheGeometry,
-    num_queries: int,
-) -> ForwardPass:
-    """A verification pass: each row's last token and its drafts (up to
-    ``num_queries`` tokens) as decode queries over its paged blocks, causal
-    among themselves, rows packed into groups of ``num_queries`` slots
-    (``attention/verify.py``)."""
+    """A decode pass: one new token per seq attending over its paged blocks;
+    verifying drafts, each row's last token and its drafts (up to
+    ``num_queries`` tokens), causal among themselves, rows packed into groups
+    of ``num_queries`` slots (``attention/verify.py``)."""
     starts = pack_rows([s.layout.num_scheduled_tokens for s in seqs], num_queries)
     num_blocks = flat_blocks(seqs, cache.block_size)
     bucket = buckets.find_decode_bucket(
@@ -204,10 +141,15 @@ def build_verify_pass(
         (input_ids, positions),
         cache,
         starts,
-        lambda layouts, group: build_verify_metadata(
-            layouts, starts, bucket.batch_size, num_queries, bucket.num_blocks, group
+        lambda layouts, group: build_decode_metadata(
+            layouts, bucket.batch_size, bucket.num_blocks, group, starts, num_queries
         ),
     )
+
+
+def flat_blocks(seqs: list[ScheduledSeq], block_size: int) -> int:
+    """The flat blocks a decode or verification pass over ``seqs`` reads."""
+    return sum(cdiv(s.end, block_size) for s in seqs)
 
 
 def _placed_tokens(

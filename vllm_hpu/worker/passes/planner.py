@@ -9,6 +9,7 @@ planner (``python -m vllm_hpu.bucketing``).
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from vllm.config import VllmConfig
@@ -20,10 +21,10 @@ from vllm_hpu.attention.metadata import CacheGeometry
 from vllm_hpu.bucketing import HpuBucketManager
 from vllm_hpu.bucketing.prompt_passes import split_prompt_passes
 from vllm_hpu.bucketing.trace import PromptChunk, StepShape, TraceRecorder
+from vllm_hpu.envs import get_envs
 from vllm_hpu.worker.passes.build import (
     build_decode_pass,
     build_prompt_forward,
-    build_verify_pass,
     flat_blocks,
 )
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
@@ -48,18 +49,6 @@ class StepPlan:
         return self.prompts + ([self.decode] if self.decode is not None else [])
 
 
-def step_trace_header(vllm_config: VllmConfig, num_kv_blocks: int) -> dict[str, int]:
-    """The limits a recorded trace was served under."""
-    scheduler = vllm_config.scheduler_config
-    return {
-        "block_size": vllm_config.cache_config.block_size,
-        "max_num_seqs": scheduler.max_num_seqs,
-        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
-        "max_model_len": vllm_config.model_config.max_model_len,
-        "num_kv_blocks": num_kv_blocks,
-    }
-
-
 class PassPlanner:
     def __init__(
         self,
@@ -67,7 +56,6 @@ class PassPlanner:
         requests: Mapping[str, CachedRequestState],
         buckets: HpuBucketManager,
         vllm_config: VllmConfig,
-        step_trace: TraceRecorder | None,
     ) -> None:
         self.input_batch = input_batch
         self.requests = requests
@@ -78,9 +66,27 @@ class PassPlanner:
         # as a prompt pass, so only prompt buckets are ever used.
         is_pooling = vllm_config.model_config.runner_type == "pooling"
         self.min_prompt_tokens = 1 if is_pooling else 2
-        self.step_trace = step_trace
+        self.vllm_config = vllm_config
+        # Every rank plans the same passes: the first one writes the trace.
+        trace = get_envs().bucket_trace
+        records = trace and vllm_config.parallel_config.rank == 0
+        self.step_trace = TraceRecorder(Path(trace) if records else None)
         self.verify_queries = buckets.config.verify_queries
         self.image_spans = ImageSpans.of_model(vllm_config.model_config)
+
+    def start_trace(self, num_kv_blocks: int) -> None:
+        """Record step shapes from now on (after warmup), under the limits
+        this runner serves with, if asked to (VLLM_HPU_BUCKET_TRACE)."""
+        scheduler = self.vllm_config.scheduler_config
+        self.step_trace.start(
+            {
+                "block_size": self.block_size,
+                "max_num_seqs": scheduler.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_tokens,
+                "max_model_len": self.vllm_config.model_config.max_model_len,
+                "num_kv_blocks": num_kv_blocks,
+            }
+        )
 
     def plan(self, scheduler_output: SchedulerOutput, cache: CacheGeometry) -> StepPlan:
         """Prompt chunks in bucketed batches, then one decode batch."""
@@ -90,7 +96,7 @@ class PassPlanner:
         prompts, decodes = split_by_phase(
             seqs, self.min_prompt_tokens, self._drafted_rows()
         )
-        if self.step_trace is not None:
+        if self.step_trace.recording:
             self.step_trace.record(self._step_shape(prompts, decodes))
         token_ids = self.input_batch.token_ids_cpu
         batches = split_prompt_passes(
@@ -125,7 +131,7 @@ class PassPlanner:
         without join it, one query each)."""
         num_blocks = flat_blocks(decodes, self.block_size)
         if max(s.layout.num_scheduled_tokens for s in decodes) > 1:
-            forward_pass = build_verify_pass(
+            forward_pass = build_decode_pass(
                 decodes, self.buckets, token_ids, cache, self.verify_queries
             )
             query_lens = [s.layout.num_scheduled_tokens for s in decodes]

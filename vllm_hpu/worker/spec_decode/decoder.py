@@ -6,16 +6,19 @@ drafts, and a proposer drafts the next step's tokens: vLLM's n-gram proposer
 (``eagle.py``), each reading the runner through ``interface.TargetRunner``."""
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.outputs import DraftTokenIds, LogprobsLists
+from vllm.v1.outputs import DraftTokenIds, LogprobsLists, LogprobsTensors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
-from vllm.v1.worker.gpu_input_batch import CachedRequestState
+from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
+from vllm_hpu.worker.compilation.execution import CompileOptions, ExecutionMode
+from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.spec_decode.draft_model import HpuDraftModelProposer
 from vllm_hpu.worker.spec_decode.eagle import HpuEagle3Proposer, HpuEagleProposer
 from vllm_hpu.worker.spec_decode.interface import Proposer, TargetRunner
@@ -63,14 +66,73 @@ def make_proposer(runner: TargetRunner) -> Proposer:
     return NgramDrafts(runner.vllm_config, runner.input_batch)
 
 
-class SpecDecoder:
+class SpecDecoding:
+    """What the runner asks of speculative decoding; without it (this class)
+    no row has drafts: vLLM's sampler samples one token per row."""
+
+    def __init__(self, input_batch: InputBatch, sampler: Sampler):
+        self.input_batch = input_batch
+        self.sampler = sampler
+        self.proposer = Proposer()
+
+    @property
+    def has_draft_model(self) -> bool:
+        return False
+
+    def load_model(self) -> None:
+        """A draft model loads after the target."""
+        self.proposer.load_model()
+
+    def prepare(self, mode: ExecutionMode, options: CompileOptions | None) -> None:
+        self.proposer.prepare(mode, options)
+
+    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
+        """A draft model writes the pass into its KV cache."""
+        return self.proposer.after_target_pass(forward_pass, hidden)
+
+    def update(
+        self,
+        scheduler_output: SchedulerOutput,
+        requests: Mapping[str, CachedRequestState],
+    ) -> None:
+        pass
+
+    def num_draft_tokens(self) -> np.ndarray:
+        return np.zeros(self.input_batch.num_reqs, dtype=np.int64)
+
+    def metadata(self, device: torch.device) -> SpecDecodeMetadata | None:
+        """None when no row has drafts this step."""
+        return None
+
+    def sample(
+        self,
+        metadata: SpecDecodeMetadata | None,
+        logits: torch.Tensor,
+        sampling_metadata: SamplingMetadata,
+        discard_rows: list[int],
+    ) -> tuple[torch.Tensor | list[list[int]], LogprobsTensors | LogprobsLists | None]:
+        """Each row's token (on the device); with drafts (``metadata``) its
+        accepted drafts plus one (on the host, none for discarded rows)."""
+        output = self.sampler(logits=logits, sampling_metadata=sampling_metadata)
+        return output.sampled_token_ids, output.logprobs_tensors
+
+    def propose(
+        self, scheduler_output: SchedulerOutput, sampled: list[list[int]]
+    ) -> None:
+        pass
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        return None
+
+
+class SpecDecoder(SpecDecoding):
     """Per step: write the scheduled drafts into the batch, lay out the
     positions to sample, verify them, and propose the next drafts."""
 
     def __init__(self, runner: TargetRunner, sampler: Sampler):
+        super().__init__(runner.input_batch, sampler)
         spec = runner.vllm_config.speculative_config
         assert spec is not None
-        self.input_batch = runner.input_batch
         self.proposer = make_proposer(runner)
         self.rejection_sampler = HpuRejectionSampler(sampler, spec)
         self._drafts: DraftTokenIds | None = None
@@ -95,18 +157,18 @@ class SpecDecoder:
         return np.array([len(drafts) for drafts in rows], dtype=np.int64)
 
     def metadata(self, device: torch.device) -> SpecDecodeMetadata | None:
-        """None when no row has drafts this step."""
         rows = self.input_batch.spec_token_ids[: self.input_batch.num_reqs]
         return spec_decode_metadata(rows, device) if any(rows) else None
 
     def sample(
         self,
-        metadata: SpecDecodeMetadata,
+        metadata: SpecDecodeMetadata | None,
         logits: torch.Tensor,
         sampling_metadata: SamplingMetadata,
         discard_rows: list[int],
-    ) -> tuple[list[list[int]], LogprobsLists | None]:
-        """Each row's accepted drafts plus one token (none for discarded rows)."""
+    ) -> tuple[torch.Tensor | list[list[int]], LogprobsTensors | LogprobsLists | None]:
+        if metadata is None:
+            return super().sample(metadata, logits, sampling_metadata, discard_rows)
         output = self.rejection_sampler(metadata, None, logits, sampling_metadata)
         return self.rejection_sampler.parse_output(
             output.sampled_token_ids,

@@ -43,7 +43,6 @@ from vllm.config import (
     replace,
     set_current_vllm_config,
 )
-from vllm.forward_context import set_forward_context
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.model_loader import get_model
 
@@ -53,12 +52,12 @@ from vllm_hpu.quantization.moe_methods import check_moe_layers
 from vllm_hpu.worker.compilation.execution import (
     CompileOptions,
     ExecutionMode,
-    prepare_model,
+    GraphedModel,
 )
-from vllm_hpu.worker.passes.build import build_decode_pass, build_verify_pass
+from vllm_hpu.worker.passes.build import build_decode_pass
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.passes.seqs import ScheduledSeq
-from vllm_hpu.worker.spec_decode.interface import TargetRunner
+from vllm_hpu.worker.spec_decode.interface import Proposer, TargetRunner
 
 
 def draft_vllm_config(vllm_config: VllmConfig) -> VllmConfig:
@@ -85,7 +84,7 @@ def attention_layer_names(vllm_config: VllmConfig) -> set[str]:
     )
 
 
-class HpuDraftModelProposer:
+class HpuDraftModelProposer(Proposer):
     """Loads the draft beside the target, mirrors the target's passes into
     the draft's KV cache, and drafts ``k`` tokens per row in decode passes."""
 
@@ -104,7 +103,7 @@ class HpuDraftModelProposer:
         self.vllm_config = runner.vllm_config
         self.max_model_len = runner.vllm_config.model_config.max_model_len
         self.model: Any = None
-        self.graph_model: Any = None
+        self.graphed_model: GraphedModel  # set by load_model
         self.layer_names: list[str] = []
         # Per request: the positions [start, end) whose tokens the last
         # proposal's decodes wrote into the draft's KV.
@@ -120,7 +119,9 @@ class HpuDraftModelProposer:
         self.layer_names = sorted(
             attention_layer_names(self.vllm_config) - target_layers
         )
-        self.graph_model = self.model
+        self.graphed_model = GraphedModel(
+            self.model, self.vllm_config, self.runner.graphed_buckets
+        )
 
     def _load(self) -> Any:
         draft_config = draft_vllm_config(self.vllm_config)
@@ -129,30 +130,21 @@ class HpuDraftModelProposer:
 
     def prepare(self, mode: ExecutionMode, options: CompileOptions | None) -> None:
         """Apply the runner's execution mode to the draft (warmup)."""
-        self.graph_model = prepare_model(self.model, mode, options)
+        self.graphed_model.prepare(mode, options)
 
     def _forward(
         self, forward_pass: ForwardPass, hidden_states: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(states to compute logits from, states the next decode reads:
         None for a draft model, which reads only tokens)."""
-        metadata = forward_pass.attn_metadata
-        phase = "prompt" if forward_pass.is_prompt else "decode"
-        graphed = (phase, forward_pass.bucket) in self.runner.graphed_buckets
-        model = self.graph_model if graphed else self.model
-        extra = {} if hidden_states is None else {"hidden_states": hidden_states}
-        with set_forward_context(
-            dict.fromkeys(self.layer_names, metadata),
-            self.vllm_config,
-            num_tokens=forward_pass.num_tokens,
-            slot_mapping=dict.fromkeys(self.layer_names, metadata.slot_mapping),
-        ):
-            output = model(
-                input_ids=forward_pass.input_ids,
-                positions=forward_pass.positions,
-                **extra,
-            )
-            device.mark_step()
+        inputs = {
+            "input_ids": forward_pass.input_ids,
+            "positions": forward_pass.positions,
+        }
+        if hidden_states is not None:
+            inputs["hidden_states"] = hidden_states
+        metadata = dict.fromkeys(self.layer_names, forward_pass.attn_metadata)
+        output = self.graphed_model.run(forward_pass, inputs, metadata)
         return output if isinstance(output, tuple) else (output, None)
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
@@ -273,14 +265,10 @@ class HpuDraftModelProposer:
     def _draft_pass(self, seqs: list[ScheduledSeq]) -> ForwardPass:
         """A decode pass, or a verification-shaped one where a row catches up."""
         token_ids = self.runner.input_batch.token_ids_cpu
-        if all(seq.layout.num_scheduled_tokens == 1 for seq in seqs):
-            return build_decode_pass(
-                seqs, self.runner.buckets, token_ids, self._cache()
-            )
-        queries = self.runner.buckets.config.verify_queries
-        return build_verify_pass(
-            seqs, self.runner.buckets, token_ids, self._cache(), queries
-        )
+        buckets = self.runner.buckets
+        catching_up = any(seq.layout.num_scheduled_tokens > 1 for seq in seqs)
+        queries = buckets.config.verify_queries if catching_up else 1
+        return build_decode_pass(seqs, buckets, token_ids, self._cache(), queries)
 
     def _block_table(self, row: int) -> list[int]:
         req_id = self.runner.input_batch.req_ids[row]

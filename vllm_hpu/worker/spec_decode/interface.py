@@ -10,8 +10,12 @@ from vllm.config import VllmConfig
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu.attention.metadata import CacheGeometry
-from vllm_hpu.bucketing import Bucket, HpuBucketManager
-from vllm_hpu.worker.compilation.execution import CompileOptions, ExecutionMode
+from vllm_hpu.bucketing import HpuBucketManager
+from vllm_hpu.worker.compilation.execution import (
+    CompileOptions,
+    ExecutionMode,
+    GraphKey,
+)
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 from vllm_hpu.worker.state.request_states import RequestStates
 
@@ -44,19 +48,26 @@ class TargetRunner(Protocol):
     def execution_mode(self) -> ExecutionMode: ...
 
     @property
-    def graphed_buckets(self) -> set[tuple[str, Bucket]]: ...  # set by warmup
+    def graphed_buckets(self) -> set[GraphKey]: ...  # warmup's, shared
 
     def get_model(self) -> Any:
         """The target model (loaded before any proposer loads its own)."""
 
 
-class Proposer(Protocol):
-    def load_model(self) -> None: ...
+class Proposer:
+    """What the runner asks of a proposer; this one, without speculative
+    decoding, has no model and drafts nothing."""
 
-    def prepare(self, mode: ExecutionMode, options: CompileOptions | None) -> None: ...
+    def load_model(self) -> None:
+        pass
+
+    def prepare(self, mode: ExecutionMode, options: CompileOptions | None) -> None:
+        pass
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
         """Returns the target's hidden states (unwrapped where the target
         returns more for the proposer)."""
+        return hidden
 
-    def propose(self, num_drafts: int, sampled: list[list[int]]) -> list[list[int]]: ...
+    def propose(self, num_drafts: int, sampled: list[list[int]]) -> list[list[int]]:
+        return [[] for _ in sampled]

@@ -5,6 +5,8 @@ from typing import Any
 
 from vllm.config import VllmConfig
 
+from vllm_hpu import compat
+
 # Proposers the HPU runner drafts with; the others are refused at start-up.
 SUPPORTED_METHODS = ("ngram", "draft_model", "eagle", "eagle3")
 # What a refused method needs on the HPU runner, where it is known.
@@ -12,6 +14,10 @@ MISSING = {
     "mtp": (
         " (the target's own multi-token-prediction layers drafting as an "
         "EAGLE-style head, which the HPU proposers do not load)"
+    ),
+    "dflash": (
+        " (DFlash's parallel drafts in one non-causal pass, and vLLM 0.33's "
+        "XPress drafting, which refines them, need a proposer of their own)"
     ),
 }
 
@@ -27,6 +33,15 @@ def check_speculative_config(vllm_config: VllmConfig) -> None:
             f"decoding method yet{MISSING.get(str(spec.method), '')}; use one of "
             f"{list(SUPPORTED_METHODS)} in --speculative-config, or start vLLM "
             "without it."
+        )
+    if spec.rejection_sample_method != "standard":
+        # HpuRejectionSampler verifies each draft token against the target
+        # (Leviathan et al.); synthetic, block and FLy (vLLM 0.33) verification
+        # are other algorithms.
+        raise ValueError(
+            "The HPU plugin verifies drafts with the standard rejection sampler "
+            f"only, not rejection_sample_method '{spec.rejection_sample_method}'; "
+            "drop it from --speculative-config."
         )
     if spec.method in ("draft_model", "eagle", "eagle3"):
         _check_draft_options(spec)
@@ -50,6 +65,7 @@ def _check_draft_options(spec: Any) -> None:
             spec.use_heterogeneous_vocab
         ),
         "parallel_drafting": spec.parallel_drafting,
+        **compat.unrun_speculative_options(spec),
     }
     for option, setting in unsupported.items():
         if setting:

@@ -1,15 +1,12 @@
 """vLLM's n-gram proposer (prompt lookup) behind the ``Proposer`` seam."""
 
-from typing import Any
-
 from vllm.config import VllmConfig
 from vllm.v1.worker.gpu_input_batch import InputBatch
 
-from vllm_hpu.worker.compilation.execution import CompileOptions, ExecutionMode
-from vllm_hpu.worker.passes.forward_pass import ForwardPass
+from vllm_hpu.worker.spec_decode.interface import Proposer
 
 
-class NgramDrafts:
+class NgramDrafts(Proposer):
     """vLLM's NgramProposer (numba, CPU) behind the proposer seams: it drafts
     from the tokens so far, with no model of its own."""
 
@@ -20,15 +17,6 @@ class NgramDrafts:
 
         self.input_batch = input_batch
         self.proposer = NgramProposer(vllm_config)
-
-    def load_model(self) -> None:
-        pass
-
-    def prepare(self, mode: ExecutionMode, options: CompileOptions | None) -> None:
-        pass
-
-    def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
-        return hidden
 
     def propose(self, num_drafts: int, sampled: list[list[int]]) -> list[list[int]]:
         batch = self.input_batch

@@ -21,15 +21,17 @@ who owns what meanwhile:
   future (``HpuAsyncOutput.get_output``, ``record_on_host``).
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import (
     AsyncModelRunnerOutput,
+    KVConnectorOutput,
     LogprobsLists,
     LogprobsTensors,
     ModelRunnerOutput,
@@ -115,6 +117,11 @@ class HpuAsyncOutput(AsyncModelRunnerOutput):
         output.prompt_logprobs_dict = step.prompt_logprobs
         return output
 
+    def get_kv_connector_output(self) -> KVConnectorOutput | None:
+        """The step's KV connector output, known before its samples: vLLM 0.33
+        keeps it when ``get_output`` fails (abstract there, unused by 0.32)."""
+        return self._output.kv_connector_output
+
 
 def _put_tokens(
     input_ids: torch.Tensor,
@@ -128,7 +135,34 @@ def _put_tokens(
     input_ids[dst] = tokens[src, 0].to(input_ids.dtype)
 
 
-class AsyncTokenFeed:
+class TokenFeed:
+    """How a step's sampled tokens reach the next step: under synchronous
+    scheduling (this class) through the host, in the step's output."""
+
+    def before_update(self, scheduler_output: SchedulerOutput) -> None:
+        pass
+
+    def feed(self, forward_pass: ForwardPass) -> None:
+        pass
+
+    def record_on_host(self) -> None:
+        pass
+
+    def finish(
+        self,
+        sampled: "Future[SampledStep]",
+        discard_rows: list[int],
+        on_host: Callable[[], ModelRunnerOutput],
+        aux_output: dict[str, Any] | None,
+    ) -> ModelRunnerOutput | HpuAsyncOutput:
+        """The step's output: here ``on_host()``, its tokens on the host, with
+        ``aux_output`` (routed experts) where a capability made one."""
+        output = on_host()
+        output.aux_output_connector_output = aux_output
+        return output
+
+
+class AsyncTokenFeed(TokenFeed):
     """The runner's side of async scheduling: tokens in flight, fed and recorded."""
 
     def __init__(
@@ -213,13 +247,21 @@ class AsyncTokenFeed:
             else:
                 self.states.append_sampled(row, tokens[index])
 
-    def launch(
+    def finish(
         self,
-        output: ModelRunnerOutput,
         sampled: "Future[SampledStep]",
         discard_rows: list[int],
+        on_host: Callable[[], ModelRunnerOutput],
+        aux_output: dict[str, Any] | None,
     ) -> HpuAsyncOutput:
-        """Keep this step's tokens in flight; hand back its output to complete."""
+        """The sampled tokens stay on the device for the next step and in
+        flight; the output's host copy completes on demand (never with
+        drafts)."""
+        output = ModelRunnerOutput(
+            req_ids=list(self.input_batch.req_ids),
+            req_id_to_index=dict(self.input_batch.req_id_to_index),
+            aux_output_connector_output=aux_output,
+        )
         discard = set(discard_rows)
         self.in_flight = InFlightTokens(
             sampled=sampled,

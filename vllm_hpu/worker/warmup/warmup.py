@@ -15,6 +15,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
+from vllm.utils.math_utils import cdiv
 from vllm.utils.mem_utils import format_gib
 from vllm.v1.core.sched.output import (
     CachedRequestData,
@@ -29,11 +30,7 @@ from vllm_hpu.bucketing.padding import PaddingStats
 from vllm_hpu.envs import get_envs
 from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
 from vllm_hpu.worker.compilation.compile_cache import cache_key, compile_cache
-from vllm_hpu.worker.compilation.execution import (
-    RECOMPILE_HEADROOM,
-    CompileOptions,
-    prepare_model,
-)
+from vllm_hpu.worker.compilation.execution import CompileOptions
 from vllm_hpu.worker.compilation.graphs import (
     DECODE,
     PROMPT,
@@ -43,7 +40,6 @@ from vllm_hpu.worker.compilation.graphs import (
     left_out_message,
 )
 from vllm_hpu.worker.model_runner import HpuModelRunner
-from vllm_hpu.worker.passes.planner import step_trace_header
 from vllm_hpu.worker.passes.synthetic import merged_fake_chunks
 
 logger = init_logger("vllm.hpu.warmup")
@@ -60,10 +56,6 @@ class FakeSeq:
     num_tokens: int
     num_computed: int
     num_drafts: int = 0
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @contextlib.contextmanager
@@ -124,8 +116,8 @@ class HpuWarmup:
         context blocks), or None if even those do not fit."""
         assert self.runner.cache is not None, "initialize_kv_cache() first"
         row = FakeSeq(context + query_len, context)
-        first = _cdiv(row.num_tokens, self.block_size)
-        others = _cdiv(query_len, self.block_size) * (num_seqs - 1)
+        first = cdiv(row.num_tokens, self.block_size)
+        others = cdiv(query_len, self.block_size) * (num_seqs - 1)
         if first * num_seqs <= self.runner.cache.num_blocks:
             return [row] * num_seqs
         if first + others <= self.runner.cache.num_blocks:
@@ -133,9 +125,17 @@ class HpuWarmup:
         return None
 
     def _merged_prompt_seqs(self, bucket: Bucket) -> list[FakeSeq] | None:
-        """Requests packing into ``bucket``: its tokens, the most context first."""
+        """Requests packing into ``bucket``: its tokens, the most context first;
+        where more requests than a step holds would take them, as many tokens
+        as the first ``max_num_seqs`` take (they pad to the bucket if the check
+        below says so)."""
+        size, max_len = self.block_size, self.max_len
         for blocks in range(bucket.num_blocks, -1, -1):
-            chunks = merged_fake_chunks(bucket, blocks, self.block_size, self.max_len)
+            chunks = merged_fake_chunks(bucket, blocks, size, max_len)
+            if len(chunks) > self.max_num_seqs:
+                held = sum(n - c for n, c in chunks[: self.max_num_seqs])
+                fewer = bucket._replace(query_len=held)
+                chunks = merged_fake_chunks(fewer, blocks, size, max_len)
             if not chunks or len(chunks) > self.max_num_seqs:
                 continue
             shape = (1, sum(n - c for n, c in chunks), blocks)
@@ -161,12 +161,11 @@ class HpuWarmup:
         num_kv_blocks = self.runner.cache.num_blocks
         # Blocks of their own: a context block another request of the step writes
         # would make the runner run the two in separate passes.
-        num_blocks = _cdiv(seq.num_tokens + seq.num_drafts, self.block_size)
+        num_blocks = cdiv(seq.num_tokens + seq.num_drafts, self.block_size)
         block_ids = [(self._next_block + j) % num_kv_blocks for j in range(num_blocks)]
         self._next_block += num_blocks
         self._next_id += 1
         sampling_params, pooling_params = self._request_params()
-        lora = self.runner.caps.lora
         return NewRequestData(
             req_id=f"{REQ_PREFIX}{self._next_id}",
             prompt_token_ids=[0] * seq.num_tokens,
@@ -177,7 +176,7 @@ class HpuWarmup:
             # what warmup is for.
             block_ids=(block_ids,) * len(self.runner.cache.group_geometries()),
             num_computed_tokens=seq.num_computed,
-            lora_request=lora.warmup_request(self._next_id) if lora else None,
+            lora_request=self.runner.caps.lora.warmup_request(self._next_id),
         )
 
     def _request_params(self) -> tuple[SamplingParams | None, PoolingParams | None]:
@@ -239,8 +238,7 @@ class HpuWarmup:
         pooling = self.runner.is_pooling_model
         decode = [] if pooling else list(reversed(buckets.decode_buckets))
         with preserved_rng():
-            if self.runner.caps.multimodal is not None:
-                self.runner.caps.multimodal.warm_up()
+            self.runner.caps.multimodal.warm_up()
             self._warm_all("Prompt", PROMPT, prompt)
             self._warm_all("Decode", DECODE, decode)
             if not pooling:
@@ -307,7 +305,7 @@ class HpuWarmup:
             done[phase] += 1
             label = f"Graph/{phase.capitalize()}"
             self._log_step(label, done[phase], totals[phase], bucket)
-            self.runner.graphed_buckets.add((phase, bucket))
+            self.runner.capture_graph(phase, bucket)
             used_before = device.memory_used()
             self._run_bucket(phase, bucket)
             device.synchronize()
@@ -335,39 +333,19 @@ class HpuWarmup:
 def warm_up_model(runner: HpuModelRunner, graph_mem: int) -> None:
     """Apply the runner's execution mode to the model, warm every bucket up."""
     envs = get_envs()
-    mode = runner.execution_mode
-    backend = device.model_compile_backend()
-    buckets = runner.buckets
-    options = None
-    if backend is not None:
-        num_buckets = len(buckets.prompt_buckets) + len(buckets.decode_buckets)
-        # A draft model of the same class compiles the same code once more.
-        if runner.caps.spec is not None and runner.caps.spec.has_draft_model:
-            num_buckets *= 2
-        options = CompileOptions(
-            backend, envs.compile_fullgraph, num_buckets + RECOMPILE_HEADROOM
-        )
-    runner.graph_model = prepare_model(runner.get_model(), mode, options)
-    if runner.caps.spec is not None:
-        runner.caps.spec.proposer.prepare(mode, options)
+    options = runner.apply_execution_mode()
     if envs.skip_warmup:
         logger.warning(
             "Skipping warmup (VLLM_SKIP_WARMUP): the first requests compile."
         )
         return
+    mode = runner.execution_mode
     if not mode.compiles_shapes:
         logger.info("No warmup: nothing compiles per shape in emulated eager mode.")
         return
-    with (
-        (
-            runner.caps.lora.dummy_adapters()
-            if runner.caps.lora
-            else contextlib.nullcontext()
-        ),
-        kept_graphs(runner, options),
-    ):
+    with runner.caps.lora.dummy_adapters(), kept_graphs(runner, options):
         HpuWarmup(runner, graph_mem).run(capture=mode.captures_graphs)
-    buckets.mark_warmed(strict=envs.full_warmup)
+    runner.buckets.mark_warmed(strict=envs.full_warmup)
 
 
 def kept_graphs(
@@ -387,10 +365,3 @@ def kept_graphs(
         options.fullgraph,
     )
     return compile_cache(Path(folder) / f"compiled-{key}")
-
-
-def start_step_trace(runner: HpuModelRunner) -> None:
-    """Record step shapes from now on (after warmup), if asked to."""
-    if runner.caps.step_trace is not None and runner.cache is not None:
-        header = step_trace_header(runner.vllm_config, runner.cache.num_blocks)
-        runner.caps.step_trace.start(header)

@@ -1,0 +1,101 @@
+"""Where vLLM 0.32 and 0.33 differ for the plugin: the only module that asks
+which vLLM runs. Everything else calls the functions here and runs on both.
+
+The plugin runs on vLLM 0.32.0 and 0.33.0 (README_GAUDI.md, "vLLM versions").
+Each function names what changed; when 0.32 is dropped, each keeps its 0.33 side.
+"""
+
+import importlib.metadata
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from packaging.version import Version
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.distributed.weight_transfer.base import WeightSource
+
+# The releases the plugin runs on, oldest first (their patch releases too).
+SUPPORTED = ("0.32", "0.33")
+# From the installed distribution: vLLM may still be importing itself when the
+# platform entry point first imports this.
+VLLM_VERSION = Version(importlib.metadata.version("vllm"))
+VLLM_0_33 = VLLM_VERSION.release[:2] >= (0, 33)
+
+
+def unsupported_vllm_version() -> str | None:
+    """Why the installed vLLM is one the plugin was not written for, or None."""
+    release = ".".join(str(part) for part in VLLM_VERSION.release[:2])
+    if release in SUPPORTED:
+        return None
+    return (
+        f"vLLM {VLLM_VERSION}: the HPU plugin runs on vLLM "
+        f"{' and '.join(SUPPORTED)}; install one of them "
+        f"(pip install --no-deps vllm=={SUPPORTED[-1]}.0, as README.md's set-up does)"
+    )
+
+
+def legacy_ray_executor_requested() -> bool:
+    """Whether the user turned vLLM 0.32's Ray executor on
+    (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0). vLLM 0.33 removed that executor and
+    the variable: Ray always runs the V2 executor (ray_executor_v2), the one
+    the plugin runs on both."""
+    if VLLM_0_33:
+        return False
+    from vllm import envs
+
+    return not envs.VLLM_USE_RAY_V2_EXECUTOR_BACKEND
+
+
+def register_fp8_block_kernel(kernel: type) -> None:
+    """Make ``kernel`` the platform's block-scaled fp8 linear kernel.
+
+    vLLM 0.33's ``register_linear_kernel`` takes the kind ``"fp8_block"``. vLLM
+    0.32's has no such kind (a block-fp8 layer found no kernel on an out-of-tree
+    platform: "Failed to find a kernel ... Reasons:" with an empty list), so
+    there the kernel goes into its table ``_POSSIBLE_FP8_BLOCK_KERNELS`` for
+    ``PlatformEnum.OOT`` directly: the 0.32 side is a patch of vLLM's table.
+    Idempotent."""
+    from vllm.model_executor.kernels import linear
+    from vllm.platforms import PlatformEnum
+
+    if kernel in linear._POSSIBLE_FP8_BLOCK_KERNELS.get(PlatformEnum.OOT, []):
+        return
+    if VLLM_0_33:
+        linear.register_linear_kernel(kernel, PlatformEnum.OOT, "fp8_block")
+    else:
+        linear._POSSIBLE_FP8_BLOCK_KERNELS.setdefault(PlatformEnum.OOT, []).append(
+            kernel
+        )
+
+
+def weight_source_tensors(
+    source: "WeightSource",
+) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """A trainer's weights as whole ``(name, tensor)`` pairs, one pass.
+
+    vLLM 0.32's ``WeightSource`` is iterable; 0.33's declares ownership in its
+    metadata and yields whole tensors from ``iter_full()`` (``iter_local()``
+    yields each rank's shard, which this backend does not send)."""
+    if VLLM_0_33:
+        return source.iter_full()  # type: ignore[attr-defined]
+    return iter(source)  # type: ignore[call-overload]
+
+
+def trainer_engine_kwargs(rank: int) -> dict[str, Any]:
+    """What ``TrainerWeightTransferEngine.__init__`` takes beyond 0.32's: vLLM
+    0.33 records the trainer rank (sources yield the parameters it owns)."""
+    return {"rank": rank} if VLLM_0_33 else {}
+
+
+def unrun_speculative_options(spec: Any) -> dict[str, bool]:
+    """Options of vLLM 0.33's speculative config the HPU proposers do not
+    implement, by name -> set (none on 0.32, which lacks them)."""
+    if not VLLM_0_33:
+        return {}
+    quantized_head = spec.draft_lm_head_quantization
+    return {
+        f"draft_lm_head_quantization '{quantized_head}' (Model Runner V2 only)": (
+            quantized_head is not None
+        ),
+    }
