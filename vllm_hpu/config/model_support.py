@@ -122,11 +122,11 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
         if getattr(info, flag):
             return f"{info.architecture} {missing}."
     if info.supports_multimodal and info.architecture not in FED_MULTIMODAL_ARCHS:
-        missing = MISSING_MEDIA_PIECES.get(info.architecture)
-        if missing is not None:
+        piece = MISSING_MEDIA_PIECES.get(info.architecture)
+        if piece is not None:
             return (
                 f"{info.architecture} takes image, audio or video inputs the HPU "
-                f"plugin does not feed yet: {missing}, or this one as text only "
+                f"plugin does not feed yet: {piece}, or this one as text only "
                 "(every modality of --limit-mm-per-prompt at 0)."
             )
         return (
