@@ -89,15 +89,19 @@ def test_sliding_window_keeps_its_spec_under_the_hybrid_manager() -> None:
 
 
 def _vllm_config(
-    disable: bool | None, speculative: object = None, head_sizes: tuple = ()
+    disable: bool | None,
+    draft_method: str | None = None,
+    head_sizes: tuple = (),
+    is_hybrid: bool = False,
 ) -> Any:
     per_layer = [SimpleNamespace(head_dim=size) for size in head_sizes]
     return SimpleNamespace(
         scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=disable),
-        speculative_config=speculative,
+        speculative_config=draft_method and SimpleNamespace(method=draft_method),
         kv_transfer_config=None,
         parallel_config=SimpleNamespace(pipeline_parallel_size=1),
         model_config=SimpleNamespace(
+            is_hybrid=is_hybrid,
             attention_chunk_size=None,
             hf_text_config=SimpleNamespace(per_layer_config=per_layer),
         ),
@@ -108,11 +112,15 @@ def test_hybrid_manager_off_where_groups_cannot_run() -> None:
     plain = _vllm_config(None)
     choose_kv_cache_manager(plain)
     assert plain.scheduler_config.disable_hybrid_kv_cache_manager is None
-    speculative = _vllm_config(None, speculative=object())
+    speculative = _vllm_config(None, "ngram")
     choose_kv_cache_manager(speculative)
     assert speculative.scheduler_config.disable_hybrid_kv_cache_manager is True
     with pytest.raises(ValueError, match="speculative decoding"):
-        choose_kv_cache_manager(_vllm_config(False, speculative=object()))
+        choose_kv_cache_manager(_vllm_config(False, "eagle"))
+    # A hybrid's n-gram drafts verify on its state layers' groups.
+    hybrid = _vllm_config(None, "ngram", is_hybrid=True)
+    choose_kv_cache_manager(hybrid)
+    assert hybrid.scheduler_config.disable_hybrid_kv_cache_manager is None
 
 
 def test_hybrid_manager_off_for_layers_of_two_head_sizes() -> None:

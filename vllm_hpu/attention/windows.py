@@ -56,13 +56,11 @@ def groups_unsupported(vllm_config: VllmConfig) -> str | None:
     model_config = vllm_config.model_config
     speculative = vllm_config.speculative_config
     # A hybrid's state layers need their groups: its n-gram drafts run there.
-    hybrid_ngram = (
-        model_config is not None
+    if speculative is not None and not (
+        speculative.method == "ngram"
+        and model_config is not None
         and model_config.is_hybrid
-        and speculative is not None
-        and speculative.method == "ngram"
-    )
-    if speculative is not None and not hybrid_ngram:
+    ):
         return "speculative decoding"
     if has_kv_connector(vllm_config):
         return "a KV connector"
