@@ -21,7 +21,8 @@ from vllm_hpu.patches.torchvision_import import allow_torchvision_import
 
 # transformers imports torchvision once it is installed (see that patch).
 allow_torchvision_import()
-from tiny_families import FAMILY_BUILDERS  # noqa: E402  (beside this script)
+from tiny_deepseek import DEEPSEEK_BUILDERS  # noqa: E402  (beside this script)
+from tiny_families import FAMILY_BUILDERS  # noqa: E402
 from tiny_gemma3 import build_gemma3  # noqa: E402
 from tiny_gemma4 import GEMMA4_BUILDERS  # noqa: E402
 from tiny_llama4_vision import build_llama4_vision  # noqa: E402
@@ -435,9 +436,14 @@ MODEL_SPECS.update(MULTIMODAL_MODELS)
 
 # ---- Model families (issue 33) -----------------------------------------------
 # gpt-oss and Llama 4 (text), built with their own config classes
-# (scripts/tiny_families.py) around the tiny Llama's sizes.
+# (scripts/tiny_families.py) around the tiny Llama's sizes; DeepSeek-V3.2's
+# sparse attention and DeepSeek-V3's MTP layer (scripts/tiny_deepseek.py).
 FAMILY_MODEL_BUILDERS = (
-    FAMILY_BUILDERS | QWEN3_5_BUILDERS | NEMOTRON_H_BUILDERS | GEMMA4_BUILDERS
+    FAMILY_BUILDERS
+    | DEEPSEEK_BUILDERS
+    | QWEN3_5_BUILDERS
+    | NEMOTRON_H_BUILDERS
+    | GEMMA4_BUILDERS
 )
 FAMILY_MODELS = {name: ("", GQA_SHAPE) for name in FAMILY_MODEL_BUILDERS}
 MODEL_SPECS.update(FAMILY_MODELS)

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from vllm_hpu.worker.capabilities.eplb import HpuEplb
+
 
 def experts_held(worker: Any) -> dict[int, list[int]]:
     """Per MoE layer (by decoder layer index), the logical experts of this
@@ -21,7 +23,7 @@ def experts_held(worker: Any) -> dict[int, list[int]]:
     layers = [m for m in model.modules() if isinstance(m, RoutedExperts)]
     eplb = worker.model_runner.caps.eplb
     physical_to_logical = None
-    if eplb is not None:
+    if isinstance(eplb, HpuEplb):
         (model_state,) = eplb.controller.state.model_states.values()
         physical_to_logical = model_state.physical_to_logical_map.tolist()
     held = {}
@@ -45,6 +47,7 @@ def eplb_rank_load(worker: Any) -> int:
     from vllm.distributed import get_ep_group
 
     eplb = worker.model_runner.caps.eplb
+    assert isinstance(eplb, HpuEplb), "the engine runs without --enable-eplb"
     (model_state,) = eplb.controller.state.model_states.values()
     window = model_state.expert_load_window.sum(dim=0)  # [layers, physical]
     group = get_ep_group()

@@ -35,6 +35,16 @@ CASES = [
         "input of several experts",
     ),
     ("LongcatFlashForCausalLM", transformers.LongcatFlashConfig(), "zero experts"),
+    (
+        "GlmMoeDsaForCausalLM",
+        transformers.GlmMoeDsaConfig(),
+        "sparse attention other than DeepSeek-V3.2's",
+    ),
+    (
+        "DeepseekV32ForCausalLM",
+        transformers.DeepseekV32Config(index_topk_pattern="FSSFSS"),
+        "every layer's indexer",
+    ),
 ]
 ACCEPTED = [
     ("LlamaForCausalLM", transformers.LlamaConfig()),
@@ -46,6 +56,7 @@ ACCEPTED = [
         "Llama4ForCausalLM",
         transformers.Llama4TextConfig(num_experts_per_tok=2, num_local_experts=0),
     ),
+    ("DeepseekV32ForCausalLM", transformers.DeepseekV32Config()),  # sparse MLA
 ]
 
 
@@ -154,4 +165,27 @@ def test_routed_experts_with_drafts_are_refused():
         speculative_config={"method": "ngram", "num_speculative_tokens": 2},
     )
     with pytest.raises(ValueError, match="routed experts returned"):
+        args.create_engine_config()
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"tensor_parallel_size": 2}, "tensor, pipeline or data parallelism"),
+        (
+            {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
+            "speculative decoding",
+        ),
+    ],
+    ids=["tensor-parallel", "speculative"],
+)
+def test_sparse_attention_refuses_what_it_has_not_run_with(options, named):
+    """DeepSeek-V3.2's sparse attention stops start-up, naming the option, with
+    what no test has run it with."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=model_path("tiny-deepseek-v32"), enforce_eager=True, **options
+    )
+    with pytest.raises(ValueError, match=f"sparse attention with {named}"):
         args.create_engine_config()

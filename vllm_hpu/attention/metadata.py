@@ -118,6 +118,16 @@ class HpuAttentionMetadata(AttentionMetadata):
     def decode(self) -> DecodeBlocks | None:
         return None if self.is_prompt else self.decode_blocks()
 
+    # Read by vLLM's sparse MLA (MLAAttention._use_sparse_mha): a prompt pass
+    # runs as MHA under its layer's top-k mask (attention/sparse_mla.py).
+    @property
+    def prefill(self) -> "HpuAttentionMetadata | None":
+        return self if self.is_prompt else None
+
+    @property
+    def use_dense_mha(self) -> bool:
+        return True
+
 
 _PADDING_ROW = SeqLayout(block_table=[], num_computed_tokens=0, num_scheduled_tokens=0)
 

@@ -33,7 +33,8 @@ from vllm_hpu.ops.mla_kernels import (
     latent_prompt_attention,
     write_latent_to_cache,
 )
-from vllm_hpu.ops.prompt_mask import PromptBias
+from vllm_hpu.ops.paged_attention import DecodeBlocks
+from vllm_hpu.ops.prompt_mask import PromptBias, PromptMask
 
 if TYPE_CHECKING:
     from vllm.config.cache import CacheDType
@@ -75,7 +76,6 @@ def check_mla_supported(attn_selector_config: "AttentionSelectorConfig") -> None
     """Raise a ValueError naming what the MLA backend lacks and how to avoid it."""
     config = attn_selector_config
     problems = [
-        (config.use_sparse, "sparse MLA (DeepSeek-V3.2)", "use a dense MLA model"),
         (
             config.has_sliding_window,
             "sliding-window MLA",
@@ -215,7 +215,7 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
             max(q.shape[-1], self.expand.v_head_dim),
         )
         query = q.view(batch_size, query_len, *q.shape[1:])
-        bias = PromptBias(mask, q.dtype)
+        bias = self._prompt_bias(mask, q.dtype)
         if attn_metadata.block_list is None:
             out = latent_prompt_attention(query, keys, bias, self.scale, self.slicing)
         else:
@@ -225,20 +225,17 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
             )
         output.copy_(out.reshape(output.shape))
 
+    def _prompt_bias(self, mask: PromptMask, dtype: torch.dtype) -> PromptBias:
+        return PromptBias(mask, dtype)
+
     def _context(
         self, cache: torch.Tensor, attn_metadata: HpuAttentionMetadata, batch_size: int
     ) -> LatentContext:
         """The pass's cached latents with this layer's W_UK and W_UV."""
-        assert attn_metadata.block_list is not None and attn_metadata.prompt_mask
         assert self.w_uk is not None and self.w_uv is not None, (
             "process_weights_after_loading has not run"
         )
-        # Shapes, not values: C = blocks per row, B = past keys per block.
-        num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
-        block_size = attn_metadata.prompt_mask.past_len // num_context_blocks
-        latent = gather_latent_context(
-            cache, attn_metadata.block_list, batch_size, block_size
-        )
+        latent = context_rows(cache, attn_metadata, batch_size)
         return LatentContext(latent, self.w_uk, self.w_uv)
 
     def forward_mqa(
@@ -254,12 +251,29 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         out = latent_decode_attention(
             query,
             kv_c_and_k_pe_cache,
-            attn_metadata.decode_blocks(),
+            self._decode_blocks(attn_metadata),
             self.scale,
             self.kv_lora_rank,
             self.decode_block_slice,
         )
         return out, None
+
+    def _decode_blocks(self, attn_metadata: HpuAttentionMetadata) -> DecodeBlocks:
+        return attn_metadata.decode_blocks()
+
+
+def context_rows(
+    cache: torch.Tensor, attn_metadata: HpuAttentionMetadata, batch_size: int
+) -> torch.Tensor:
+    """A prompt pass's cached context rows of a flat cache [slots, X] (the
+    latents, or DeepSeek-V3.2's indexer keys): [bs, C * B, X]."""
+    assert attn_metadata.block_list is not None and attn_metadata.prompt_mask
+    # Shapes, not values: C = blocks per row, B = past keys per block.
+    num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
+    block_size = attn_metadata.prompt_mask.past_len // num_context_blocks
+    return gather_latent_context(
+        cache, attn_metadata.block_list, batch_size, block_size
+    )
 
 
 def _refuse_unsupported(**settings: object) -> None:

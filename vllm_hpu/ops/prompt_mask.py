@@ -116,13 +116,16 @@ class PromptMask:
 @dataclass(frozen=True)
 class PromptBias:
     """A layer's additive score bias over a pass, made per tile: the mask (with
-    the layer's window or chunk), plus ALiBi when the layer has slopes."""
+    the layer's window or chunk, and the keys a sparse layer's indexer chose),
+    plus ALiBi when the layer has slopes."""
 
     mask: PromptMask
     dtype: torch.dtype  # of the bias; ALiBi's is always fp32
     sliding_window: int | None = None
     alibi_slopes: torch.Tensor | None = None  # [num_heads] fp32
     attention_chunk: int | None = None  # Llama 4's chunked local attention
+    # [bs, q, K] bool: the keys each query attends (DeepSeek-V3.2's top-k).
+    selected: torch.Tensor | None = None
 
     @property
     def causal(self) -> bool:
@@ -139,7 +142,10 @@ class PromptBias:
         tiles are merged (``ops/sliced_attention.py``)."""
         allowed = self.mask.allowed(
             queries, keys, self.sliding_window, self.attention_chunk
-        ).unsqueeze(1)
+        )
+        if self.selected is not None:
+            allowed = allowed & self.selected[:, queries, keys]
+        allowed = allowed.unsqueeze(1)
         dtype = torch.float32 if self.alibi_slopes is not None else self.dtype
         bias = torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
         if self.alibi_slopes is None:

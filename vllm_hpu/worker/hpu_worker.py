@@ -160,8 +160,7 @@ class HpuWorker(WorkerBase):
     def compile_or_warm_up_model(self) -> CompilationTimes:
         started = time.perf_counter()
         warm_up_model(self.runner, self._graph_mem())
-        self.runner.caps.eplb.after_warmup()
-        self.runner.start_step_trace()
+        self.runner.start_serving()
         # The seed is reset so that profiling does not shift seeded sampling.
         set_random_seed(self.model_config.seed)
         elapsed = time.perf_counter() - started
@@ -200,23 +199,19 @@ class HpuWorker(WorkerBase):
             pipeline.send(output)
             return None
         if output is not None:  # a step without sampling (pooling, no tokens)
-            self._eplb_step()
+            self.runner.end_engine_step()
         return output
 
     def execute_dummy_batch(self) -> None:
         self.runner.execute_dummy_batch()
-        self._eplb_step(is_dummy=True)
+        self.runner.end_engine_step(is_dummy=True)
 
     def sample_tokens(
         self, grammar_output: GrammarOutput | None
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         output = self.runner.sample_tokens(grammar_output)
-        self._eplb_step()
+        self.runner.end_engine_step()
         return output
-
-    def _eplb_step(self, is_dummy: bool = False) -> None:
-        """vLLM's EPLB counts engine steps (warmup's are not)."""
-        self.runner.caps.eplb.step(is_dummy)
 
     def synchronize_device(self) -> None:
         device.synchronize()

@@ -24,6 +24,7 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from vllm_hpu.attention.metadata import CacheGeometry
+from vllm_hpu.attention.sparse_mla import index_cache_spec
 from vllm_hpu.attention.windows import (
     full_attention_spec,
     hybrid_kv_cache,
@@ -60,6 +61,8 @@ def kv_cache_specs(
                 f"Layer {name} needs a {type(spec).__name__} cache, which the HPU "
                 "plugin does not support: only decoder attention models run here."
             )
+        if isinstance(spec, MLAAttentionSpec):
+            spec = index_cache_spec(spec, vllm_config)
         specs[name] = layer_spec(spec, block_size, hybrid)
     return specs
 

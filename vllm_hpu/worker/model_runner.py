@@ -427,10 +427,16 @@ class HpuModelRunner:
         next one (warmup's capture, within the graph memory budget)."""
         self.graphed_buckets.add((phase, bucket))
 
-    def start_step_trace(self) -> None:
-        """Record step shapes from now on (after warmup), if asked to."""
+    def start_serving(self) -> None:
+        """After warmup: record step shapes from now on, if asked to; EPLB
+        counts no load from warmup's passes."""
         if self.cache is not None:
             self.planner.start_trace(self.cache.num_blocks)
+        self.caps.eplb.after_warmup()
+
+    def end_engine_step(self, is_dummy: bool = False) -> None:
+        """An engine step is done (vLLM's EPLB counts them; warmup's are not)."""
+        self.caps.eplb.step(is_dummy)
 
     def synchronize(self) -> None:
         """Wait for the queued device work (it reads weights, adapters and

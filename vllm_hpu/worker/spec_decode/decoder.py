@@ -59,7 +59,7 @@ def make_proposer(runner: TargetRunner) -> Proposer:
     assert spec is not None and spec.method in SUPPORTED_METHODS
     if spec.method == "draft_model":
         return HpuDraftModelProposer(runner)
-    if spec.method == "eagle":
+    if spec.method in ("eagle", "mtp"):  # MTP layers read the states as EAGLE does
         return HpuEagleProposer(runner)
     if spec.method == "eagle3":
         return HpuEagle3Proposer(runner)

@@ -134,9 +134,10 @@ class HpuDraftModelProposer(Proposer):
 
     def _forward(
         self, forward_pass: ForwardPass, hidden_states: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(states to compute logits from, states the next decode reads:
-        None for a draft model, which reads only tokens)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(states to compute logits from, states the next decode reads): a
+        head returning one tensor reads it back (vLLM's rule for the MTP
+        layers that return no pair); a draft model reads only tokens."""
         inputs = {
             "input_ids": forward_pass.input_ids,
             "positions": forward_pass.positions,
@@ -145,7 +146,7 @@ class HpuDraftModelProposer(Proposer):
             inputs["hidden_states"] = hidden_states
         metadata = dict.fromkeys(self.layer_names, forward_pass.attn_metadata)
         output = self.graphed_model.run(forward_pass, inputs, metadata)
-        return output if isinstance(output, tuple) else (output, None)
+        return output if isinstance(output, tuple) else (output, output)
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
         """Write the pass's tokens into the draft's KV cache, unless the
@@ -259,7 +260,7 @@ class HpuDraftModelProposer(Proposer):
         hidden, next_carry = self._forward(forward_pass, hidden_in)
         logits = self.model.compute_logits(hidden[last])
         tokens[index] = logits.argmax(dim=-1)
-        if carry is not None and next_carry is not None:
+        if carry is not None:
             carry[index] = next_carry[last]
 
     def _draft_pass(self, seqs: list[ScheduledSeq]) -> ForwardPass:

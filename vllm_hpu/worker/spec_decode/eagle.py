@@ -1,6 +1,9 @@
-"""The ``eagle`` and ``eagle3`` proposers on the HPU runner: a draft head that
-reads the target's hidden states (EAGLE-1, e.g. vLLM's ``EagleLlamaForCausalLM``;
-EAGLE-3 heads read several of the target's layers, combined by their ``fc``).
+"""The ``eagle``, ``eagle3`` and ``mtp`` proposers on the HPU runner: a draft
+head that reads the target's hidden states (EAGLE-1, e.g. vLLM's
+``EagleLlamaForCausalLM``; EAGLE-3 heads read several of the target's layers,
+combined by their ``fc``; ``mtp``: the target's own multi-token-prediction
+layer, e.g. vLLM's ``DeepSeekMTP`` or ``Qwen3_5MTP``, loaded from the target's
+checkpoint and drafting as an EAGLE-1 head does).
 
 The head's KV at position ``p`` is computed from ``(token p + 1, target hidden
 state at p)`` and predicts token ``p + 2``, as in vLLM's ``EagleProposer``
@@ -51,23 +54,17 @@ class HpuEagleProposer(HpuDraftModelProposer):
         self._target_hidden: dict[int, tuple[int, torch.Tensor]] = {}
 
     def _load(self) -> Any:
-        """vLLM's loading of an EAGLE head, then the target's embeddings and
-        LM head shared where the checkpoint has none."""
+        """vLLM's loading of an EAGLE head or of the target's MTP layers."""
         spec = self.vllm_config.speculative_config
         assert spec is not None
-        model: Any
         with set_current_vllm_config(self.vllm_config):
-            model = get_model(
+            self.model = get_model(
                 vllm_config=self.vllm_config,
                 model_config=spec.draft_model_config,
                 load_config=get_draft_load_config(self.vllm_config),
             )
-        target = self.runner.get_model()
-        if not model.has_own_embed_tokens:
-            model.model.embed_tokens = target.model.embed_tokens
-        if not model.has_own_lm_head:
-            model.lm_head = target.lm_head
-        return model
+        share_target_weights(self.model, self.runner.get_model())
+        return self.model
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
         """Run the head over the pass's next tokens and the target's states;
@@ -105,6 +102,25 @@ class HpuEagleProposer(HpuDraftModelProposer):
             states.append(kept[position - start])
         self._target_hidden.clear()
         return torch.stack(states)
+
+
+def share_target_weights(model: Any, target: Any) -> None:
+    """The target's embeddings and LM head in the head, as vLLM's proposer
+    shares them (``_maybe_share_embeddings``, ``_maybe_share_lm_head``): an
+    MTP model (no ``has_own_*`` flags) always, an EAGLE head where its
+    checkpoint has none; each MTP layer's ``shared_head.head`` too."""
+    if not getattr(model, "has_own_embed_tokens", False):
+        model.model.embed_tokens = target.model.embed_tokens
+    if getattr(model, "has_own_lm_head", False):
+        return
+    model.lm_head = target.lm_head
+    layers = getattr(model.model, "layers", ())
+    if isinstance(layers, torch.nn.ModuleDict):  # DeepSeekMTP's, by layer index
+        layers = layers.values()
+    for layer in layers:
+        shared_head = getattr(layer, "shared_head", None)
+        if shared_head is not None and hasattr(shared_head, "head"):
+            shared_head.head = target.lm_head
 
 
 class HpuEagle3Proposer(HpuEagleProposer):
