@@ -137,6 +137,9 @@ def test_hybrid_tensor_parallel_with_sleep_matches_transformers() -> None:
         tensor_parallel_size=2,
         distributed_executor_backend="mp",
         enable_sleep_mode=True,
+        # Sharding is what this checks: compiled hybrids are tested in
+        # test_hybrid_families.py, and two workers compiling cost a minute.
+        enforce_eager=True,
     ) as llm:
         assert vllm_greedy(llm, prompts(name), MAX_TOKENS) == reference(name)
         for level in (1, 2):
