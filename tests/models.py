@@ -34,6 +34,9 @@ HYBRID_MODELS = (
     "tiny-qwen3.5-moe",
     "tiny-nemotron-h",
 )
+# DeepSeek-V3.2's sparse attention and DeepSeek-V3's MTP layer
+# (scripts/tiny_deepseek.py): tests/e2e/test_sparse_attention.py, test_spec_decode.py.
+DEEPSEEK_FAMILY_MODELS = ("tiny-deepseek-v32", "tiny-deepseek-v3-mtp")
 TINY_MODELS = (
     "tiny-llama",
     "tiny-qwen2",

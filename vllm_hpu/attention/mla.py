@@ -1,11 +1,9 @@
 """HpuMLABackend: vLLM's MLAAttention layers (DeepSeek-V2/V3) on a flat latent cache.
 
-vLLM's ``MLAAttention.forward_impl`` absorbs W_UK into decode queries and projects
-decode outputs through W_UV itself; our impl writes the latent cache, runs prompt
-tokens as MHA over their latents expanded through the same W_UK and W_UV (our own
-split of kv_b_proj), their cached context in latent space (queries absorbed) and
-decode tokens as flat MQA (``ops/mla_kernels.py``).
-"""
+vLLM's ``MLAAttention.forward_impl`` absorbs W_UK and W_UV for decode itself;
+our impl writes the latent cache, runs prompt tokens as MHA over latents
+expanded through our own split of kv_b_proj, cached context in latent space
+and decode tokens as flat MQA (``ops/mla_kernels.py``)."""
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -111,8 +109,7 @@ class HpuMLAPrefillBackend(MLAPrefillBackend):
 
 
 class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
-    """Latent cache writes, prompt MHA with cached context in latent space, flat
-    decode MQA."""
+    """Latent cache writes, prompt MHA, context in latent space, decode MQA."""
 
     def __init__(
         self,
@@ -156,9 +153,8 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         self.decode_block_slice = decode_block_slice()
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
-        """W_UK and W_UV for prompt passes, split from kv_b_proj as vLLM's
-        layer splits its own (views of an unquantized weight; a dequantized
-        copy otherwise)."""
+        """W_UK and W_UV for prompt passes, split from kv_b_proj as vLLM splits its own
+        (views of an unquantized weight, else a dequantized copy)."""
         self.w_uk, self.w_uv = split_kv_b_proj(
             self.kv_b_proj,
             act_dtype,
@@ -169,10 +165,8 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         )
 
     def _kv_b_proj(self, kv_c: torch.Tensor) -> torch.Tensor:
-        """kv_b_proj as decode and cached context apply it, in latent space:
-        through W_UK and W_UV (a quantized weight dequantized once), the
-        latents as they are, so a token's keys and values are the same in
-        every kind of pass. kv_c: [T, L] -> [T, N * (P + V)]."""
+        """kv_b_proj in latent space, through W_UK and W_UV, so a token's keys and
+        values are the same in every kind of pass. kv_c: [T, L] -> [T, N * (P + V)]."""
         assert self.w_uk is not None and self.w_uv is not None, (
             "process_weights_after_loading has not run"
         )

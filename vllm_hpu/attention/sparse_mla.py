@@ -1,14 +1,9 @@
-"""DeepSeek-V3.2's sparse MLA: the latent cache and kernels of ``mla.py``, each
-query attending only the ``index_topk`` keys its layer's indexer chose.
+"""DeepSeek-V3.2's sparse MLA: ``mla.py``'s cache and kernels, each query
+attending only the ``index_topk`` keys its layer's indexer chose.
 
-vLLM's MLA layer (``MultiHeadLatentAttentionWrapper``) calls its indexer before
-attending; ours (:class:`HpuSparseIndexer`, in place of vLLM's, whose fp8 CUDA
-kernels would also change which keys win) writes the indexer's key of each
-token into its own flat cache beside the latent one (``DeepseekV32IndexerCache``,
-kept in the model's dtype: :func:`index_cache_spec`), scores the keys each
-query may see (``ops/sparse_index.py``) and hands the choice to the layer's
-impl, which masks the rest out of its prompt and decode attention.
-"""
+Our indexer replaces vLLM's (whose fp8 CUDA kernels would also change which
+keys win): it keeps its keys in its own flat cache in the model's dtype and
+hands its choice to the layer's impl, which masks the rest out."""
 
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -82,8 +77,7 @@ class HpuSparseMLAImpl(HpuMLAImpl):
 
 
 class HpuSparseIndexer(torch.nn.Module):
-    """vLLM's ``Indexer`` (its weights and cache layer) run in the model's
-    dtype; each call leaves its choice of keys with the layer's impl."""
+    """vLLM's ``Indexer`` run in the model's dtype, its choice left with the impl."""
 
     def __init__(self, indexer: torch.nn.Module, impl: HpuSparseMLAImpl) -> None:
         super().__init__()
@@ -97,8 +91,7 @@ class HpuSparseIndexer(torch.nn.Module):
         positions: torch.Tensor,
         rotary_emb: torch.nn.Module,
     ) -> None:
-        """hidden_states [T, hidden]; q_c [T, q_lora_rank] (the query's
-        normed low-rank projection)."""
+        """hidden_states [T, hidden]; q_c [T, q_lora_rank] (normed low-rank query)."""
         query, key, weights = self._project(hidden_states, q_c, positions, rotary_emb)
         indexer: Any = self.indexer
         layers: Any = get_forward_context().attn_metadata
@@ -188,7 +181,6 @@ def index_cache_spec(
 
 
 def register_sparse_mla() -> None:
-    """Construct :class:`HpuMultiHeadLatentAttention` for vLLM's MLA layers
-    (idempotent: plugins load more than once)."""
+    """Construct :class:`HpuMultiHeadLatentAttention` for vLLM's MLA (idempotent)."""
     if MultiHeadLatentAttentionWrapper.__name__ not in op_registry_oot:
         MultiHeadLatentAttentionWrapper.register_oot(HpuMultiHeadLatentAttention)

@@ -1,12 +1,7 @@
-"""DeepSeek sparse attention's lightning indexer (DeepSeek-V3.2): each query
-scores the keys it may see with a few small heads of its own and attends only
-its ``index_topk`` best.
-
-Scores as transformers' ``DeepseekV32Indexer`` makes them, in fp32 (vLLM's CUDA
-kernels quantize queries and cached keys to fp8 first). The top-k runs over a
-pass's padded key axis, hidden keys at -inf, so every shape is the bucket's
-and a query with fewer visible keys than ``index_topk`` keeps all of them.
-"""
+"""DeepSeek-V3.2's lightning indexer: each query scores the keys it may see and
+attends only its ``index_topk`` best, scored as transformers'
+``DeepseekV32Indexer`` does, in fp32 (vLLM's CUDA kernels use fp8). The top-k
+runs over the bucket's padded key axis, hidden keys at -inf."""
 
 import torch
 
@@ -26,8 +21,7 @@ def index_scores(
 
 
 def top_k_keys(scores: torch.Tensor, visible: torch.Tensor, k: int) -> torch.Tensor:
-    """[..., K] bool: the ``k`` best-scored visible keys of the last axis (all
-    visible ones where fewer)."""
+    """[..., K] bool: the ``k`` best-scored visible keys (all where fewer)."""
     scores = scores.masked_fill(~visible, float("-inf"))
     index = scores.topk(min(k, scores.shape[-1]), dim=-1).indices
     return torch.zeros_like(visible).scatter_(-1, index, True) & visible
@@ -53,11 +47,9 @@ def decode_selection(
     blocks: DecodeBlocks,
     index_topk: int,
 ) -> torch.Tensor:
-    """A decode pass's chosen keys in its flat layout. query [bs, H, D],
-    weights [bs, H], cache [slots, D] (the indexer's keys) -> [P, block_size]
-    bool. Each block's keys are scored against its row's query; the rows'
-    keys are then ranked within each row (:func:`rank_within_rows`), so no
-    row holds an axis as long as the whole batch's keys."""
+    """A decode pass's chosen keys in its flat layout. query [bs, H, D], weights
+    [bs, H], cache [slots, D] -> [P, block_size] bool; keys are ranked within each
+    row, so no row holds an axis as long as the batch's keys."""
     num_blocks, block_size = blocks.block_bias.shape
     keys = gather_blocks(cache, blocks.block_list, block_size)  # [P, B, D]
     mapping = blocks.block_mapping.float()  # each block gets its row's query
@@ -65,7 +57,9 @@ def decode_selection(
     block_query = block_query.view(num_blocks, 1, -1, keys.shape[-1])
     block_weights = (mapping @ weights.float()).unsqueeze(1)
     scores = index_scores(block_query, block_weights, keys).flatten()
-    visible = torch.isfinite(blocks.block_bias).flatten()
+    # Hidden keys carry the dtype's most negative bias (attention/metadata.py).
+    hidden = torch.finfo(blocks.block_bias.dtype).min
+    visible = (blocks.block_bias > hidden).flatten()
     owner = blocks.block_groups.repeat_interleave(block_size)
     num_rows = blocks.block_mapping.shape[1] + 1  # and the padding blocks' sink row
     rank = rank_within_rows(

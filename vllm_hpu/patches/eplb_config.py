@@ -1,21 +1,15 @@
-"""``--enable-eplb`` on the HPU platform: vLLM's expert load balancing, its
-config accepted and completed as vLLM would on CUDA.
+"""``--enable-eplb`` on the HPU platform, its config completed as vLLM would on CUDA.
 
 Why: vLLM 0.32's ``ParallelConfig`` validator refuses EPLB on any platform but
-CUDA, ROCm and XPU ("Expert parallelism load balancing is only supported on
-CUDA devices..."), before a platform hook runs; the plugin runs it (routing
-onto physical experts and load recording in ops/fused_moe.py, the runner's
-steps in worker/capabilities/eplb.py, vLLM's own EplbState for the rest).
-How: while ``EngineArgs.create_engine_config`` builds the config, EPLB is off
-(and its redundant experts 0, which vLLM refuses without EPLB); on the
-finished config the plugin checks what the validator would have (expert
-parallelism on, more than one rank), then turns EPLB on with the user's EPLB
-config, its weight exchange over gloo with host staging (vLLM's choice where
-NIXL is missing) and synchronous rearrangement: vLLM's asynchronous mode moves
-weights on a second accelerator stream from a thread (torch.accelerator
-streams and device indices), which neither Gaudi's bridge nor emulation drives.
-Upstream change that removes it: the validator asking the platform whether it
-supports EPLB.
+CUDA, ROCm and XPU, before a platform hook runs; the plugin runs it
+(ops/fused_moe.py, worker/capabilities/eplb.py, vLLM's EplbState).
+How: EPLB is off while ``EngineArgs.create_engine_config`` builds the config;
+on the finished config the plugin checks what the validator would have, then
+turns EPLB on with the user's config, gloo weight exchange with host staging
+and synchronous rearrangement (the asynchronous mode needs a second
+accelerator stream driven from a thread, which neither Gaudi's bridge nor
+emulation offers).
+Upstream change that removes it: the validator asking the platform.
 """
 
 import dataclasses

@@ -128,10 +128,9 @@ def mxfp4_experts(
 
 
 class HpuInt4CheckpointMoEMethod(HpuQuantizedMoE, FusedMoEMethodBase):
-    """AutoAWQ or GPTQ experts, each expert's tensors stacked as the checkpoint
-    has them (input dimension first: ``is_transposed`` for vLLM's expert loader),
-    scales [E, groups, N]. ``quant_config`` is ``HpuAWQConfig`` or
-    ``HpuGPTQConfig``; a subclass names the tensors and dequantizes."""
+    """AutoAWQ or GPTQ experts stacked as the checkpoint has them (input dimension
+    first: ``is_transposed``), scales [E, groups, N]; a subclass names the
+    tensors and dequantizes."""
 
     def __init__(self, quant_config: Any, moe: FusedMoEConfig) -> None:
         super().__init__(moe)

@@ -1,12 +1,6 @@
-"""Data parallelism with a MoE model: each MoE layer exchanges tokens among the
-data-parallel ranks (distributed.py), so in every engine step each rank runs as
-many forward passes as the busiest one. A rank with fewer passes, or with none
-(vLLM's ``execute_dummy_batch``), adds idle ones: a padded decode pass of no
-request, whose writes land in the dummy block.
-
-Dense models need none of this: vLLM runs their data-parallel ranks as
-independent engines (``data_parallel_size`` is 1 in each).
-"""
+"""Data parallelism with a MoE model: MoE layers exchange tokens among the ranks,
+so each rank runs as many passes as the busiest one, adding idle padded decode
+passes (writing to the dummy block). Dense models run as independent engines."""
 
 from dataclasses import replace
 
@@ -79,12 +73,9 @@ class DataParallelPasses(PassAlignment):
     def align(
         self, passes: list[ForwardPass], cache: CacheGeometry
     ) -> list[ForwardPass]:
-        """The step's passes, then idle ones up to the busiest rank's count,
-        each told every rank's token count for its exchanges. Two all-reduces
-        on the host side of the data-parallel group, here on the host thread:
-        the passes in the device stream then run no collective of their own
-        but the exchanges (vLLM's per-pass agreement would share the group
-        with this thread's)."""
+        """The step's passes, then idle ones up to the busiest rank's count, each told
+        every rank's token count. The two all-reduces run here on the host thread, so
+        the passes in the device stream run no collective but the exchanges."""
         group = get_dp_group().cpu_group
         count = torch.tensor([len(passes)], dtype=torch.int64)
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)

@@ -1,16 +1,7 @@
-"""Expert load balancing (``--enable-eplb``): vLLM's own EPLB (its EplbState,
-policy and weight exchange, through the controller its GPU runner uses) at the
-plugin's hook points. The MoE layers' routing (ops/fused_moe.py::route) maps
-each token's experts onto physical replicas and counts their load; here:
-
-- load: the state is made before the model, which then registers its experts;
-- each pass: its real token count, so padding counts no load;
-- each engine step (the worker's ``sample_tokens``, ``execute_model`` of a
-  pooling model, ``execute_dummy_batch`` as a dummy step): vLLM's step, which
-  every ``step_interval`` steps rearranges the experts among the ranks. It
-  runs on the device stream, behind the step's passes and before the next
-  step's, which read the moved weights.
-"""
+"""Expert load balancing (``--enable-eplb``): vLLM's own EPLB (EplbState, policy,
+weight exchange) at the plugin's hooks: the state made before the model, each
+pass's real token count (padding counts no load), and each engine step vLLM's
+step, which rearranges the experts on the device stream, between passes."""
 
 from typing import Any
 

@@ -1,15 +1,12 @@
 """Routed experts returned with the output (``enable_return_routed_experts``,
-for RL frameworks that replay the routing): the expert ids the router chose
-for each token and MoE layer, through vLLM's own auxiliary-output connector
-(its capturer's buffer, block store and request bookkeeping).
+for RL frameworks that replay the routing), through vLLM's own auxiliary-output
+connector.
 
-vLLM's GPU runner captures one flat batch per step; the plugin runs a step as
-padded passes (prompts, decodes; with data parallelism every rank's tokens
-gathered). So each MoE layer's routing (ops/fused_moe.py::route, before any
-EPLB mapping: logical ids) lands in a pass buffer, this rank's real tokens are
-copied into the step's rows (vLLM's order: batch rows, each its scheduled
-tokens), and at the end of the step the rows go to vLLM's capturer, layer by
-layer, through sinks of its own capture protocol.
+vLLM's GPU runner captures one flat batch per step; the plugin runs padded
+passes (with data parallelism, every rank's tokens gathered). So each MoE
+layer's routing (logical ids, before EPLB) lands in a pass buffer, this rank's
+real tokens are copied into the step's rows in vLLM's order, and at the end of
+the step the rows go to vLLM's capturer, layer by layer.
 """
 
 import functools
@@ -57,8 +54,7 @@ class StepBatch:
 
 
 class RoutedExpertsOutput:
-    """What the runner asks of routed experts returned; without
-    enable_return_routed_experts (this class) a step's output carries none."""
+    """Routed experts returned; without the option a step's output has none."""
 
     def start(self, kv_cache_config: KVCacheConfig) -> None:
         pass
@@ -112,8 +108,7 @@ class RoutedExpertsCapture(RoutedExpertsOutput):
         self.step_ids = self._buffer(0)
 
     def start(self, kv_cache_config: KVCacheConfig) -> None:
-        """vLLM's connector, once the KV cache config is known; it binds its
-        capturer to the sinks."""
+        """vLLM's connector, once the KV cache config is known, bound to the sinks."""
         self.connector = AuxOutputWorkerConnector(
             vllm_config=self.vllm_config,
             model=self.sinks,
@@ -180,11 +175,9 @@ class RoutedExpertsCapture(RoutedExpertsOutput):
 
 @dataclass(frozen=True)
 class CaptureLayout:
-    """Where a pass's tokens sit among the rows a MoE layer routes: the pass
-    alone; with data parallelism every rank's pass, padded to the largest,
-    rank after rank; with sequence-parallel experts (EP with TP and DP) every
-    expert-parallel rank's share of its pass (ceil(n / tp) each, data-parallel
-    rank major)."""
+    """Where a pass's tokens sit among the rows a MoE layer routes: the pass alone;
+    with data parallelism every rank's padded pass, rank after rank; with
+    sequence-parallel experts each expert-parallel rank's ceil(n / tp) share."""
 
     dp_rank: int
     tp_size: int  # > 1 where the experts are sequence-parallel

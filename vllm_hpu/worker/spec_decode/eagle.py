@@ -1,26 +1,19 @@
-"""The ``eagle``, ``eagle3`` and ``mtp`` proposers on the HPU runner: a draft
-head that reads the target's hidden states (EAGLE-1, e.g. vLLM's
-``EagleLlamaForCausalLM``; EAGLE-3 heads read several of the target's layers,
-combined by their ``fc``; ``mtp``: the target's own multi-token-prediction
-layer, e.g. vLLM's ``DeepSeekMTP`` or ``Qwen3_5MTP``, loaded from the target's
-checkpoint and drafting as an EAGLE-1 head does).
+"""The ``eagle``, ``eagle3`` and ``mtp`` proposers: a draft head that reads the
+target's hidden states (EAGLE-3: several layers', combined by its ``fc``;
+``mtp``: the target's own multi-token-prediction layer, drafting as EAGLE-1).
 
-The head's KV at position ``p`` is computed from ``(token p + 1, target hidden
-state at p)`` and predicts token ``p + 2``, as in vLLM's ``EagleProposer``
-(vllm/v1/spec_decode/eagle.py and llm_base_proposer.py), whose CUDA-graph
-buffers and triton kernels are replaced by the plugin's passes, as for a draft
-model (``draft_model.py``):
+As in vLLM's ``EagleProposer``, the head's KV at position ``p`` comes from
+``(token p + 1, target hidden state at p)`` and predicts token ``p + 2``; the
+plugin's passes replace its CUDA-graph buffers, as for a draft model:
 
-1. Every target pass runs through the head with the same bucket and metadata,
-   its tokens shifted one to the left within each request and the target's
-   hidden states beside them. A request's last position waits for its next
-   token: known for a chunk inside a prompt, else sampled in this step.
-2. After sampling, each row's first decode runs at its last verified position
-   ``N - 2`` with the token sampled after it and the target's hidden state
-   there, then each draft with the head's own hidden state, greedily.
+1. every target pass runs through the head with the same bucket and metadata,
+   tokens shifted one to the left per request (a request's last position waits
+   for its next token: known inside a prompt, else sampled in this step);
+2. after sampling, each row's first decode runs at its last verified position
+   ``N - 2``, then each draft with the head's own hidden state, greedily.
 
-Every position the target computed and kept then holds the head's KV for the
-true next token, so prefix caching and preemption need nothing more.
+Every position the target kept then holds the head's KV for the true next
+token, so prefix caching and preemption need nothing more.
 """
 
 from dataclasses import replace
@@ -67,8 +60,7 @@ class HpuEagleProposer(HpuDraftModelProposer):
         return self.model
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
-        """Run the head over the pass's next tokens and the target's states;
-        keep each row's last states for its first decode."""
+        """Run the head over the pass; keep each row's last states."""
         for seq, last in zip(
             forward_pass.seqs, forward_pass.last_token_indices, strict=True
         ):
@@ -124,11 +116,9 @@ def share_target_weights(model: Any, target: Any) -> None:
 
 
 class HpuEagle3Proposer(HpuEagleProposer):
-    """EAGLE-3: the head reads the target's states at several layers (vLLM's
-    ``Eagle3LlamaForCausalLM`` and kin), which the target returns beside its
-    output once asked (``set_aux_hidden_state_layers``), combined by the
-    head's ``fc``; its logits cover the target's vocabulary (a smaller draft
-    vocabulary is mapped by the head's ``compute_logits``)."""
+    """EAGLE-3: the head reads the target's states at several layers (returned once
+    asked, ``set_aux_hidden_state_layers``), combined by its ``fc``; a smaller
+    draft vocabulary is mapped by the head's ``compute_logits``."""
 
     def _load(self) -> Any:
         model = super()._load()
