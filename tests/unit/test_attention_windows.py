@@ -110,16 +110,16 @@ def _vllm_config(
 
 def test_hybrid_manager_off_where_groups_cannot_run() -> None:
     plain = _vllm_config(None)
-    choose_kv_cache_manager(plain)
+    choose_kv_cache_manager(plain, None)
     assert plain.scheduler_config.disable_hybrid_kv_cache_manager is None
     speculative = _vllm_config(None, "ngram")
-    choose_kv_cache_manager(speculative)
+    choose_kv_cache_manager(speculative, None)
     assert speculative.scheduler_config.disable_hybrid_kv_cache_manager is True
     with pytest.raises(ValueError, match="speculative decoding"):
-        choose_kv_cache_manager(_vllm_config(False, "eagle"))
+        choose_kv_cache_manager(_vllm_config(False, "eagle"), False)
     # A hybrid's n-gram drafts verify on its state layers' groups.
     hybrid = _vllm_config(None, "ngram", is_hybrid=True)
-    choose_kv_cache_manager(hybrid)
+    choose_kv_cache_manager(hybrid, None)
     assert hybrid.scheduler_config.disable_hybrid_kv_cache_manager is None
 
 
@@ -127,13 +127,22 @@ def test_hybrid_manager_off_for_layers_of_two_head_sizes() -> None:
     """Gemma 4: vLLM would equal the pages of windowed heads of 256 and global
     heads of 512 with blocks of two sizes, which the runner cannot bucket."""
     same = _vllm_config(None, head_sizes=(256, 256))
-    choose_kv_cache_manager(same)
+    choose_kv_cache_manager(same, None)
     assert same.scheduler_config.disable_hybrid_kv_cache_manager is None
     mixed = _vllm_config(None, head_sizes=(256, 512, 256))
-    choose_kv_cache_manager(mixed)
+    choose_kv_cache_manager(mixed, None)
     assert mixed.scheduler_config.disable_hybrid_kv_cache_manager is True
     with pytest.raises(ValueError, match="different head sizes"):
-        choose_kv_cache_manager(_vllm_config(False, head_sizes=(256, 512)))
+        choose_kv_cache_manager(_vllm_config(False, head_sizes=(256, 512)), False)
+
+
+def test_hybrid_manager_choice_reads_the_users_not_the_field() -> None:
+    """vLLM writes its default (False) into the field after the first pass: the
+    engine core's pass must not take it for the user's
+    --no-disable-hybrid-kv-cache-manager."""
+    speculative = _vllm_config(False, "ngram")
+    choose_kv_cache_manager(speculative, None)
+    assert speculative.scheduler_config.disable_hybrid_kv_cache_manager is True
 
 
 class _Layer:

@@ -45,7 +45,7 @@ def _unsupported_features(vllm_config: "VllmConfig") -> dict[str, bool]:
 
     parallel = vllm_config.parallel_config
     cache_config = vllm_config.cache_config
-    asked = engine_args.requested_state_options
+    asked = engine_args.requested_options(vllm_config)
     speculative = vllm_config.speculative_config
     return {
         "speculative decoding other than n-gram drafts": (
@@ -62,10 +62,10 @@ def _unsupported_features(vllm_config: "VllmConfig") -> dict[str, bool]:
             parallel.pipeline_parallel_size > 1 or parallel.data_parallel_size > 1
         ),
         "--disable-hybrid-kv-cache-manager": bool(
-            vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
+            asked.disable_hybrid_kv_cache_manager
         ),
         "--mamba-block-size (states are kept per KV cache block)": (
-            asked.get("mamba_block_size") is not None
+            asked.mamba_block_size is not None
         ),
         "--prefix-match-unit (prefix hits land on whole state blocks)": (
             cache_config.prefix_match_unit is not None
@@ -90,7 +90,7 @@ def _no_prefix_caching_with_drafts(vllm_config: "VllmConfig") -> None:
     cache_config = vllm_config.cache_config
     if not cache_config.enable_prefix_caching:
         return
-    if engine_args.requested_state_options.get("enable_prefix_caching"):
+    if engine_args.requested_options(vllm_config).enable_prefix_caching:
         raise ValueError(
             "The HPU plugin does not support prefix caching with speculative "
             f"decoding on hybrid models ({vllm_config.model_config.architecture}) "
