@@ -24,10 +24,17 @@ allow_torchvision_import()
 from tiny_deepseek import DEEPSEEK_BUILDERS  # noqa: E402  (beside this script)
 from tiny_families import FAMILY_BUILDERS  # noqa: E402
 from tiny_gemma3 import build_gemma3  # noqa: E402
+from tiny_gemma4 import GEMMA4_BUILDERS  # noqa: E402
 from tiny_llama4_vision import build_llama4_vision  # noqa: E402
 from tiny_multimodal import build_llava, build_mistral3  # noqa: E402
 from tiny_mxfp4 import write_gpt_oss_mxfp4  # noqa: E402
+from tiny_nemotron_h import NEMOTRON_H_BUILDERS  # noqa: E402
 from tiny_qwen2_vl import build_qwen2_vl  # noqa: E402
+from tiny_qwen3_5 import (  # noqa: E402
+    QWEN3_5_BUILDERS,
+    build_qwen3_5_moe_vl,
+    build_qwen3_5_vl,
+)
 from tiny_qwen_vl import build_qwen2_5_vl, build_qwen3_vl  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
@@ -398,7 +405,8 @@ MODEL_SPECS.update(SEQUENCE_CLASSIFIERS)
 # ---- Multimodal models (issue 25) -------------------------------------------
 # LLaVA-1.5 style around the tiny Llama (scripts/tiny_multimodal.py), and
 # Qwen2-VL with M-RoPE (scripts/tiny_qwen2_vl.py), Qwen2.5-VL and Qwen3-VL
-# (scripts/tiny_qwen_vl.py), Mistral 3 (scripts/tiny_multimodal.py) and Gemma 3
+# (scripts/tiny_qwen_vl.py), Qwen3.5 and its MoE (scripts/tiny_qwen3_5.py),
+# Mistral 3 (scripts/tiny_multimodal.py) and Gemma 3
 # (scripts/tiny_gemma3.py), Llama 4 with its tiled vision tower
 # (scripts/tiny_llama4_vision.py); each written with its processor and chat
 # template.
@@ -410,6 +418,8 @@ MULTIMODAL_MODELS = {
     "tiny-mistral3": ("mistral3", GQA_SHAPE),
     "tiny-gemma3": ("gemma3", GQA_SHAPE),
     "tiny-llama4-vision": ("llama4", GQA_SHAPE),
+    "tiny-qwen3.5-vl": ("qwen3_5", GQA_SHAPE),
+    "tiny-qwen3.5-moe-vl": ("qwen3_5_moe", GQA_SHAPE),
 }
 MULTIMODAL_BUILDERS = {
     "llava": build_llava,
@@ -419,6 +429,8 @@ MULTIMODAL_BUILDERS = {
     "mistral3": build_mistral3,
     "gemma3": build_gemma3,
     "llama4": build_llama4_vision,
+    "qwen3_5": build_qwen3_5_vl,
+    "qwen3_5_moe": build_qwen3_5_moe_vl,
 }
 MODEL_SPECS.update(MULTIMODAL_MODELS)
 
@@ -426,7 +438,13 @@ MODEL_SPECS.update(MULTIMODAL_MODELS)
 # gpt-oss and Llama 4 (text), built with their own config classes
 # (scripts/tiny_families.py) around the tiny Llama's sizes; DeepSeek-V3.2's
 # sparse attention and DeepSeek-V3's MTP layer (scripts/tiny_deepseek.py).
-FAMILY_MODEL_BUILDERS = FAMILY_BUILDERS | DEEPSEEK_BUILDERS
+FAMILY_MODEL_BUILDERS = (
+    FAMILY_BUILDERS
+    | DEEPSEEK_BUILDERS
+    | QWEN3_5_BUILDERS
+    | NEMOTRON_H_BUILDERS
+    | GEMMA4_BUILDERS
+)
 FAMILY_MODELS = {name: ("", GQA_SHAPE) for name in FAMILY_MODEL_BUILDERS}
 MODEL_SPECS.update(FAMILY_MODELS)
 # gpt-oss as OpenAI ships it: tiny-gpt-oss's weights, its experts in MXFP4

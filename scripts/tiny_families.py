@@ -137,7 +137,7 @@ def build_granite4_h(
     conv width 4; four experts of which two per token beside the shared MLP;
     Granite's embedding, attention, residual and logits multipliers."""
     config = GraniteMoeHybridConfig(
-        **_hybrid_shape(shape, GRANITE_LAYERS) | {"num_attention_heads": 2},
+        **hybrid_shape(shape, GRANITE_LAYERS) | {"num_attention_heads": 2},
         num_key_value_heads=2,
         num_local_experts=4,
         num_experts_per_tok=2,
@@ -156,7 +156,7 @@ def build_granite4_h(
         logits_scaling=2.0,
         dtype="float32",
     )
-    _save_hybrid(GraniteMoeHybridForCausalLM(config), generation_config, init, out_dir)
+    save_hybrid(GraniteMoeHybridForCausalLM(config), generation_config, init, out_dir)
 
 
 def build_qwen3_next(
@@ -170,7 +170,7 @@ def build_qwen3_next(
     on a quarter of each head); four experts of which two per token beside the
     gated shared expert in every layer."""
     config = Qwen3NextConfig(
-        **_hybrid_shape(shape, QWEN3_NEXT_LAYERS),
+        **hybrid_shape(shape, QWEN3_NEXT_LAYERS),
         num_key_value_heads=2,
         head_dim=32,
         partial_rotary_factor=0.25,
@@ -185,10 +185,10 @@ def build_qwen3_next(
         shared_expert_intermediate_size=HYBRID_HIDDEN // 2,
         dtype="float32",
     )
-    _save_hybrid(Qwen3NextForCausalLM(config), generation_config, init, out_dir)
+    save_hybrid(Qwen3NextForCausalLM(config), generation_config, init, out_dir)
 
 
-def _hybrid_shape(shape: dict[str, Any], layer_types: list[str]) -> dict[str, Any]:
+def hybrid_shape(shape: dict[str, Any], layer_types: list[str]) -> dict[str, Any]:
     """The tiny Llama's vocabulary, positions and token ids; the hybrids' sizes
     (head sizes and KV heads are each builder's)."""
     kept = {k: v for k, v in shape.items() if k not in _PER_HYBRID}
@@ -205,7 +205,7 @@ def _hybrid_shape(shape: dict[str, Any], layer_types: list[str]) -> dict[str, An
 _PER_HYBRID = ("head_dim", "num_key_value_heads")
 
 
-def _save_hybrid(
+def save_hybrid(
     model: PreTrainedModel,
     generation_config: GenerationConfig,
     init: Init,
@@ -213,7 +213,8 @@ def _save_hybrid(
 ) -> None:
     """Initialise, slow the state layers' decay (module comment), save."""
     init(model)
-    generator = torch.Generator().manual_seed(len(model.config.layer_types))
+    num_layers = len(model.config.get_text_config().layer_types)
+    generator = torch.Generator().manual_seed(num_layers)
     for name, param in model.named_parameters():
         if name.endswith("A_log"):
             rate = torch.empty(param.shape).uniform_(

@@ -20,12 +20,20 @@ VARIANT_MODELS = (
     "tiny-llama-h40",
 )
 # Model families with their own attention and MoE pieces (issue 33): gpt-oss and
-# Llama 4 (text), scripts/tiny_families.py.
-FAMILY_MODELS = ("tiny-gpt-oss", "tiny-llama4")
+# Llama 4 (text), scripts/tiny_families.py; Gemma 4 (text), scripts/tiny_gemma4.py.
+FAMILY_MODELS = ("tiny-gpt-oss", "tiny-llama4", "tiny-gemma4")
 # Hybrid state-space families (issue 33, design_hybrid), same script: Granite-4.0-H
-# (Mamba2) and Qwen3-Next (gated delta-net), run by the plugin
+# (Mamba2) and Qwen3-Next (gated delta-net); Qwen3.5 dense and MoE (gated
+# delta-net, scripts/tiny_qwen3_5.py); Nemotron-H (Mamba2, MLP, MoE and attention
+# layers, scripts/tiny_nemotron_h.py), run by the plugin
 # (tests/e2e/test_hybrid_families.py) and by transformers.
-HYBRID_MODELS = ("tiny-granite-4.0-h", "tiny-qwen3-next")
+HYBRID_MODELS = (
+    "tiny-granite-4.0-h",
+    "tiny-qwen3-next",
+    "tiny-qwen3.5",
+    "tiny-qwen3.5-moe",
+    "tiny-nemotron-h",
+)
 # DeepSeek-V3.2's sparse attention and DeepSeek-V3's MTP layer
 # (scripts/tiny_deepseek.py): tests/e2e/test_sparse_attention.py, test_spec_decode.py.
 DEEPSEEK_FAMILY_MODELS = ("tiny-deepseek-v32", "tiny-deepseek-v3-mtp")
@@ -59,6 +67,8 @@ MULTIMODAL_MODELS = (
     "tiny-mistral3",
     "tiny-gemma3",
     "tiny-llama4-vision",
+    "tiny-qwen3.5-vl",
+    "tiny-qwen3.5-moe-vl",
 )
 # Built by the set-up too: a target's first layer, its speculative draft.
 DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}

@@ -53,7 +53,14 @@ def _say_why_inactive() -> None:
 
 def register_ops() -> None:
     """Register custom-op overrides and the attention backend (idempotent)."""
-    from vllm_hpu.patches import accelerator, engine_args, fp8_kernels, logprobs
+    from vllm_hpu.patches import (
+        accelerator,
+        engine_args,
+        fp8_kernels,
+        logprobs,
+        lora_moe,
+        moe_config,
+    )
 
     engine_args.accept_device_option()
     if register() is None:
@@ -85,6 +92,8 @@ def register_ops() -> None:
     fp8_kernels.register_block_fp8_kernel()
     fp8_kernels.keep_fp8_shard_scales()
     fp8_kernels.quantize_within_card_range()
+    moe_config.accept_non_gated_experts()
+    lora_moe.keep_moe_layers_without_lora()
     moe_configs.register()
     inc_config.register()
     weight_transfer.register()  # the "hpu" weight transfer backend

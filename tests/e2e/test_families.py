@@ -1,12 +1,15 @@
-"""gpt-oss and Llama 4 (text) generate transformers' greedy tokens, and each of
-their features changes those tokens.
+"""gpt-oss, Llama 4 and Gemma 4 (text) generate transformers' greedy tokens, and
+each of their features changes those tokens.
 
 gpt-oss: attention sinks, a sliding window on every other layer, biased experts
 with the clamped SwiGLU. Llama 4: chunked local attention, a NoPE layer with
 attention temperature tuning, top-1 experts weighted on their input, a shared
-expert. One engine per model serves every check: prompts of mixed lengths that
-cross the 40-token windows and chunks, split into chunks by a 48-token step
-budget, preempted by a 20-block cache, and a prefix-cache hit. Each feature is
+expert. Gemma 4: windowed and wider global layers (heads of 512), its last two
+layers attending over earlier layers' KV caches, per-layer input embeddings,
+experts beside the dense MLP. One engine per model serves every check: prompts
+of mixed lengths that cross the 40-token windows and chunks, split into chunks
+by a 48-token step budget, preempted by a 20-block cache, and a prefix-cache
+hit. Each feature is
 shown to matter: transformers with it turned off generates other tokens.
 """
 
@@ -40,7 +43,8 @@ PROMPT_SEED = 41
 # Without vLLM's hybrid KV cache manager, gpt-oss's windowed layers keep every
 # block, as where the runner cannot run KV cache groups (speculative decoding,
 # KV connectors): this keeps that route tested (test_window_blocks tests the
-# groups).
+# groups). Gemma 4's layers of two head sizes: the platform turns it off itself.
+PLATFORM_TURNS_OFF_GROUPS = ("tiny-gemma4",)
 SPECS = [
     engine_spec(
         name,
@@ -49,7 +53,9 @@ SPECS = [
         block_size=16,
         max_model_len=256,
         num_gpu_blocks_override=20,
-        disable_hybrid_kv_cache_manager=True,
+        disable_hybrid_kv_cache_manager=(
+            None if name in PLATFORM_TURNS_OFF_GROUPS else True
+        ),
         kv_cache_memory_bytes=None,
         max_num_batched_tokens=48,
         enable_chunked_prefill=True,
@@ -132,6 +138,26 @@ def routing_weights_on_output(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Llama4TextMoe, "forward", forward)
 
 
+def layers_sharing_kv(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [layer for layer in model.model.layers if layer.self_attn.is_kv_shared_layer]
+
+
+def no_attention_over_shared_kv(model: torch.nn.Module) -> None:
+    """Gemma 4's KV-sharing layers add nothing from the cache they share."""
+    for layer in layers_sharing_kv(model):
+        layer.self_attn.o_proj.weight.data.zero_()
+
+
+def no_per_layer_inputs(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.per_layer_projection.weight.data.zero_()
+
+
+def no_gemma4_experts(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.experts.down_proj.data.zero_()
+
+
 # The prompts of 61 and 140 tokens: both cross a window and a chunk, and reach
 # positions where the NoPE layer's temperature grows.
 ABLATION_PROMPTS = slice(2, 4)
@@ -155,6 +181,12 @@ ABLATIONS: dict[str, tuple[str, dict[str, Any], Callable | None, Callable | None
         "tiny-llama4", {}, None, routing_weights_on_output,
     ),
     "llama4 shared expert": ("tiny-llama4", {}, no_shared_expert, None),
+    "gemma4 sliding window": ("tiny-gemma4", {"sliding_window": 4096}, None, None),
+    "gemma4 attention over the shared KV cache": (
+        "tiny-gemma4", {}, no_attention_over_shared_kv, None,
+    ),
+    "gemma4 per-layer inputs": ("tiny-gemma4", {}, no_per_layer_inputs, None),
+    "gemma4 experts": ("tiny-gemma4", {}, no_gemma4_experts, None),
 }  # fmt: skip
 
 

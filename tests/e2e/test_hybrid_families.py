@@ -1,6 +1,6 @@
-"""Granite-4.0-H (Mamba2 layers) and Qwen3-Next (gated delta-net layers), each
-beside attention, generate transformers' greedy tokens through the plugin's
-state cache (design_hybrid steps 7 and 8).
+"""Granite-4.0-H and Nemotron-H (Mamba2 layers), Qwen3-Next and Qwen3.5 dense and
+MoE (gated delta-net layers), each beside attention, generate transformers'
+greedy tokens through the plugin's state cache (design_hybrid steps 7 and 8).
 
 One engine per model (Granite's compiled: nothing compiles after warmup):
 prompts of 1 to 140 tokens cross Granite's 16-token and the delta rule's
@@ -11,7 +11,9 @@ max_model_len request fits but the batch does not, forces preemptions. Prefix
 caching is on (vLLM's default; Mamba cache mode "align"): prompts are split at
 block boundaries, states are saved there, and a resumed request or one sharing
 a cached prefix restores its state from the hit's block. Each state layer's own
-term is shown to matter: transformers without it generates other tokens.
+term, Qwen3.5-MoE's shared expert and Nemotron-H's relu2 experts and their
+selection bias are shown to matter: transformers without them generates other
+tokens.
 """
 
 import functools
@@ -147,26 +149,56 @@ def no_skip_term(model: torch.nn.Module) -> None:
 
 
 def no_decay(model: torch.nn.Module) -> None:
-    """Qwen3-Next's delta rule with g = 0 (exp(A_log) ~ 0): nothing decays."""
+    """Qwen3-Next's (and Qwen3.5's) delta rule with g = 0 (exp(A_log) ~ 0):
+    nothing decays."""
     for layer in model.model.layers:
         linear_attn = getattr(layer, "linear_attn", None)
         if linear_attn is not None:
             linear_attn.A_log.data.fill_(-30.0)
 
 
-ABLATIONS: dict[str, Callable[[torch.nn.Module], None]] = {
-    "tiny-granite-4.0-h": no_skip_term,
-    "tiny-qwen3-next": no_decay,
+def no_shared_expert(model: torch.nn.Module) -> None:
+    """Qwen3.5-MoE's sigmoid-gated shared expert adds nothing."""
+    for layer in model.model.layers:
+        layer.mlp.shared_expert.down_proj.weight.data.zero_()
+
+
+def nemotron_moe_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [layer.mixer for layer in model.model.layers if hasattr(layer.mixer, "gate")]
+
+
+def no_routed_experts(model: torch.nn.Module) -> None:
+    """Nemotron-H's relu2 experts (back from their latent space) add nothing."""
+    for moe in nemotron_moe_layers(model):
+        moe.fc2_latent_proj.weight.data.zero_()
+
+
+def no_selection_bias(model: torch.nn.Module) -> None:
+    """Nemotron-H's experts chosen by their sigmoid scores alone."""
+    for moe in nemotron_moe_layers(model):
+        moe.gate.e_score_correction_bias.zero_()
+
+
+# name -> (model, weight edit)
+ABLATIONS: dict[str, tuple[str, Callable[[torch.nn.Module], None]]] = {
+    "granite-4.0-h mamba2 skip term": ("tiny-granite-4.0-h", no_skip_term),
+    "qwen3-next delta rule decay": ("tiny-qwen3-next", no_decay),
+    "qwen3.5 delta rule decay": ("tiny-qwen3.5", no_decay),
+    "qwen3.5-moe shared expert": ("tiny-qwen3.5-moe", no_shared_expert),
+    "nemotron-h routed experts": ("tiny-nemotron-h", no_routed_experts),
+    "nemotron-h expert selection bias": ("tiny-nemotron-h", no_selection_bias),
 }
 
 
-@pytest.mark.parametrize("name", HYBRID_MODELS)
-def test_hybrid_state_term_changes_the_tokens(name: str):
+# The prompts of 61 and 140 tokens: both cross a scan chunk.
+ABLATION_PROMPTS = slice(4, 6)
+
+
+@pytest.mark.parametrize("ablation", sorted(ABLATIONS))
+def test_hybrid_feature_changes_the_tokens(ablation: str):
+    name, edit = ABLATIONS[ablation]
+    longest = prompts(name)[ABLATION_PROMPTS]
     ablated = hf_greedy(
-        model_path(name),
-        prompts(name),
-        MAX_TOKENS,
-        torch.float32,
-        prepare=ABLATIONS[name],
+        model_path(name), longest, MAX_TOKENS, torch.float32, prepare=edit
     )
-    assert ablated != reference(name)
+    assert ablated != reference(name)[ABLATION_PROMPTS]

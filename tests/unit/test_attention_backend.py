@@ -56,7 +56,7 @@ def test_attention_backend_accepts_plain_decoder() -> None:
     check_supported(_config(block_size=None, kv_cache_dtype=None, dtype=torch.float32))
 
 
-@pytest.mark.parametrize("head_size", [32, 40, 72, 136, 256])
+@pytest.mark.parametrize("head_size", [32, 40, 72, 136, 256, 512])
 def test_attention_backend_accepts_windows_and_head_sizes(head_size: int) -> None:
     check_supported(_config(head_size=head_size, has_sliding_window=True))
 
@@ -97,7 +97,7 @@ def test_attention_backend_accepts_encoder_only_layers_for_pooling() -> None:
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype=fp8"),
         ({"head_size": 36}, "head size 36"),
         ({"head_size": 24}, "head size 24"),
-        ({"head_size": 264}, "head size 264"),
+        ({"head_size": 520}, "head size 520"),
         ({"block_size": 24}, "block size 24"),
     ],
 )

@@ -14,6 +14,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
     SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
 )
 
 from vllm_hpu.attention.windows import (
@@ -87,13 +88,23 @@ def test_sliding_window_keeps_its_spec_under_the_hybrid_manager() -> None:
     assert not isinstance(layer_spec(WINDOW, 16, hybrid=False), SlidingWindowSpec)
 
 
-def _vllm_config(disable: bool | None, speculative: object = None) -> Any:
+def _vllm_config(
+    disable: bool | None,
+    draft_method: str | None = None,
+    head_sizes: tuple = (),
+    is_hybrid: bool = False,
+) -> Any:
+    per_layer = [SimpleNamespace(head_dim=size) for size in head_sizes]
     return SimpleNamespace(
         scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=disable),
-        speculative_config=speculative,
+        speculative_config=draft_method and SimpleNamespace(method=draft_method),
         kv_transfer_config=None,
         parallel_config=SimpleNamespace(pipeline_parallel_size=1),
-        model_config=SimpleNamespace(attention_chunk_size=None),
+        model_config=SimpleNamespace(
+            is_hybrid=is_hybrid,
+            attention_chunk_size=None,
+            hf_text_config=SimpleNamespace(per_layer_config=per_layer),
+        ),
     )
 
 
@@ -101,25 +112,43 @@ def test_hybrid_manager_off_where_groups_cannot_run() -> None:
     plain = _vllm_config(None)
     choose_kv_cache_manager(plain, None)
     assert plain.scheduler_config.disable_hybrid_kv_cache_manager is None
-    speculative = _vllm_config(None, speculative=object())
+    speculative = _vllm_config(None, "ngram")
     choose_kv_cache_manager(speculative, None)
     assert speculative.scheduler_config.disable_hybrid_kv_cache_manager is True
     with pytest.raises(ValueError, match="speculative decoding"):
-        choose_kv_cache_manager(_vllm_config(False, speculative=object()), False)
+        choose_kv_cache_manager(_vllm_config(False, "eagle"), False)
+    # A hybrid's n-gram drafts verify on its state layers' groups.
+    hybrid = _vllm_config(None, "ngram", is_hybrid=True)
+    choose_kv_cache_manager(hybrid, None)
+    assert hybrid.scheduler_config.disable_hybrid_kv_cache_manager is None
+
+
+def test_hybrid_manager_off_for_layers_of_two_head_sizes() -> None:
+    """Gemma 4: vLLM would equal the pages of windowed heads of 256 and global
+    heads of 512 with blocks of two sizes, which the runner cannot bucket."""
+    same = _vllm_config(None, head_sizes=(256, 256))
+    choose_kv_cache_manager(same, None)
+    assert same.scheduler_config.disable_hybrid_kv_cache_manager is None
+    mixed = _vllm_config(None, head_sizes=(256, 512, 256))
+    choose_kv_cache_manager(mixed, None)
+    assert mixed.scheduler_config.disable_hybrid_kv_cache_manager is True
+    with pytest.raises(ValueError, match="different head sizes"):
+        choose_kv_cache_manager(_vllm_config(False, head_sizes=(256, 512)), False)
 
 
 def test_hybrid_manager_choice_reads_the_users_not_the_field() -> None:
     """vLLM writes its default (False) into the field after the first pass: the
     engine core's pass must not take it for the user's
     --no-disable-hybrid-kv-cache-manager."""
-    speculative = _vllm_config(False, speculative=object())
+    speculative = _vllm_config(False, "ngram")
     choose_kv_cache_manager(speculative, None)
     assert speculative.scheduler_config.disable_hybrid_kv_cache_manager is True
 
 
 class _Layer:
-    def __init__(self, window: int | None) -> None:
+    def __init__(self, window: int | None, kv_sharing_target: str | None = None):
         self.impl = SimpleNamespace(sliding_window=window)
+        self.kv_sharing_target_layer_name = kv_sharing_target
         self.kv_cache: Any = None
 
     def bind_kv_cache(self, kv_cache: Any) -> None:
@@ -151,7 +180,7 @@ def test_kv_cache_groups_share_caches_and_have_their_own_geometry() -> None:
     windowed, full = cache.group_geometries()
     assert (windowed.sliding_windows, windowed.full_attention) == ((40,), False)
     assert (full.sliding_windows, full.full_attention) == ((), True)
-    assert layer_groups(config) == {"l0": 0, "l2": 0, "l1": 1, "l3": 1}
+    assert layer_groups(config, {}) == {"l0": 0, "l2": 0, "l1": 1, "l3": 1}
 
 
 def test_decode_buckets_reach_past_the_cache_when_every_group_windows() -> None:
@@ -160,3 +189,28 @@ def test_decode_buckets_reach_past_the_cache_when_every_group_windows() -> None:
     windows_only = KVCacheConfig(6, [], [KVCacheGroupSpec(["l0", "l1"], WINDOW)])
     # Windows free blocks behind them: 8 tables of 512 tokens, null blocks too.
     assert reachable_decode_blocks(windows_only, 8, 512) == 8 * 32
+
+
+def test_kv_sharing_layers_read_their_targets_cache_and_group() -> None:
+    """Gemma 4's last layers have no spec (vLLM leaves them out of every group):
+    each is bound its target's cache and attends with its target's block table."""
+    layers, config = _gemma_like()
+    layers["l4"] = _Layer(40, kv_sharing_target="l2")
+    layers["l5"] = _Layer(None, kv_sharing_target="l1")
+    caches = bind_kv_caches(layers, config, torch.device("cpu"))
+    assert caches["l4"] is caches["l2"] and layers["l4"].kv_cache is caches["l2"]
+    assert caches["l5"] is caches["l1"] and layers["l5"].kv_cache is caches["l1"]
+    groups = layer_groups(config, layers)
+    assert (groups["l4"], groups["l5"]) == (0, 1)
+
+
+def test_one_group_of_two_head_sizes_binds_each_layer_its_own_shape() -> None:
+    wide = FullAttentionSpec(
+        block_size=16, num_kv_heads=2, head_size=16, dtype=torch.float32
+    )
+    group = KVCacheGroupSpec(
+        ["l0", "l1"], UniformTypeKVCacheSpecs(16, {"l0": FULL, "l1": wide})
+    )
+    layers = {"l0": _Layer(None), "l1": _Layer(None)}
+    caches = bind_kv_caches(layers, KVCacheConfig(6, [], [group]), torch.device("cpu"))
+    assert caches["l0"][0].shape[-1] == 8 and caches["l1"][0].shape[-1] == 16

@@ -20,8 +20,9 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
 
-from vllm_hpu.ops.activations import GATED_ACTIVATIONS
+from vllm_hpu.ops.activations import GATED_ACTIVATIONS, NON_GATED_ACTIVATIONS
 from vllm_hpu.ops.fused_moe import HpuUnquantizedFusedMoEMethod, check_supported
+from vllm_hpu.patches.moe_config import accept_non_gated_experts
 from vllm_hpu.quantization.moe_methods import check_layer, check_router
 
 
@@ -93,14 +94,13 @@ def test_unsupported_moe_configurations_are_refused(what):
 @pytest.mark.parametrize("activation", list(MoEActivation), ids=lambda a: a.value)
 def test_every_vllm_expert_activation_runs_or_is_refused(activation):
     """vLLM's whole list: a new upstream activation is refused until ops/moe.py
-    computes it, never run as another one."""
-    if not activation.is_gated:
-        # vLLM itself refuses ungated experts off CUDA, XPU and ROCm.
-        with pytest.raises(NotImplementedError, match="is_act_and_mul=False"):
-            moe_config(activation=activation)
-        return
+    computes it, never run as another one. Experts without a gate, which vLLM
+    builds only on CUDA, ROCm and XPU, are built here (patches/moe_config.py)
+    and run where ops/moe.py has their activation (Nemotron-H's relu2)."""
+    accept_non_gated_experts()  # as the plugin's register_ops does
+    runs = (*GATED_ACTIVATIONS, *NON_GATED_ACTIVATIONS)
     with set_current_vllm_config(VllmConfig()):
-        if activation.value in GATED_ACTIVATIONS:
+        if activation.value in runs:
             UnquantizedFusedMoEMethod(moe_config(activation=activation))
         else:
             with pytest.raises(ValueError, match=f"'{activation.value}' expert"):

@@ -57,15 +57,15 @@ def test_hybrid_caches_states_per_block_with_prefix_caching():
     assert ours.prefill_checkpoint_alignment is None
 
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 2}
 REFUSED = [
     ({"mamba_block_size": 64}, "--mamba-block-size"),
     ({"prefix_match_unit": 8}, "--prefix-match-unit"),
-    ({"enable_lora": True}, "LoRA"),
-    ({"enable_sleep_mode": True}, "sleep mode"),
     ({"disable_hybrid_kv_cache_manager": True}, "--disable-hybrid-kv-cache-manager"),
+    ({"pipeline_parallel_size": 2}, "pipeline or data parallelism"),
     (
-        {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
-        "speculative decoding",
+        {"speculative_config": NGRAM, "enable_prefix_caching": True},
+        "prefix caching with speculative decoding",
     ),
 ]
 
@@ -74,6 +74,36 @@ REFUSED = [
 def test_hybrid_refuses_unsupported_options(kwargs, feature):
     with pytest.raises(ValueError, match=rf"{feature}.*hybrid models"):
         _engine_config(model_path(GRANITE), **kwargs)
+
+
+def test_hybrid_drafts_keep_the_hybrid_manager_without_prefix_caching(vllm_log):
+    """n-gram drafts: prefix caching (vLLM's default) turned off, one state
+    per request, and the hybrid KV cache manager kept for the state layers'
+    groups; drafts of another kind are refused by name."""
+    from vllm_hpu.config.hybrid import configure_hybrid
+    from vllm_hpu.platform import HpuPlatform
+
+    config = _engine_config(
+        model_path(GRANITE), block_size=16, speculative_config=NGRAM
+    )
+    cache = config.cache_config
+    assert not cache.enable_prefix_caching
+    assert cache.mamba_cache_mode == "none"
+    assert not config.scheduler_config.disable_hybrid_kv_cache_manager
+    assert any("Prefix caching off" in m for m in vllm_log.messages())
+    config.speculative_config.method = "draft_model"
+    with pytest.raises(ValueError, match="other than n-gram drafts"):
+        configure_hybrid(config, HpuPlatform)
+
+
+def test_hybrid_takes_sleep_mode_lora_and_tensor_parallelism():
+    config = _engine_config(
+        model_path(GRANITE),
+        enable_sleep_mode=True,
+        enable_lora=True,
+        tensor_parallel_size=2,
+    )
+    assert config.model_config.enable_sleep_mode and config.lora_config is not None
 
 
 def test_block_grows_to_hold_a_larger_state_page(tmp_path):

@@ -2,6 +2,7 @@
 vLLM's own model classes size them, fit one 16-token attention block (fp32), so
 the engine keeps block size 16 (design_hybrid §5)."""
 
+import importlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,24 +16,37 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 BLOCK_SIZE = 16
 FP32_BYTES = 4
 MAX_MODEL_LEN = 256  # "none" mode: one state block spans the whole sequence
-# name -> (conv state shape, recurrent state shape): Granite's conv runs over
-# x, B and C (128 + 2 * 1 * 8), Qwen3-Next's over q, k and v (2*16 + 2*16 + 4*16).
+# name -> (conv state shape, recurrent state shape): the Mamba2 convs run over
+# x, B and C (128 + 2 * groups * 8: Granite 1 group, Nemotron-H 2), the
+# delta-net models' over q, k and v
+# (2*16 + 2*16 + 4*16).
 EXPECTED_SHAPES = {
     "tiny-granite-4.0-h": ((3, 144), (8, 16, 8)),
     "tiny-qwen3-next": ((3, 128), (4, 16, 16)),
+    "tiny-qwen3.5": ((3, 128), (4, 16, 16)),
+    "tiny-qwen3.5-moe": ((3, 128), (4, 16, 16)),
+    "tiny-nemotron-h": ((3, 160), (8, 16, 8)),
+}
+# name -> (state page bytes, attention kv heads * head size)
+PAGES = {
+    "tiny-granite-4.0-h": (5824, 64),
+    "tiny-qwen3-next": (5632, 64),
+    "tiny-qwen3.5": (5632, 128),
+    "tiny-qwen3.5-moe": (5632, 128),
+    "tiny-nemotron-h": (6016, 64),
+}
+MODEL_CLASSES = {
+    "tiny-granite-4.0-h": ("granitemoehybrid", "GraniteMoeHybridForCausalLM"),
+    "tiny-qwen3-next": ("qwen3_next", "Qwen3NextForCausalLM"),
+    "tiny-qwen3.5": ("qwen3_5", "Qwen3_5ForCausalLM"),
+    "tiny-qwen3.5-moe": ("qwen3_5", "Qwen3_5MoeForCausalLM"),
+    "tiny-nemotron-h": ("nemotron_h", "NemotronHForCausalLM"),
 }
 
 
 def _model_class(name: str) -> Any:
-    if name == "tiny-granite-4.0-h":
-        from vllm.model_executor.models.granitemoehybrid import (
-            GraniteMoeHybridForCausalLM,
-        )
-
-        return GraniteMoeHybridForCausalLM
-    from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
-
-    return Qwen3NextForCausalLM
+    module, cls = MODEL_CLASSES[name]
+    return getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), cls)
 
 
 def _vllm_config_view(name: str) -> SimpleNamespace:
@@ -44,7 +58,9 @@ def _vllm_config_view(name: str) -> SimpleNamespace:
         ),
         parallel_config=SimpleNamespace(tensor_parallel_size=1),
         cache_config=SimpleNamespace(
-            mamba_cache_dtype="auto", mamba_ssm_cache_dtype="auto"
+            mamba_cache_dtype="auto",
+            mamba_ssm_cache_dtype="auto",
+            use_replayssm=False,
         ),
         speculative_config=None,
         num_speculative_tokens=0,
@@ -69,8 +85,9 @@ def test_state_page_fits_one_attention_block(name: str) -> None:
         head_size=head_dim,
         dtype=torch.float32,
     ).page_size_bytes
-    assert state_page == {"tiny-granite-4.0-h": 5824, "tiny-qwen3-next": 5632}[name]
-    assert attention_page == 2 * BLOCK_SIZE * 64 * FP32_BYTES  # 64 = kv heads * head
+    expected_state_page, kv_width = PAGES[name]
+    assert state_page == expected_state_page
+    assert attention_page == 2 * BLOCK_SIZE * kv_width * FP32_BYTES
     assert state_page <= attention_page
 
 
@@ -106,4 +123,5 @@ def test_vllm_block_alignment_keeps_16_tokens_before_load(name: str) -> None:
     )
     HpuPlatform._align_hybrid_block_size(view, HpuAttentionBackend)
     assert cache_config.block_size == BLOCK_SIZE
-    assert cache_config.mamba_page_size_padded == 2 * BLOCK_SIZE * 64 * FP32_BYTES
+    kv_width = PAGES[name][1]
+    assert cache_config.mamba_page_size_padded == 2 * BLOCK_SIZE * kv_width * FP32_BYTES

@@ -1,4 +1,5 @@
-"""The flat KV cache: allocation, writes by slot, block gathers, block copies."""
+"""The flat KV cache: allocation, writes and reads by slot, block gathers, block
+copies."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from vllm_hpu.ops.kv_cache import (
     copy_blocks,
     gather_blocks,
     kv_cache_shape,
+    read_slots,
     write_to_cache,
 )
 
@@ -61,3 +63,14 @@ def test_kv_cache_copy_blocks_reads_all_sources_first() -> None:
                 gather_blocks(new, torch.tensor([3, 4]), block_size),
                 gather_blocks(old, torch.tensor([3, 4]), block_size),
             )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e4m3fn])
+def test_kv_cache_read_slots_returns_what_was_written(dtype: torch.dtype) -> None:
+    """A KV-sharing layer reads the keys its target wrote, upcast."""
+    cache, _ = allocate_kv_cache(3, 16, 2, 8, dtype, "cpu")
+    slots = torch.tensor([5, 40, 17, 63])
+    x = torch.randn(4, 2, 8)
+    write_to_cache(cache, slots, x)
+    expected = x.to(dtype).to(torch.float32)
+    torch.testing.assert_close(read_slots(cache, slots, torch.float32), expected)

@@ -156,6 +156,23 @@ def test_fused_experts_falls_back_to_dense_for_unaligned_sizes():
     torch.testing.assert_close(out, naive_moe(x, w13, w2, as_routes(weights, ids)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", [experts_grouped, experts_dense, fused_experts])
+def test_non_gated_relu2_experts_match_naive_loop(form, dtype):
+    """Nemotron-H's experts: w13 holds up only, relu(up)^2, down."""
+    x, w13, w2 = random_weights(dtype)
+    w13 = w13[:, :INTERMEDIATE_SIZE].contiguous()
+    ids = torch.tensor([[3, 0]] * (NUM_TOKENS - 1) + [[5, 3]])
+    weights = torch.rand(NUM_TOKENS, TOP_K)
+    out = form(x, w13, w2, weights, ids, "relu2_no_mul")
+    expected = torch.zeros(x.shape)
+    for t, route in enumerate(as_routes(weights, ids)):
+        for expert, weight in route.items():
+            up = x[t].float() @ w13[expert].float().t()
+            expected[t] += weight * (F.relu(up).square() @ w2[expert].float().t())
+    torch.testing.assert_close(out.float(), expected, **TOLERANCE[dtype])
+
+
 def naive_gpt_oss_moe(x, w13, w2, routes, extras: ExpertExtras) -> torch.Tensor:
     """gpt-oss's experts as transformers writes them: biased projections, gate and
     up interleaved, both clamped, (up + 1) * gate * sigmoid(alpha * gate)."""

@@ -117,6 +117,8 @@ def test_platform_rejects_unsupported_features_at_startup():
                 "kv_role": "kv_both",
             }
         )
+    with pytest.raises(ValueError, match="--kv-sharing-fast-prefill"):
+        _engine_config(kv_sharing_fast_prefill=True)
 
 
 def test_platform_offers_sleep_mode_and_refuses_it_with_a_draft_model():

@@ -64,11 +64,21 @@ class _AttentionLayer:
         self.kv_cache = kv_cache
 
 
-def _state_cache(max_num_seqs: int = 2) -> tuple[HpuStateCache, Any]:
+def _state_cache(
+    max_num_seqs: int = 2, num_speculative_tokens: int = 0
+) -> tuple[HpuStateCache, Any]:
     batch = SimpleNamespace(req_ids=[])
     layers = {"m0": _StateLayer(), "m2": _StateLayer()}
     specs = dict.fromkeys(layers, STATE)
-    return HpuStateCache(layers, specs, batch, max_num_seqs, CPU), batch
+    cache = HpuStateCache(
+        layers,
+        specs,
+        batch,
+        max_num_seqs,
+        CPU,
+        num_speculative_tokens=num_speculative_tokens,
+    )
+    return cache, batch
 
 
 def _step(finished=(), preempted=None, resumed=()) -> Any:
@@ -147,19 +157,30 @@ def test_kv_cache_helpers_pass_state_groups_by() -> None:
     attention = {"a1": layers["a1"]}
     caches = bind_kv_caches(attention, config, CPU)
     assert list(caches) == ["a1"]
-    assert layer_groups(config) == {"a1": 1}
+    assert layer_groups(config, {}) == {"a1": 1}
     cache = group_cache_geometry(attention, config, torch.float32, CPU)
     assert cache.block_size == 16  # state groups' 256-token blocks ignored
     assert [g.holds_states for g in cache.group_geometries()] == [True, False, True]
     assert reachable_decode_blocks(config, 8, 256) == 6
 
 
-def _pass(is_prompt: bool, seqs: list[ScheduledSeq], batch_size: int) -> Any:
+def _pass(
+    is_prompt: bool,
+    seqs: list[ScheduledSeq],
+    batch_size: int,
+    query_len: int = 1,
+    first_token_indices: list[int] | None = None,
+) -> Any:
+    """A planned pass; ``query_len`` > 1 without a prompt: a verification."""
+    num_tokens = batch_size * query_len
     return SimpleNamespace(
         is_prompt=is_prompt,
         seqs=seqs,
-        bucket=SimpleNamespace(batch_size=batch_size),
+        bucket=SimpleNamespace(batch_size=batch_size, query_len=query_len),
+        first_token_indices=first_token_indices or list(range(len(seqs))),
+        num_tokens=num_tokens,
         state_metadata=None,
+        state_checkpoints=None,
     )
 
 
@@ -201,3 +222,82 @@ def test_worker_leaves_the_state_slots_out_of_the_kv_cache_budget() -> None:
     worker.cache_config = SimpleNamespace(kv_cache_memory_bytes=1 << 20)
     worker.model_runner = SimpleNamespace(kv_cache_share=cache.kv_cache_share)
     assert worker.determine_available_memory() == (1 << 20) - cache.num_bytes
+
+
+def test_verification_keeps_a_snapshot_per_token_and_resumes_the_accepted() -> None:
+    """Three drafts: a verification row of 4 tokens steps its slot token by
+    token, keeping each state in its own snapshot page; the next pass copies
+    the snapshot of the last accepted token (vLLM resumed the request right
+    after it) into the slot."""
+    cache, batch = _state_cache(max_num_seqs=2, num_speculative_tokens=3)
+    assert cache.slots.num_pages == 3 + 2 * 4
+    page = 4 * (3 * 144 + 8 * 16 * 8)
+    assert cache.num_bytes == 2 * 11 * page
+    batch.req_ids = ["a", "b"]
+    cache.after_update()
+    # a: last token and 3 drafts at flat 0..3; b: no drafts, at flat 4.
+    verify = _pass(False, [_seq(0, 40, 4), _seq(1, 9, 1)], 2, 4, [0, 4])
+    cache.add_metadata([verify])
+    rows = verify.state_metadata.verify
+    assert rows.tokens.tolist()[:2] == [[0, 1, 2, 3], [4, 8, 8, 8]]
+    assert rows.slots.tolist()[:2] == [[0, 0, 0, 0], [1, 2, 2, 2]]
+    assert rows.snapshots.tolist()[:2] == [[3, 4, 5, 6], [7, 2, 2, 2]]
+    assert rows.tokens.shape == (8, 4) and (rows.slots[2:] == 2).all()
+    assert verify.state_metadata.accepted is None
+    cache.allocate()
+    conv = cache.layers["m0"].kv_cache[0]
+    conv[5].fill_(7.0)  # a's state after its second draft
+    # a accepted 2 drafts: it resumes at 40 + 3; b at 10.
+    decode = _pass(False, [_seq(0, 43, 1), _seq(1, 10, 1)], 2)
+    cache.add_metadata([decode])
+    accepted = decode.state_metadata.accepted
+    assert (accepted.src.tolist(), accepted.dst.tolist()) == ([5, 7], [0, 1])
+    cache.before_pass(decode)
+    assert (conv[0] == 7.0).all()
+
+
+def test_verified_request_preempted_forgets_its_snapshots() -> None:
+    cache, batch = _state_cache(max_num_seqs=2, num_speculative_tokens=1)
+    batch.req_ids = ["a"]
+    cache.after_update()
+    cache.add_metadata([_pass(False, [_seq(0, 20, 2)], 1, 2)])
+    cache.before_update(_step(preempted={"a"}))
+    cache.after_update()
+    prompt = _pass(True, [_seq(0, 0, 16)], 1)
+    cache.add_metadata([prompt])
+    assert prompt.state_metadata.accepted is None
+
+
+def test_verify_steps_run_each_row_token_by_token() -> None:
+    """attention/state_layers.verify_steps with a running sum for a state
+    layer: token j of a row sees the sum up to it, which snapshot j keeps."""
+    from vllm_hpu.attention.state_layers import verify_steps
+    from vllm_hpu.attention.state_metadata import HpuStateMetadata, VerifyRows
+
+    state = torch.zeros(6, 2)  # slots 0-1, dummy 2, snapshots 3-5 of slot 0
+
+    def add(x: torch.Tensor, metadata: Any) -> torch.Tensor:
+        slots = metadata.state_slots
+        state.index_add_(0, slots, x)
+        return state.index_select(0, slots).clone()
+
+    tokens = torch.tensor([[1, 2, 3], [0, 5, 5]])  # row 1: one token; 5 is none
+    metadata = HpuStateMetadata(
+        is_prompt=False,
+        state_slots=torch.tensor([0, 1]),
+        has_initial_state=torch.tensor([True, True]),
+        query_lens=torch.tensor([3, 1]),
+        verify=VerifyRows(
+            tokens=tokens,
+            slots=torch.tensor([[0, 0, 0], [1, 2, 2]]),
+            snapshots=torch.tensor([[3, 4, 5], [2, 2, 2]]),
+        ),
+    )
+    x = torch.arange(10.0).view(5, 2)
+    out = verify_steps([state], metadata, add, x)
+    sums = x[1:4].cumsum(0)
+    torch.testing.assert_close(out[1:4], sums)
+    torch.testing.assert_close(state[3:6], sums)  # the snapshots
+    torch.testing.assert_close(out[0], x[0])
+    torch.testing.assert_close(state[1], x[0])
+    assert (out[4] == 0).all()  # padding

@@ -78,6 +78,7 @@ def _pass(seqs: list[ScheduledSeq]) -> Any:
         is_prompt=True,
         seqs=seqs,
         bucket=SimpleNamespace(batch_size=len(seqs) + 1),
+        first_token_indices=[32 * row for row in range(len(seqs))],
         state_metadata=None,
         state_checkpoints=None,
     )

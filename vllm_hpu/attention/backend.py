@@ -26,7 +26,7 @@ from vllm_hpu.attention.inc_modules import (
 )
 from vllm_hpu.attention.metadata import HpuAttentionMetadata
 from vllm_hpu.ops.attention_kernels import AttentionKernels
-from vllm_hpu.ops.kv_cache import kv_cache_shape
+from vllm_hpu.ops.kv_cache import kv_cache_shape, read_slots
 from vllm_hpu.ops.layer_options import (
     binding_window,
     decode_block_slice,
@@ -50,7 +50,8 @@ BLOCK_SIZE_MULTIPLE = 16
 PREFERRED_BLOCK_SIZE = 128  # platform.DEFAULT_BLOCK_SIZE: Gaudi's MME tile
 # The flat kernels are plain torch: any head size runs; the fused prompt kernel
 # takes fewer (ops.prompt_attention.FUSED_SDPA_HEAD_SIZES), the rest run plain.
-SUPPORTED_HEAD_SIZES = list(range(32, 257, 8))
+# 512: Gemma 4's global layers.
+SUPPORTED_HEAD_SIZES = list(range(32, 513, 8))
 # Encoder-only: decoder models run bidirectionally for pooling (is_causal=False).
 SUPPORTED_ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
 
@@ -123,7 +124,7 @@ def check_supported(attn_selector_config: "AttentionSelectorConfig") -> None:
         (
             not HpuAttentionBackend.supports_head_size(config.head_size),
             f"head size {config.head_size}",
-            "use a model whose head size is a multiple of 8 from 32 to 256",
+            "use a model whose head size is a multiple of 8 from 32 to 512",
         ),
         *cache_problems(config, HpuAttentionBackend),
     ]
@@ -276,6 +277,12 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         if self.kv_sharing_target_layer_name is None:
             self.k_cache(key, key_cache, attn_metadata.slot_mapping)
             self.v_cache(value, value_cache, attn_metadata.slot_mapping)
+        elif attn_metadata.is_prompt:
+            # The layer whose cache this one shares wrote the pass's keys.
+            key, value = (
+                read_slots(cache, attn_metadata.slot_mapping, query.dtype)
+                for cache in kv_cache
+            )
         kernels = self._kernels()
         chunk = attention_chunk(layer)
         if attn_metadata.is_prompt:

@@ -6,9 +6,11 @@ Mamba2 / GDN metadata. The subclasses here keep everything else of the layers
 (projections, gated norms, weight loading, state specs) and replace only that
 core with the plain-torch ops of ``ops/mamba.py`` and ``ops/gated_delta.py``
 over the runner's padded passes, reading ``HpuStateMetadata``
-(attention/state_metadata.py) from the forward context.
+(attention/state_metadata.py) from the forward context. A verification pass
+(speculative decoding) runs as one decode step per draft position.
 """
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import cast
 
@@ -64,6 +66,8 @@ class HpuMambaMixer2(MambaMixer2):
         )
         if metadata.is_prompt:
             y = self._prompt(xbc, dt, metadata)
+        elif metadata.verify is not None:
+            y = verify_steps(self.kv_cache, metadata, self._decode, xbc, dt)
         else:
             y = self._decode(xbc, dt, metadata)
         output.copy_(y.reshape(output.shape))
@@ -150,6 +154,20 @@ class HpuQwenGatedDeltaNet(QwenGatedDeltaNetAttention):
         ``core_attn_out [num_tokens, v_heads, dv]`` and updates each row's
         conv and recurrent state in its slot."""
         metadata = _state_metadata(self.prefix)
+        if metadata.verify is not None:
+            out = verify_steps(self.kv_cache, metadata, self._rows, mixed_qkv, b, a)
+        else:
+            out = self._rows(mixed_qkv, b, a, metadata)
+        core_attn_out.copy_(out.reshape(core_attn_out.shape))
+
+    def _rows(
+        self,
+        mixed_qkv: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        metadata: HpuStateMetadata,
+    ) -> torch.Tensor:
+        """The pass's prompt or decode rows; ``[num_tokens, v_heads, dv]``."""
         num_rows = metadata.state_slots.shape[0]
         # Prompt rows [B, Q]; decode rows [B].
         rows: tuple[int, ...] = (num_rows, mixed_qkv.shape[0] // num_rows)
@@ -177,9 +195,8 @@ class HpuQwenGatedDeltaNet(QwenGatedDeltaNetAttention):
             out = chunk_gated_delta_rule(
                 q, k, v, g, beta, state, slots, initial, metadata.query_lens
             )
-        else:
-            out = gated_delta_step(q, k, v, g, beta, state, slots, initial)
-        core_attn_out.copy_(out.reshape(core_attn_out.shape))
+            return out.flatten(0, 1)
+        return gated_delta_step(q, k, v, g, beta, state, slots, initial)
 
     def _conv(
         self,
@@ -210,6 +227,35 @@ class HpuQwenGatedDeltaNet(QwenGatedDeltaNetAttention):
             metadata.has_initial_state,
             self.activation,
         )
+
+
+def verify_steps(
+    kv_cache: Sequence[torch.Tensor],
+    metadata: HpuStateMetadata,
+    step: Callable[..., torch.Tensor],
+    *inputs: torch.Tensor,
+) -> torch.Tensor:
+    """A verification pass as ``Q`` decode steps: step ``j`` runs each row's
+    ``j``-th token (``inputs [num_tokens, ...]``, gathered) on its slot, then
+    keeps every slot's page (conv and recurrent state) in its snapshot, so
+    the next step resumes from the last accepted token's. Returns the step
+    outputs at their tokens, ``[num_tokens, ...]``."""
+    verify = metadata.verify
+    assert verify is not None
+    num_tokens = inputs[0].shape[0]
+    padded = [torch.cat([x, x.new_zeros((1, *x.shape[1:]))]) for x in inputs]
+    out: torch.Tensor | None = None
+    for j in range(verify.tokens.shape[1]):
+        index, slots = verify.tokens[:, j], verify.slots[:, j]
+        rows = [x.index_select(0, index) for x in padded]
+        y = step(*rows, replace(metadata, state_slots=slots, verify=None))
+        for cache in kv_cache:
+            cache.index_copy_(0, verify.snapshots[:, j], cache.index_select(0, slots))
+        if out is None:
+            out = y.new_zeros((num_tokens + 1, *y.shape[1:]))
+        out.index_copy_(0, index, y)
+    assert out is not None
+    return out[:num_tokens]
 
 
 def _state_metadata(layer_name: str) -> HpuStateMetadata:

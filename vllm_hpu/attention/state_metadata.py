@@ -3,13 +3,16 @@ place of vLLM's Mamba2 metadata: each padded row's state slot, whether it
 continues a state, and (prompt passes) how many of its tokens are real.
 
 Rows are the pass's rows: prompt row ``i`` holds tokens ``i*Q .. i*Q + Q - 1``
-of the flat ``[B*Q]`` pass, decode row ``i`` token ``i``. Padding rows read
-no state and write the dummy slot. Tensors only (besides the phase), so a
+of the flat ``[B*Q]`` pass, decode row ``i`` token ``i``; a verification pass
+(speculative decoding) lists each row's tokens (``VerifyRows``). Padding rows
+read no state and write the dummy slot. Tensors only (besides the phase), so a
 bucket's shapes fix the graph.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -21,6 +24,31 @@ class HpuStateMetadata:
     # else its slot may hold a previous owner's state, read as zeros.
     has_initial_state: torch.Tensor
     query_lens: torch.Tensor  # [B] long: real tokens per row; padding rows 0
+    verify: "VerifyRows | None" = None  # a verification pass's rows
+    # Speculative decoding: each slot takes the snapshot of its request's last
+    # accepted token before the pass (state_cache.py); None when none does.
+    accepted: "SlotCopies | None" = None
+
+
+@dataclass(frozen=True)
+class VerifyRows:
+    """A verification pass token by token: row ``r``'s ``j``-th token (its
+    last sampled token, then its drafts) sits at flat index ``tokens[r, j]``
+    (the pass's token count where it has none), steps the state in
+    ``slots[r, j]`` (its request's slot, else the dummy slot), and the state
+    after it is kept in ``snapshots[r, j]``, a page of its own per draft."""
+
+    tokens: torch.Tensor  # [R, Q] long
+    slots: torch.Tensor  # [R, Q] long
+    snapshots: torch.Tensor  # [R, Q] long
+
+
+@dataclass(frozen=True)
+class SlotCopies:
+    """Whole-page copies ``src[i] -> dst[i]`` between state slots."""
+
+    src: torch.Tensor  # [n] long
+    dst: torch.Tensor  # [n] long
 
 
 @dataclass(frozen=True)
@@ -30,6 +58,7 @@ class StateRow:
     slot: int
     num_computed_tokens: int
     num_scheduled_tokens: int
+    first_token_index: int = 0  # in the flat pass (verification passes)
 
 
 def build_state_metadata(
@@ -51,6 +80,29 @@ def build_state_metadata(
             has_initial, dtype=torch.bool, device=torch_device
         ),
         query_lens=torch.tensor(query_lens, dtype=torch.long, device=torch_device),
+    )
+
+
+def build_verify_rows(
+    rows: list[StateRow],
+    shape: tuple[int, int, int],
+    dummy_slot: int,
+    snapshot: Callable[[int, int], int],
+    torch_device: torch.device,
+) -> VerifyRows:
+    """``shape``: (rows ``R``, tokens per row ``Q``, the pass's tokens ``N``);
+    ``snapshot(slot, j)``: the page keeping a slot's state after token j."""
+    num_rows, num_queries, num_tokens = shape
+    tokens = np.full((num_rows, num_queries), num_tokens, dtype=np.int64)
+    slots = np.full_like(tokens, dummy_slot)
+    snapshots = np.full_like(tokens, dummy_slot)
+    for r, row in enumerate(rows):
+        count = row.num_scheduled_tokens
+        tokens[r, :count] = row.first_token_index + np.arange(count)
+        slots[r, :count] = row.slot
+        snapshots[r, :count] = [snapshot(row.slot, j) for j in range(count)]
+    return VerifyRows(
+        *(torch.from_numpy(t).to(torch_device) for t in (tokens, slots, snapshots))
     )
 
 

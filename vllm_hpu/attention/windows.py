@@ -7,8 +7,9 @@ cache groups of their own, with their own block tables, and the blocks that fall
 out of a window are freed for other requests (the block table keeps vLLM's null
 block, id 0, in their place; the layers' masks hide it). Where the runner cannot
 run groups yet (speculative decoding, KV connectors, pipeline stages, chunked
-local attention), the platform turns the hybrid manager off and windowed and
-chunked layers get a full-attention spec: one block table, every block kept.
+local attention, layers of different head sizes), the platform turns the hybrid
+manager off and windowed and chunked layers get a full-attention spec: one
+block table, every block kept.
 """
 
 from collections.abc import Iterable
@@ -53,15 +54,33 @@ def groups_unsupported(vllm_config: VllmConfig) -> str | None:
     from vllm_hpu.kv_transfer.connectors import has_kv_connector
 
     model_config = vllm_config.model_config
-    if vllm_config.speculative_config is not None:
+    speculative = vllm_config.speculative_config
+    # A hybrid's state layers need their groups: its n-gram drafts run there.
+    if speculative is not None and not (
+        speculative.method == "ngram"
+        and model_config is not None
+        and model_config.is_hybrid
+    ):
         return "speculative decoding"
     if has_kv_connector(vllm_config):
         return "a KV connector"
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         return "pipeline parallelism"
-    if model_config is not None and model_config.attention_chunk_size is not None:
+    if model_config is None:
+        return None
+    if model_config.attention_chunk_size is not None:
         return "chunked local attention"
+    if len(layer_head_sizes(model_config.hf_text_config)) > 1:
+        # vLLM would equal the groups' pages with blocks of several sizes.
+        return "attention layers of different head sizes"
     return None
+
+
+def layer_head_sizes(text_config: object) -> set[int]:
+    """The head sizes a config gives its layers one by one (Gemma 4's global
+    layers are wider than its windowed ones); empty where it gives none."""
+    per_layer = getattr(text_config, "per_layer_config", None) or ()
+    return {size for layer in per_layer if (size := getattr(layer, "head_dim", None))}
 
 
 def choose_kv_cache_manager(vllm_config: VllmConfig, asked: bool | None) -> None:

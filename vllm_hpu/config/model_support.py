@@ -14,22 +14,27 @@ if TYPE_CHECKING:
     from vllm.config import ModelConfig, VllmConfig
     from vllm.model_executor.models.registry import _ModelInfo
 
+# The hybrids whose state layers (Mamba2, gated delta-net) the plugin runs.
+_VALIDATED_HYBRIDS = "Granite-4.0-H, Nemotron-H, Qwen3-Next or Qwen3.5"
 # Checked in this order: the first missing piece is the one named.
 _MISSING_PIECES = (
     (
         "is_attention_free",
-        "is a state-space model (Mamba-style); it needs a Mamba state cache, "
-        "which the HPU plugin lacks: use an attention model",
+        "is a state-space model (Mamba-style) without attention layers; the HPU "
+        "plugin runs state layers only beside attention, in the hybrids it "
+        f"validated: use {_VALIDATED_HYBRIDS}, or an attention model",
     ),
     (
         "is_hybrid",
-        "mixes attention with Mamba or linear-attention layers; those need a "
-        "state cache, which the HPU plugin lacks: use an attention-only model",
+        "mixes attention with Mamba or linear-attention layers the HPU plugin "
+        "has not validated (it runs Mamba2 and gated delta-net layers, in the "
+        f"hybrids it validated): use {_VALIDATED_HYBRIDS}, or an attention-only "
+        "model",
     ),
     (
         "has_inner_state",
-        "keeps a recurrent state between steps, which the HPU plugin has no "
-        "cache for: use an attention model",
+        "keeps a recurrent state between steps in layers the HPU plugin has not "
+        f"validated: use {_VALIDATED_HYBRIDS}, or an attention model",
     ),
     (
         "supports_transcription",
@@ -44,11 +49,17 @@ _MISSING_PIECES = (
 )
 # Hybrid classes whose state layers (Mamba2, gated delta-net) have HPU versions
 # (attention/state_layers.py) and whose generations were validated end to end against
-# transformers: the state-cache refusals above do not apply to them. Granite-4.0-H
-# and Qwen3-Next are the candidates (design_hybrid); each is listed once its
-# layer runs.
+# transformers: the state-cache refusals above do not apply to them.
 RUNNABLE_HYBRID_ARCHS = frozenset(
-    {"GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM"}
+    {
+        "GraniteMoeHybridForCausalLM",
+        "Qwen3NextForCausalLM",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM",
+        "NemotronHForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+    }
 )
 _STATE_FLAGS = ("is_hybrid", "has_inner_state")
 # DeepSeek-V4 shares only the lightning indexer's scoring with V3.2's sparse
@@ -91,13 +102,28 @@ FED_MULTIMODAL_ARCHS = frozenset(
         # Tiled tower with a 2-D rotary embedding and pixel shuffle: passes
         # bucketed by tiles (bucketing/tile_buckets.py).
         "Llama4ForConditionalGeneration",
+        # Qwen3-VL's tower (no deepstack) before a hybrid decoder.
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
     }
 )
+# Multimodal classes the runner does not feed yet: the piece they lack and
+# what to use instead (other unfed classes get the general reason).
+MISSING_MEDIA_PIECES = {
+    "Gemma4ForConditionalGeneration": (
+        "its image tokens attend both ways in the windowed layers only, within "
+        "the window, where the runner's image spans apply to every layer, and "
+        "its vision and audio towers (transformers' own) have no encoder "
+        "buckets: use Gemma4ForCausalLM"
+    ),
+}
 # Inputs a fed class takes that have not been validated: none per prompt.
 UNVALIDATED_MODALITIES = {
     "Qwen2VLForConditionalGeneration": ("video",),
     "Qwen2_5_VLForConditionalGeneration": ("video",),
     "Qwen3VLForConditionalGeneration": ("video",),
+    "Qwen3_5ForConditionalGeneration": ("video",),
+    "Qwen3_5MoeForConditionalGeneration": ("video",),
 }
 
 
@@ -116,6 +142,13 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
         if getattr(info, flag):
             return f"{info.architecture} {missing}."
     if info.supports_multimodal and info.architecture not in FED_MULTIMODAL_ARCHS:
+        piece = MISSING_MEDIA_PIECES.get(info.architecture)
+        if piece is not None:
+            return (
+                f"{info.architecture} takes image, audio or video inputs the HPU "
+                f"plugin does not feed yet: {piece}, or this one as text only "
+                "(every modality of --limit-mm-per-prompt at 0)."
+            )
         return (
             f"{info.architecture} takes image, audio or video inputs, which the HPU "
             "plugin feeds only to the image models it validated "

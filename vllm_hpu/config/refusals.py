@@ -50,6 +50,11 @@ def reject_unsupported_features(vllm_config: "VllmConfig") -> None:
         and model_config.enable_sleep_mode
         and has_kv_connector(vllm_config)
     )
+    # Gemma 4 then skips its KV-sharing layers' queries of prompt tokens that
+    # sample nothing: logits indices the runner does not pass.
+    unsupported["--kv-sharing-fast-prefill"] = bool(
+        vllm_config.cache_config.kv_sharing_fast_prefill
+    )
     # Drafts' rows would need the verification's acceptance counts.
     unsupported[
         "routed experts returned (enable_return_routed_experts) with speculative "

@@ -22,6 +22,7 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 from vllm_hpu.ops.activations import (
     ACTIVATIONS,
     GATED_ACTIVATIONS,
+    NON_GATED_ACTIVATIONS,
     SWIGLUOAI,
     SWIGLUOAI_ALPHA,
     SWIGLUOAI_LIMIT,
@@ -59,20 +60,25 @@ def refuse(what: str, fix: str) -> NoReturn:
 
 def check_supported(moe: FusedMoEConfig, with_extras: bool = False) -> None:
     """Refuse, at model construction, the MoE configurations ops/moe.py lacks.
-    Expert biases and gpt-oss's clamped SwiGLU run on unquantized experts and
-    on gpt-oss's own MXFP4 experts (``with_extras``: the method loads and runs
-    them); the other quantized methods load their weights without them."""
+    Expert biases, gpt-oss's clamped SwiGLU and experts without a gate run on
+    unquantized experts, the first two also on gpt-oss's own MXFP4 experts
+    (``with_extras``: the method loads and runs them); the other quantized
+    methods load their weights without them."""
     if moe.has_bias and not with_extras:
         refuse(
             "expert biases on quantized experts",
             "use the unquantized checkpoint or one whose experts have no bias",
         )
-    activations = GATED_ACTIVATIONS if with_extras else tuple(ACTIVATIONS)
+    activations = (
+        (*GATED_ACTIVATIONS, *NON_GATED_ACTIVATIONS)
+        if with_extras
+        else tuple(ACTIVATIONS)
+    )
     if moe.activation.value not in activations:
         refuse(
             f"the '{moe.activation.value}' expert activation"
             + ("" if with_extras else " on quantized experts"),
-            f"use a model with a gated {'/'.join(activations)} activation",
+            f"use a model whose experts use {'/'.join(activations)}",
         )
     clamped = [
         name
@@ -312,9 +318,10 @@ class HpuUnquantizedFusedMoEMethod(HpuMoEMethod, UnquantizedFusedMoEMethod):
         moe_op = getattr(layer, "moe_op", None)
         if moe_op is None:
             return super().run_experts(layer, x, topk_weights, topk_ids)
-        if expert_extras(layer).has_bias or layer.activation.value == SWIGLUOAI:
+        if expert_extras(layer).has_bias or layer.activation.value not in ACTIVATIONS:
             refuse(
-                "expert biases or the clamped SwiGLU under Intel Neural Compressor",
+                "expert biases, the clamped SwiGLU or experts without a gate "
+                "under Intel Neural Compressor",
                 "run the model without --quantization inc",
             )
         routing_weights = topk_weights.to(x.dtype)

@@ -60,6 +60,14 @@ def write_to_cache(
     _indexable(cache).index_copy_(0, slot_mapping, _indexable(x))
 
 
+def read_slots(
+    cache: torch.Tensor, slot_mapping: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """cache[slot_mapping[i]] as ``dtype``: [num_tokens, num_kv_heads, head_size]."""
+    rows = _indexable(cache).index_select(0, slot_mapping)
+    return rows.view(cache.dtype).to(dtype)
+
+
 def gather_blocks(
     cache: torch.Tensor, block_ids: torch.Tensor, block_size: int
 ) -> torch.Tensor:

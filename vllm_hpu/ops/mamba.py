@@ -71,9 +71,11 @@ def causal_conv1d_prompt(
     initial state); the slot then receives the ``K - 1`` inputs ending at the row's
     last real token (positions ``len .. len + K - 2`` of ``cat(state, x)``), which
     include old state entries when ``len < K - 1``. Returns ``[B, Q, C]`` in x's dtype;
-    outputs at padding positions are meaningless.
+    outputs at padding positions are meaningless. With speculative decoding
+    vLLM's conv state has a row per draft more: the first ``K - 1`` are used.
     """
     width = weight.shape[1]
+    conv_state = conv_state[:, : width - 1]
     history = gather_initial_states(conv_state, state_slots, has_initial_state)
     full = torch.cat([history.to(weight.dtype), x.to(weight.dtype)], dim=1)
     out = F.conv1d(full.transpose(1, 2), weight.unsqueeze(1), bias, groups=x.shape[2])

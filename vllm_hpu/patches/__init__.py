@@ -20,6 +20,10 @@ Each module says why it exists, how it works and which upstream change removes i
   the card's fp8 range (Gaudi2: 240).
 - ``logprobs``: vLLM's logprob rank count without torch.compile on Gaudi,
   whose graph compiler refuses the sampler's unbacked sizes.
+- ``lora_moe``: MoE layers left without LoRA, which vLLM runs only with modular
+  expert kernels; the model's other layers take adapters.
+- ``moe_config``: vLLM's MoE config taking non-gated experts (Nemotron-H), which
+  it builds only on CUDA, ROCm and XPU.
 - ``nixl``: ``import nixl`` answered by the nixl-cu12 wheel.
 - ``triton_import``: no triton in a CPU emulation process (its nanobind extension
   reported leaks at every engine process's exit); ``interpreter_start`` is what

@@ -144,6 +144,7 @@ class RequestedOptions:
     async_scheduling_source: str = DEFAULT_ASYNC_SOURCE
     mamba_block_size: int | None = None
     disable_hybrid_kv_cache_manager: bool | None = None
+    enable_prefix_caching: bool | None = None  # hybrids turn it off with drafts
 
 
 def requested_options(vllm_config: Any) -> RequestedOptions:
@@ -197,6 +198,7 @@ def _recorded_options(engine_args: Any) -> dict[str, Any]:
         "disable_hybrid_kv_cache_manager": (
             engine_args.disable_hybrid_kv_cache_manager
         ),
+        "enable_prefix_caching": engine_args.enable_prefix_caching,
     }
 
 

@@ -90,6 +90,7 @@ def bind_kv_caches(
                 )
             kv_caches[name] = shared[index, shape]
             layers[name].bind_kv_cache(kv_caches[name])
+    bind_shared_kv_caches(layers, kv_caches)
     return kv_caches
 
 
@@ -101,6 +102,24 @@ def group_layer_spec(group: KVCacheGroupSpec, name: str) -> AttentionSpec:
         spec = spec.kv_cache_specs[name]
     assert isinstance(spec, AttentionSpec), f"{name}: {spec}"
     return spec
+
+
+def kv_sharing_targets(layers: Layers) -> dict[str, str]:
+    """Layers that attend over an earlier layer's cache instead of their own
+    (Gemma 4's last layers), with that layer: vLLM gives them no spec."""
+    targets = {
+        name: getattr(layer, "kv_sharing_target_layer_name", None)
+        for name, layer in layers.items()
+    }
+    return {name: target for name, target in targets.items() if target is not None}
+
+
+def bind_shared_kv_caches(layers: Layers, kv_caches: dict[str, Any]) -> None:
+    """Bind each KV-sharing layer its target's cache (``kv_caches`` gains it
+    too, as vLLM's GPU runner's does)."""
+    for name, target in kv_sharing_targets(layers).items():
+        kv_caches[name] = kv_caches[target]
+        layers[name].bind_kv_cache(kv_caches[name])
 
 
 def unbind_kv_caches(layers: Layers) -> dict[str, Any]:
@@ -116,11 +135,14 @@ def bind_scratch_kv_caches(
     layers: Layers, specs: Mapping[str, KVCacheSpec], torch_device: torch.device
 ) -> None:
     """One-block caches for a run before the real ones exist (profiling)."""
+    kv_caches = {}
     for name, spec in specs.items():
         if isinstance(spec, MambaSpec):
             continue
         assert isinstance(spec, AttentionSpec)
-        layers[name].bind_kv_cache(allocate_layer_cache(spec, 1, torch_device))
+        kv_caches[name] = allocate_layer_cache(spec, 1, torch_device)
+        layers[name].bind_kv_cache(kv_caches[name])
+    bind_shared_kv_caches(layers, kv_caches)
 
 
 def allocate_layer_cache(
@@ -210,14 +232,17 @@ def check_group_block_sizes(kv_cache_config: KVCacheConfig) -> int:
     return sizes.pop()
 
 
-def layer_groups(kv_cache_config: KVCacheConfig) -> dict[str, int]:
-    """Each attention layer's KV cache group (the index of its block table)."""
-    return {
+def layer_groups(kv_cache_config: KVCacheConfig, layers: Layers) -> dict[str, int]:
+    """Each attention layer's KV cache group (the index of its block table); a
+    KV-sharing layer's is its target's."""
+    groups = {
         name: index
         for index, group in enumerate(kv_cache_config.kv_cache_groups)
         if not isinstance(group.kv_cache_spec, MambaSpec)
         for name in group.layer_names
     }
+    targets = kv_sharing_targets(layers)
+    return groups | {name: groups[target] for name, target in targets.items()}
 
 
 def attention_groups(kv_cache_config: KVCacheConfig) -> list[KVCacheGroupSpec]:

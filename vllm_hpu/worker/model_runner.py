@@ -189,7 +189,7 @@ class HpuModelRunner:
             f"KV block size changed from {self.block_size} to {block_size} after "
             "the runner was built; the attention backend must prefer the platform's"
         )
-        self.layer_groups = layer_groups(kv_cache_config)
+        self.layer_groups = layer_groups(kv_cache_config, layers)
         self.buckets.set_num_kv_blocks(
             reachable_decode_blocks(
                 kv_cache_config,
@@ -207,15 +207,18 @@ class HpuModelRunner:
         return self.caps.state_cache.kv_cache_share(available)
 
     def release_kv_cache(self) -> None:
-        """Free the KV caches (sleep mode); their blocks hold nothing afterwards."""
+        """Free the KV caches and states (sleep mode); their blocks hold
+        nothing afterwards."""
         self.stream.synchronize()
         self.kv_caches = unbind_kv_caches(self._attention_layers())
+        self.caps.state_cache.free()
 
     def restore_kv_cache(self) -> None:
         """Allocate the caches ``release_kv_cache`` freed again, empty."""
         assert self.kv_cache_config is not None, "initialize_kv_cache() first"
         layers = self._attention_layers()
         self.kv_caches = bind_kv_caches(layers, self.kv_cache_config, self.device)
+        self.caps.state_cache.allocate(self.kv_cache_config)
         self.graphed_model.reset()
 
     def _geometry(self, num_blocks: int) -> CacheGeometry:

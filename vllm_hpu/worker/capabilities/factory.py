@@ -191,4 +191,5 @@ def _state_cache(runner: TargetRunner) -> StateCache:
         vllm_config.scheduler_config.max_num_seqs,
         runner.device,
         prefix_caching=vllm_config.cache_config.mamba_cache_mode == "align",
+        num_speculative_tokens=vllm_config.num_speculative_tokens,
     )

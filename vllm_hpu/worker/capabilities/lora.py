@@ -10,6 +10,7 @@ import torch
 from vllm.config import VllmConfig
 from vllm.exceptions import LoRAAdapterNotFoundError
 from vllm.lora.layers import LoRAMapping
+from vllm.lora.lora_model import LoRAModel
 from vllm.lora.request import LoRARequest
 from vllm.v1.worker.gpu_input_batch import InputBatch
 from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
@@ -74,7 +75,30 @@ class HpuLoRA(LoRAModelRunnerMixin, LoRAAdapters):
     def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         """Swap the model's LoRA-capable layers for vLLM's LoRA layers."""
         self.model = self.load_lora_model(model, self.vllm_config, device)
+        self._refuse_unused_weights()
         return self.model
+
+    def _refuse_unused_weights(self) -> None:
+        """An adapter is refused as it loads (``add_lora`` or a request's
+        first step) if it has weights for layers without LoRA here (MoE
+        experts: patches/lora_moe.py), which would be left out silently."""
+        workers = self.lora_manager
+        manager = workers._adapter_manager
+        load = workers._load_adapter
+
+        def checked_load(lora_request: LoRARequest) -> LoRAModel:
+            adapter = load(lora_request)
+            covered = set(manager.modules).union(*manager.packed_modules.values())
+            unused = sorted(set(adapter.loras) - covered)
+            if unused:
+                raise ValueError(
+                    f"LoRA adapter '{lora_request.lora_name}' has weights for "
+                    f"{', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''}, "
+                    "which take no LoRA on the HPU plugin (MoE experts do not)."
+                )
+            return adapter
+
+        workers._load_adapter = checked_load  # type: ignore[method-assign]
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Load an adapter; a failure names the adapter and its folder (vLLM's

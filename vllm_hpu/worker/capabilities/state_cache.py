@@ -12,6 +12,12 @@ when the batch condenses) nor by block id.
 With prefix caching (mode "align"), state_checkpoints.py also keeps each
 layer's states at block boundaries, by block id, and copies them to and from
 the slots around each pass.
+
+With speculative decoding, a verification pass keeps the state after each of
+a row's tokens in a snapshot page of its own (``num_speculative_tokens + 1``
+per slot, as vLLM's speculative state blocks); the request's next pass first
+copies the snapshot of its last accepted token into its slot, read from how
+far vLLM resumed it (its tokens past that one were rejected).
 """
 
 from collections.abc import Iterable, Mapping
@@ -26,8 +32,10 @@ from vllm.v1.worker.gpu_input_batch import InputBatch
 
 from vllm_hpu.attention.state_metadata import (
     HpuStateMetadata,
+    SlotCopies,
     StateRow,
     build_state_metadata,
+    build_verify_rows,
 )
 from vllm_hpu.worker.capabilities.state_checkpoints import (
     StateCheckpoints,
@@ -41,16 +49,29 @@ logger = init_logger("vllm.hpu.state_cache")
 
 class StateSlots:
     """``req_id -> slot`` among ``num_slots`` slots; slot ``num_slots`` is the
-    dummy slot."""
+    dummy slot; with speculative decoding, ``num_snapshots`` pages per slot
+    follow (the states after each token of a verification row)."""
 
-    def __init__(self, num_slots: int) -> None:
+    def __init__(self, num_slots: int, num_snapshots: int = 0) -> None:
         self.num_slots = num_slots
+        self.num_snapshots = num_snapshots
         self._free = list(range(num_slots - 1, -1, -1))  # pops slot 0 first
         self._slots: dict[str, int] = {}
 
     @property
     def dummy_slot(self) -> int:
         return self.num_slots
+
+    @property
+    def num_pages(self) -> int:
+        """Slots, the dummy slot and the snapshots."""
+        return (self.num_slots + 1) + self.num_slots * self.num_snapshots
+
+    def snapshot(self, slot: int, index: int) -> int:
+        """The page keeping ``slot``'s state after the ``index``-th token of
+        its verification row."""
+        assert 0 <= index < self.num_snapshots, (slot, index)
+        return self.num_slots + 1 + slot * self.num_snapshots + index
 
     def __getitem__(self, req_id: str) -> int:
         return self._slots[req_id]
@@ -126,21 +147,25 @@ class HpuStateCache(StateCache):
         max_num_seqs: int,
         torch_device: torch.device,
         prefix_caching: bool = False,
+        num_speculative_tokens: int = 0,
     ) -> None:
         self.layers = layers
         self.specs = specs
         self.input_batch = input_batch
-        self.slots = StateSlots(max_num_seqs)
+        num_snapshots = num_speculative_tokens + 1 if num_speculative_tokens else 0
+        self.slots = StateSlots(max_num_seqs, num_snapshots)
         self.device = torch_device
         self.prefix_caching = prefix_caching
         self.checkpoints: StateCheckpoints | None = None  # after allocate()
         self._pages: dict[str, torch.Tensor] = {}  # each layer's int8 slots
         self._new_reqs: set[str] = set()  # slots assigned this step
+        # Requests verified in their last pass: (slot, first token's position).
+        self._verified: dict[str, tuple[int, int]] = {}
 
     @property
     def num_bytes(self) -> int:
-        """Device memory of every layer's slots, dummy slot included."""
-        return (self.slots.num_slots + 1) * self._page_bytes
+        """Device memory of every layer's slots, dummy slot and snapshots."""
+        return self.slots.num_pages * self._page_bytes
 
     @property
     def _page_bytes(self) -> int:
@@ -167,7 +192,7 @@ class HpuStateCache(StateCache):
         for name, layer in self.layers.items():
             page = self.specs[name].real_page_size_bytes
             self._pages[name] = torch.zeros(
-                (self.slots.num_slots + 1, 1, 1, page),
+                (self.slots.num_pages, 1, 1, page),
                 dtype=torch.int8,
                 device=self.device,
             )
@@ -182,17 +207,24 @@ class HpuStateCache(StateCache):
             )
 
     def free(self) -> None:
-        """Drop every layer's slots (after the memory profile)."""
+        """Drop every layer's slots and checkpoints (after the memory profile,
+        and in sleep mode)."""
         for name, layer in self.layers.items():
             page = self.specs[name].real_page_size_bytes
             layer.bind_kv_cache(torch.empty((0, 1, 1, page), dtype=torch.int8))
         self._pages = {}
+        self.checkpoints = None
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
-        self.slots.release(scheduler_output.finished_req_ids)
-        self.slots.release(scheduler_output.preempted_req_ids or ())
-        # Also those preempted without notice (vLLM's reset_prefix_cache).
-        self.slots.release(scheduler_output.scheduled_cached_reqs.resumed_req_ids)
+        for released in (
+            scheduler_output.finished_req_ids,
+            scheduler_output.preempted_req_ids or (),
+            # Also those preempted without notice (vLLM's reset_prefix_cache).
+            scheduler_output.scheduled_cached_reqs.resumed_req_ids,
+        ):
+            self.slots.release(released)
+            for req_id in released:
+                self._verified.pop(req_id, None)
 
     def after_update(self) -> None:
         """Slots for the requests in the batch (its rows are exactly the step's
@@ -209,10 +241,16 @@ class HpuStateCache(StateCache):
                     self.slots[req_ids[seq.row]],
                     seq.start,
                     seq.layout.num_scheduled_tokens,
+                    first,
                 )
-                for seq in forward_pass.seqs
+                for seq, first in zip(
+                    forward_pass.seqs, forward_pass.first_token_indices, strict=True
+                )
             ]
             forward_pass.state_metadata = self._metadata(forward_pass, rows)
+            forward_pass.state_metadata.accepted = self._accept(
+                forward_pass, [req_ids[seq.row] for seq in forward_pass.seqs]
+            )
             if self.checkpoints is not None:
                 forward_pass.state_checkpoints = self.checkpoints.plan(
                     [
@@ -221,9 +259,35 @@ class HpuStateCache(StateCache):
                     ]
                 )
 
+    def _accept(
+        self, forward_pass: ForwardPass, req_ids: list[str]
+    ) -> SlotCopies | None:
+        """For the pass's requests verified last step, the copy of the snapshot
+        of their last accepted token into their slot: vLLM resumes them right
+        after it. Records the requests this pass verifies."""
+        src, dst = [], []
+        verifies = is_verification(forward_pass)
+        for req_id, seq in zip(req_ids, forward_pass.seqs, strict=True):
+            verified = self._verified.pop(req_id, None)
+            if verified is not None:
+                slot, start = verified
+                src.append(self.slots.snapshot(slot, seq.start - start - 1))
+                dst.append(slot)
+            if verifies:
+                self._verified[req_id] = (self.slots[req_id], seq.start)
+        if not src:
+            return None
+        return SlotCopies(*(torch.tensor(x, device=self.device) for x in (src, dst)))
+
     def before_pass(self, forward_pass: ForwardPass) -> None:
-        """Prefix hits: the slots of the pass's new requests from their
+        """Speculative decoding: the accepted tokens' states into their slots.
+        Prefix hits: the slots of the pass's new requests from their
         checkpoints (on the pass's stream, after earlier passes saved them)."""
+        metadata = forward_pass.state_metadata
+        accepted = metadata.accepted if metadata is not None else None
+        if accepted is not None:
+            for pages in self._pages.values():
+                pages.index_copy_(0, accepted.dst, pages.index_select(0, accepted.src))
         copies = forward_pass.state_checkpoints
         if copies is not None and copies.restores is not None:
             assert self.checkpoints is not None
@@ -247,10 +311,24 @@ class HpuStateCache(StateCache):
     def _metadata(
         self, forward_pass: ForwardPass, rows: list[StateRow]
     ) -> HpuStateMetadata:
-        return build_state_metadata(
-            forward_pass.is_prompt,
-            rows,
-            forward_pass.bucket.batch_size,
-            self.slots.dummy_slot,
-            self.device,
+        """A verification pass has room for a row per token."""
+        bucket = forward_pass.bucket
+        verifies = is_verification(forward_pass)
+        num_rows = bucket.batch_size * (bucket.query_len if verifies else 1)
+        metadata = build_state_metadata(
+            forward_pass.is_prompt, rows, num_rows, self.slots.dummy_slot, self.device
         )
+        if verifies:
+            metadata.verify = build_verify_rows(
+                rows,
+                (num_rows, bucket.query_len, forward_pass.num_tokens),
+                self.slots.dummy_slot,
+                self.slots.snapshot,
+                self.device,
+            )
+        return metadata
+
+
+def is_verification(forward_pass: ForwardPass) -> bool:
+    """A decode pass of several queries per row: drafts to verify."""
+    return not forward_pass.is_prompt and forward_pass.bucket.query_len > 1
