@@ -1,6 +1,7 @@
 """Tokens per second with and without speculative decoding (n-gram, a draft
-model), the acceptance rate from vLLM's spec-decode metrics, the padding of
-the passes, and whether the greedy outputs equal those without speculation.
+model, the target's own MTP layer), the acceptance rate from vLLM's
+spec-decode metrics, the padding of the passes, and whether the greedy
+outputs equal those without speculation.
 
 SmolLM2-135M-Instruct by default; its draft model by default is a two-layer
 Llama distilled from it on generic prompts (scripts/build_draft_model.py,
@@ -116,6 +117,9 @@ def speculative_configs(args: argparse.Namespace) -> dict[str, dict | None]:
             "model": args.draft_model,
             "num_speculative_tokens": k,
         },
+        # The target's own MTP layer: --model must ship one (DeepSeek-V3,
+        # Qwen3.5; tiny-deepseek-v3-mtp here).
+        "mtp": {"method": "mtp", "num_speculative_tokens": k},
     }
     methods = args.methods.split(",")
     unknown = sorted(set(methods) - set(known))

@@ -21,7 +21,8 @@ from vllm_hpu.patches.torchvision_import import allow_torchvision_import
 
 # transformers imports torchvision once it is installed (see that patch).
 allow_torchvision_import()
-from tiny_families import FAMILY_BUILDERS  # noqa: E402  (beside this script)
+from tiny_deepseek import DEEPSEEK_BUILDERS  # noqa: E402  (beside this script)
+from tiny_families import FAMILY_BUILDERS  # noqa: E402
 from tiny_gemma3 import build_gemma3  # noqa: E402
 from tiny_llama4_vision import build_llama4_vision  # noqa: E402
 from tiny_multimodal import build_llava, build_mistral3  # noqa: E402
@@ -227,6 +228,21 @@ MLA_SPECS["tiny-deepseek-v2-q192"] = (
     "deepseek_v2",
     {**MLA_SHAPE, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
 )
+# DeepSeek-V3's block-FP8 layout wants every width in whole 128-wide blocks
+# (vLLM checks the parts of a fused projection): the tests write all of this
+# one's decoder linears, MLA, dense, shared and routed experts, in 128 x 128
+# blocks (tests/e2e/test_deepseek_fp8.py).
+MLA_SPECS["tiny-deepseek-v2-moe-128"] = (
+    "deepseek_v2",
+    {
+        **MLA_SPECS["tiny-deepseek-v2-moe"][1],
+        "q_lora_rank": 128,
+        "kv_lora_rank": 128,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 64,
+    },
+)
 MODEL_SPECS.update(MLA_SPECS)
 
 # Attention variants (sliding windows, soft-capping, ALiBi, small heads), each
@@ -408,8 +424,10 @@ MODEL_SPECS.update(MULTIMODAL_MODELS)
 
 # ---- Model families (issue 33) -----------------------------------------------
 # gpt-oss and Llama 4 (text), built with their own config classes
-# (scripts/tiny_families.py) around the tiny Llama's sizes.
-FAMILY_MODELS = {name: ("", GQA_SHAPE) for name in FAMILY_BUILDERS}
+# (scripts/tiny_families.py) around the tiny Llama's sizes; DeepSeek-V3.2's
+# sparse attention and DeepSeek-V3's MTP layer (scripts/tiny_deepseek.py).
+FAMILY_MODEL_BUILDERS = FAMILY_BUILDERS | DEEPSEEK_BUILDERS
+FAMILY_MODELS = {name: ("", GQA_SHAPE) for name in FAMILY_MODEL_BUILDERS}
 MODEL_SPECS.update(FAMILY_MODELS)
 # gpt-oss as OpenAI ships it: tiny-gpt-oss's weights, its experts in MXFP4
 # (scripts/tiny_mxfp4.py).
@@ -618,7 +636,7 @@ def build_model(name: str, tokenizer: Tokenizer, out_dir: Path) -> None:
         write_gpt_oss_mxfp4(out_dir)
         return
     if name in FAMILY_MODELS:
-        FAMILY_BUILDERS[name](
+        FAMILY_MODEL_BUILDERS[name](
             {**shape, **token_ids},
             generation_config(tokenizer),
             lambda m: init_weights(m, seed, {}),

@@ -26,6 +26,9 @@ FAMILY_MODELS = ("tiny-gpt-oss", "tiny-llama4")
 # (Mamba2) and Qwen3-Next (gated delta-net), run by the plugin
 # (tests/e2e/test_hybrid_families.py) and by transformers.
 HYBRID_MODELS = ("tiny-granite-4.0-h", "tiny-qwen3-next")
+# DeepSeek-V3.2's sparse attention and DeepSeek-V3's MTP layer
+# (scripts/tiny_deepseek.py): tests/e2e/test_sparse_attention.py, test_spec_decode.py.
+DEEPSEEK_FAMILY_MODELS = ("tiny-deepseek-v32", "tiny-deepseek-v3-mtp")
 TINY_MODELS = (
     "tiny-llama",
     "tiny-qwen2",
@@ -40,6 +43,7 @@ TINY_MODELS = (
     "tiny-deepseek-v2",
     "tiny-deepseek-v2-moe",
     "tiny-deepseek-v2-q192",
+    "tiny-deepseek-v2-moe-128",
     *VARIANT_MODELS,
     *FAMILY_MODELS,
     *HYBRID_MODELS,

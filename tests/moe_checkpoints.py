@@ -6,11 +6,13 @@ fp8: DeepSeek-V3's layout, float8_e4m3fn weights with float32 ``weight_scale_inv
 per 128 x 128 block (or one ``weight_scale`` per tensor, with static
 ``input_scale``), for the experts; the other linear layers are named in
 ``modules_to_not_convert``. AWQ / GPTQ: every linear layer, experts included, in
-4 bits (``quant_checkpoints.py``).
+4 bits (``quant_checkpoints.py``). Also a dense model's MLPs upcycled into
+experts (``write_upcycled_moe``): a MoE with a trained model's decisive outputs.
 """
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -111,3 +113,53 @@ def write_moe_checkpoints(
     )
     (quant_dir / "config.json").write_text(json.dumps(config, indent=1))
     return quant_dir, deq_dir
+
+
+MLP_PROJECTION = re.compile(r"model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight")
+MIXTRAL_NAMES = {"gate": "w1", "down": "w2", "up": "w3"}
+# Each expert's rows scaled by its own factors this far around 1: distinct
+# experts (their own fp8 scales), a model still answering as the dense one.
+UPCYCLE_SPREAD = 0.05
+
+
+def write_upcycled_moe(
+    source: Path, out: Path, num_experts: int = 4, top_k: int = 2
+) -> Path:
+    """A dense Llama made a Mixtral ("sparse upcycling"): each layer's MLP
+    becomes ``num_experts`` experts, the dense MLP with every output row scaled
+    by the expert's own factor near 1, behind a random router picking
+    ``top_k`` (weights renormalized: the experts' mix stays one MLP). The
+    model answers as the dense one does, its greedy choices as decisive as a
+    trained model's, while its experts and routing are a MoE's."""
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((source / "config.json").read_text())
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for name, tensor in load_file(source / "model.safetensors").items():
+        match = MLP_PROJECTION.fullmatch(name)
+        if match is None:
+            state[name] = tensor
+            continue
+        layer, projection = match.groups()
+        prefix = f"model.layers.{layer}.block_sparse_moe"
+        for expert in range(num_experts):
+            noise = torch.randn(tensor.shape[0], 1, generator=generator)
+            scaled = tensor.float() * (1 + UPCYCLE_SPREAD * noise)
+            state[f"{prefix}.experts.{expert}.{MIXTRAL_NAMES[projection]}.weight"] = (
+                scaled.to(tensor.dtype)
+            )
+        if projection == "gate":
+            router = torch.randn(
+                num_experts, config["hidden_size"], generator=generator
+            )
+            state[f"{prefix}.gate.weight"] = (0.1 * router).to(tensor.dtype)
+    save_file(state, out / "model.safetensors")
+    config |= {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "num_local_experts": num_experts,
+        "num_experts_per_tok": top_k,
+        "sliding_window": None,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out

@@ -22,6 +22,11 @@ LINEAR_NAMES = (
     "gate_proj",
     "up_proj",
     "down_proj",
+    # Multi-head latent attention (DeepSeek-V2/V3)
+    "q_a_proj",
+    "q_b_proj",
+    "kv_a_proj_with_mqa",
+    "kv_b_proj",
 )
 
 

@@ -56,6 +56,7 @@ def register_ops() -> None:
     import vllm_hpu.attention.backend
     import vllm_hpu.ops.custom_ops  # registers the op overrides
     import vllm_hpu.ops.fused_moe  # noqa: F401  registers the MoE method
+    from vllm_hpu.attention.sparse_mla import register_sparse_mla
     from vllm_hpu.distributed import weight_transfer
     from vllm_hpu.quantization import (
         awq,
@@ -68,6 +69,7 @@ def register_ops() -> None:
         wna16,
     )
 
+    register_sparse_mla()
     awq.register()
     gptq.register()
     for kernels in (fp8, int8, wna16, mxfp4):

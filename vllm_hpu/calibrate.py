@@ -2,14 +2,11 @@
 
     python -m vllm_hpu.calibrate <model> --dataset prompts.jsonl --output <dir>
 
-writes ``<dir>/maxabs_measure.json``, runs the MEASURE pass over the prompts (a
-vLLM engine with ``QUANT_CONFIG`` set to it, in a child process: the plugin reads
-its variables at start-up), and writes ``<dir>/maxabs_quant.json`` beside the
-measurements (``<dir>/inc_output_hooks_maxabs_0_1.npz`` ...). Serve with
-``QUANT_CONFIG=<dir>/maxabs_quant.json vllm serve <model> --quantization inc
---kv-cache-dtype fp8_inc``. Each line of the dataset is a JSON object with a
-``prompt`` or ``text`` field, or a JSON string.
-"""
+runs the MEASURE pass in a child engine (the plugin reads ``QUANT_CONFIG`` at
+start-up) and writes ``<dir>/maxabs_quant.json`` beside the measurements. Serve
+with ``QUANT_CONFIG=<dir>/maxabs_quant.json vllm serve <model> --quantization inc
+--kv-cache-dtype fp8_inc``. Each dataset line is a JSON object with a ``prompt``
+or ``text`` field, or a JSON string."""
 
 import argparse
 import json

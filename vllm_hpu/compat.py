@@ -36,10 +36,8 @@ def unsupported_vllm_version() -> str | None:
 
 
 def legacy_ray_executor_requested() -> bool:
-    """Whether the user turned vLLM 0.32's Ray executor on
-    (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0). vLLM 0.33 removed that executor and
-    the variable: Ray always runs the V2 executor (ray_executor_v2), the one
-    the plugin runs on both."""
+    """Whether the user turned vLLM 0.32's older Ray executor on
+    (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0; vLLM 0.33 removed it)."""
     if VLLM_0_33:
         return False
     from vllm import envs
@@ -48,14 +46,11 @@ def legacy_ray_executor_requested() -> bool:
 
 
 def register_fp8_block_kernel(kernel: type) -> None:
-    """Make ``kernel`` the platform's block-scaled fp8 linear kernel.
+    """Make ``kernel`` the platform's block-scaled fp8 linear kernel (idempotent).
 
-    vLLM 0.33's ``register_linear_kernel`` takes the kind ``"fp8_block"``. vLLM
-    0.32's has no such kind (a block-fp8 layer found no kernel on an out-of-tree
-    platform: "Failed to find a kernel ... Reasons:" with an empty list), so
-    there the kernel goes into its table ``_POSSIBLE_FP8_BLOCK_KERNELS`` for
-    ``PlatformEnum.OOT`` directly: the 0.32 side is a patch of vLLM's table.
-    Idempotent."""
+    vLLM 0.33's ``register_linear_kernel`` takes the kind ``"fp8_block"``; 0.32's
+    has none (a block-fp8 layer found no kernel out of tree), so there the kernel
+    goes straight into its ``_POSSIBLE_FP8_BLOCK_KERNELS`` table."""
     from vllm.model_executor.kernels import linear
     from vllm.platforms import PlatformEnum
 
@@ -72,11 +67,8 @@ def register_fp8_block_kernel(kernel: type) -> None:
 def weight_source_tensors(
     source: "WeightSource",
 ) -> Iterator[tuple[str, "torch.Tensor"]]:
-    """A trainer's weights as whole ``(name, tensor)`` pairs, one pass.
-
-    vLLM 0.32's ``WeightSource`` is iterable; 0.33's declares ownership in its
-    metadata and yields whole tensors from ``iter_full()`` (``iter_local()``
-    yields each rank's shard, which this backend does not send)."""
+    """A trainer's weights as whole ``(name, tensor)`` pairs: 0.32's ``WeightSource``
+    iterates them, 0.33's yields them from ``iter_full()``."""
     if VLLM_0_33:
         return source.iter_full()  # type: ignore[attr-defined]
     return iter(source)  # type: ignore[call-overload]

@@ -44,6 +44,7 @@ DEFAULT_BLOCK_SIZE = 128
 WORKER_CLS = "vllm_hpu.worker.hpu_worker.HpuWorker"
 ATTN_BACKEND_CLS = "vllm_hpu.attention.backend.HpuAttentionBackend"
 MLA_BACKEND_CLS = "vllm_hpu.attention.mla.HpuMLABackend"
+SPARSE_MLA_BACKEND_CLS = "vllm_hpu.attention.sparse_mla.HpuSparseMLABackend"
 
 
 class HpuPlatform(Platform):
@@ -90,6 +91,8 @@ class HpuPlatform(Platform):
             from vllm_hpu.attention.mla import check_mla_supported
 
             check_mla_supported(attn_selector_config)
+            if attn_selector_config.use_sparse:
+                return SPARSE_MLA_BACKEND_CLS
             return MLA_BACKEND_CLS
         from vllm_hpu.attention.backend import check_supported
 

@@ -6,7 +6,9 @@ the prompts. Run by test_data_parallel.py as
 
 REQUEST_JSON: {"engine": LLM keyword arguments, "prompts": [[token ids]],
 "max_tokens": [one per prompt]}. Also prints the graphs torch.compile compiled
-in the rank's worker during warmup and while generating.
+in each of the rank's workers during warmup and while generating, and with
+enable_return_routed_experts the requests' routed experts and the experts each
+worker holds (expert_ranks.py).
 """
 
 import json
@@ -21,21 +23,21 @@ def compiled_graphs(worker: object) -> int:
 
 
 def main(model_dir: str, request: dict) -> None:
-    from vllm import LLM, SamplingParams
+    from expert_ranks import experts_held, greedy_routed
+    from vllm import LLM
 
     llm = LLM(model=model_dir, **request["engine"])
-    (warmed,) = llm.collective_rpc(compiled_graphs)
-    params = [
-        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        for n in request["max_tokens"]
+    warmed = llm.collective_rpc(compiled_graphs)  # one per tensor-parallel rank
+    tokens, routed = greedy_routed(llm, request["prompts"], request["max_tokens"])
+    compiled = llm.collective_rpc(compiled_graphs)
+    generating = [
+        after - before for before, after in zip(warmed, compiled, strict=True)
     ]
-    prompts = [{"prompt_token_ids": p} for p in request["prompts"]]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    tokens = [list(output.outputs[0].token_ids) for output in outputs]
-    (compiled,) = llm.collective_rpc(compiled_graphs)
-    generating = compiled - warmed
     print("TOKENS " + json.dumps(tokens), flush=True)
     print("COMPILED " + json.dumps([warmed, generating]), flush=True)
+    if routed and routed[0] is not None:  # enable_return_routed_experts
+        print("ROUTED " + json.dumps([r.tolist() for r in routed]), flush=True)
+        print("HELD " + json.dumps(llm.collective_rpc(experts_held)), flush=True)
     llm.llm_engine.engine_core.shutdown()
 
 

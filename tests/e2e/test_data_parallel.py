@@ -4,9 +4,13 @@ data-parallel pattern (one process per rank) and ``vllm serve
 ranks exchange tokens in every layer (distributed.py), a rank without requests
 joining with idle passes. Without expert parallelism each rank holds half of
 every expert (vLLM shards experts over the data-parallel ranks, or over the
-tensor-parallel ranks); with --enable-expert-parallel, half of the experts, and
-the prompts route to both halves. DeepSeek-V2's layout (latent attention, a
-shared expert beside the routed ones) runs tensor and expert parallel too.
+tensor-parallel ranks); with --enable-expert-parallel, half of the experts:
+each expert-parallel test reports which experts every rank holds and the
+(token, expert) pairs its experts took, from the routed experts the engine
+returns (its own router's choices, expert_ranks.py), and asserts both ranks
+worked. DeepSeek-V2's layout (latent attention, a shared expert beside the
+routed ones) runs tensor and expert parallel too (with both tensor and data
+parallelism: tests/e2e/test_expert_parallel.py).
 
 A dense model's data-parallel ranks are independent replicas: vLLM 0.32 serves
 them behind one API server (internal load balancing, tested on tiny Llama) and
@@ -33,10 +37,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from models import model_path
 
+from e2e.expert_ranks import (
+    assert_same_experts,
+    experts_held,
+    greedy_routed,
+    pairs_per_rank,
+    transformers_routing,
+)
 from e2e.harness import (
     KV_CACHE_BYTES,
     compiled_graphs,
@@ -44,7 +56,6 @@ from e2e.harness import (
     one_bucket,
     random_prompts,
     vllm_engine,
-    vllm_greedy,
 )
 from e2e.server import (
     free_port,
@@ -94,9 +105,12 @@ def _rank_env(rank: int, port: int) -> dict[str, str]:
 
 def offline_data_parallel(
     name: str, engine: dict, workdir: pathlib.Path, env: dict[str, str]
-) -> tuple[list[list[int]], list[list[int]]]:
+) -> tuple[list[list[int]], list[list[int]], list[int]]:
     """PROMPTS' tokens from two rank processes started together, in PROMPTS'
-    order, and each rank's graphs compiled in warmup and while generating."""
+    order; each rank's graphs compiled in warmup and while generating; and
+    the (token, expert) pairs each expert-parallel rank's experts took, from
+    the routed experts the engines return (expert_ranks.py), which are
+    checked against transformers' router on the same tokens."""
     port = free_port()
     script = pathlib.Path(__file__).with_name("dp_rank.py")
     defaults = {"dtype": "float32", "kv_cache_memory_bytes": KV_CACHE_BYTES}
@@ -121,15 +135,33 @@ def offline_data_parallel(
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
     tokens: list[list[int]] = [[] for _ in PROMPTS]
-    compiled = []
+    routed: list[np.ndarray] = [np.zeros(0) for _ in PROMPTS]
+    compiled, held = [], []
     for rank, (process, log) in enumerate(ranks):
         text = log.read_text(errors="replace")
         assert process.returncode == 0, f"rank {rank} failed:\n{text[-4000:]}"
-        generated_tokens = json.loads(_printed(text, "TOKENS "))
-        for index, generated in zip(RANK_SHARES[rank], generated_tokens, strict=True):
-            tokens[index] = generated
+        outputs = zip(
+            json.loads(_printed(text, "TOKENS ")),
+            json.loads(_printed(text, "ROUTED ")),
+            strict=True,
+        )
+        for index, (generated, rows) in zip(RANK_SHARES[rank], outputs, strict=True):
+            tokens[index], routed[index] = generated, np.array(rows)
         compiled.append(json.loads(_printed(text, "COMPILED ")))
-    return tokens, compiled
+        for worker in json.loads(_printed(text, "HELD ")):
+            held.append({int(layer): experts for layer, experts in worker.items()})
+    check_routing(name, tokens, routed)
+    pairs = pairs_per_rank(routed, held)
+    print(f"{name}: experts per expert-parallel rank {held}, pairs {pairs}")
+    return tokens, compiled, pairs
+
+
+def check_routing(name: str, tokens: list[list[int]], routed: list[np.ndarray]) -> None:
+    """Each request's routed experts are transformers' on its tokens."""
+    for prompt, generated, rows in zip(PROMPTS, tokens, routed, strict=True):
+        sequence = (prompt + generated)[:-1]
+        assert rows.shape[0] == len(sequence), (rows.shape, len(sequence))
+        assert_same_experts(rows, transformers_routing(model_path(name), sequence))
 
 
 def _printed(log: str, key: str) -> str:
@@ -142,28 +174,6 @@ def expected_from(single: list[list[int]]) -> list[list[int]]:
     for index in RANK_SHARES[1]:
         expected[index] = single[index][:SHORT_MAX_TOKENS]
     return expected
-
-
-def experts_hit(name: str) -> set[int]:
-    """Experts transformers routes PROMPTS' tokens to (any MoE layer, top 2)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path(name), dtype=torch.float32)
-    hit: set[int] = set()
-    with torch.no_grad():
-        for prompt in PROMPTS:
-            out = model(torch.tensor([prompt]), output_router_logits=True)
-            for logits in out.router_logits:
-                hit |= set(logits.topk(2, dim=-1).indices.flatten().tolist())
-    return hit
-
-
-@pytest.mark.parametrize("name", [MOE_MODEL, MLA_MOE_MODEL])
-def test_prompts_route_to_both_expert_halves(name):
-    """With two expert-parallel ranks, rank r owns experts 2r and 2r+1 (of 4):
-    the prompts below reach experts of both, so each rank's share counts."""
-    hit = experts_hit(name)
-    assert hit & {0, 1} and hit & {2, 3}, hit
 
 
 # Compiled emulation (dynamo's eager backend) with three buckets, each traced
@@ -179,6 +189,9 @@ COMPILED_ENV = {
     **one_bucket("DECODE_BLOCK", 32),
 }
 COMPILED_ENGINE = {"enforce_eager": False, "max_num_seqs": 4, "max_model_len": 256}
+# Expert parallel, each request's routed experts returned: the evidence of
+# which rank's experts took which (token, expert) pairs (expert_ranks.py).
+EXPERT_PARALLEL = {"enable_expert_parallel": True, "enable_return_routed_experts": True}
 
 
 # Offline on DeepSeek-V2's layout, the richer of the two MoE models (latent
@@ -191,13 +204,17 @@ def test_offline_data_parallel_expert_parallel_matches_one_card(tmp_path):
     supported/useful"): MoE models only, each rank owning half of the experts."""
     name = MLA_MOE_MODEL
     single = hf_greedy(model_path(name), PROMPTS, MAX_TOKENS, torch.float32)
-    engine = ENGINE_KWARGS | COMPILED_ENGINE | {"enable_expert_parallel": True}
-    tokens, compiled = offline_data_parallel(name, engine, tmp_path, COMPILED_ENV)
+    engine = ENGINE_KWARGS | COMPILED_ENGINE | EXPERT_PARALLEL
+    tokens, compiled, pairs = offline_data_parallel(
+        name, engine, tmp_path, COMPILED_ENV
+    )
     assert tokens == expected_from(single)
-    assert [warmed > 0 and generating == 0 for warmed, generating in compiled] == [
-        True,
-        True,
-    ], compiled
+    assert len(pairs) == 2 and all(pairs), pairs  # both ranks' experts worked
+    assert all(
+        warmed > 0 and generating == 0
+        for rank_warmed, rank_generating in compiled
+        for warmed, generating in zip(rank_warmed, rank_generating, strict=True)
+    ), compiled
 
 
 # Without expert parallelism each rank holds half of every expert's intermediate
@@ -215,10 +232,10 @@ def test_offline_data_parallel_expert_parallel_matches_one_card(tmp_path):
 @pytest.mark.timeout(600)
 def test_tensor_parallel_moe_matches_one_card(name, expert_parallel, hpu_env):
     expected = hf_greedy(model_path(name), PROMPTS, MAX_TOKENS, torch.float32)
-    engine = ENGINE_KWARGS | {"enable_expert_parallel": expert_parallel}
+    engine = dict(ENGINE_KWARGS)
     if expert_parallel:
         hpu_env(**COMPILED_ENV)  # read by the workers vLLM starts
-        engine |= COMPILED_ENGINE
+        engine |= COMPILED_ENGINE | EXPERT_PARALLEL
     with vllm_engine(
         model_path(name),
         distributed_executor_backend="mp",
@@ -226,12 +243,22 @@ def test_tensor_parallel_moe_matches_one_card(name, expert_parallel, hpu_env):
         **engine,
     ) as tp:
         warmed = tp.collective_rpc(graphs_compiled)
-        assert vllm_greedy(tp, PROMPTS, MAX_TOKENS) == expected
+        tokens, routed = greedy_routed(tp, PROMPTS, MAX_TOKENS)
         held = tp.collective_rpc(experts_held)
         compiled = tp.collective_rpc(graphs_compiled)
+        sizes = tp.collective_rpc(experts_stored)
+    assert tokens == expected
     per_rank = NUM_EXPERTS // 2 if expert_parallel else NUM_EXPERTS
-    assert [set(layers) for layers in held] == [{per_rank}] * 2, held
+    assert [set(layers) for layers in sizes] == [{per_rank}] * 2, sizes
     if expert_parallel:
+        check_routing(name, tokens, routed)
+        pairs = pairs_per_rank(routed, held)
+        print(f"{name}: experts per rank {held}, (token, expert) pairs {pairs}")
+        # Halves of the experts, each pair taken by one rank, both working.
+        for layer in held[0]:
+            assert sorted(held[0][layer] + held[1][layer]) == list(range(NUM_EXPERTS))
+        assert sum(pairs) == sum(r[:, list(held[0])].size for r in routed)
+        assert all(pairs), pairs
         assert all(graphs > 0 for graphs in warmed) and compiled == warmed, (
             warmed,
             compiled,
@@ -243,7 +270,7 @@ def graphs_compiled(worker: Any) -> int:
     return compiled_graphs()
 
 
-def experts_held(worker: Any) -> list[int]:
+def experts_stored(worker: Any) -> list[int]:
     """How many experts each MoE layer of this rank holds weights for."""
     from vllm.model_executor.layers.fused_moe import RoutedExperts
 

@@ -1,7 +1,9 @@
-"""EAGLE and EAGLE-3 drafts on the plugin: greedy outputs equal transformers'
-(float32), and every step's drafts equal those of a naive head over the whole
-sequence (transformers' Llama layers, recomputed from scratch for each draft),
-through prefix hits, preemption and chunked prompts."""
+"""EAGLE, EAGLE-3 and MTP drafts on the plugin: greedy outputs equal
+transformers' (float32), and every step's drafts equal those of a naive head
+over the whole sequence (transformers' layers, recomputed from scratch for each
+draft), through prefix hits, preemption and chunked prompts. MTP: DeepSeek-V3's
+own multi-token-prediction layer (tiny-deepseek-v3-mtp), as transformers loads
+it for ``generate(use_mtp=True)``."""
 
 from pathlib import Path
 
@@ -58,6 +60,58 @@ class NaiveEagle:
             drafts.append(draft)
             states = torch.cat([states, out[-1:]])
             next_ids = torch.cat([next_ids, torch.tensor([draft])])
+        return drafts
+
+
+class NaiveDeepseekMTP:
+    """vLLM's DeepSeekMTP recurrence without a KV cache, on transformers' own
+    MTP layer (``MtpModel``: enorm, hnorm, eh_proj, the decoder layer and
+    shared_head.norm as its post-norm; the target's embeddings and LM head):
+    the state at position p is the layer over [enorm(embedding of token p +
+    1), hnorm(target's last normed state at p)], the embedding zeroed at
+    position 0 as vLLM's DeepSeekMTP does; a draft's state feeds the next."""
+
+    TARGET = "tiny-deepseek-v3-mtp"
+
+    @torch.no_grad()
+    def __init__(self) -> None:
+        from transformers import AutoModelForCausalLM
+        from transformers.modeling_layers import MtpModel
+
+        path = model_dir(self.TARGET)
+        self.target = AutoModelForCausalLM.from_pretrained(path).eval()
+        # MtpModel finds the MTP layer's weights by this pattern (V3's own
+        # names layer 61).
+        layer = self.target.config.num_hidden_layers
+        self.target._keys_to_ignore_on_load_unexpected = [
+            rf"model\.layers\.{layer}\..*"
+        ]
+        self.mtp = MtpModel.from_pretrained(self.target).eval()
+
+    @torch.no_grad()
+    def drafts(self, tokens: list[int], count: int) -> list[int]:
+        ids = torch.tensor([tokens])
+        states = self.target(ids, output_hidden_states=True).hidden_states[-1][0]
+        states = states[:-1]  # state p pairs with token p + 1
+        next_ids = ids[0, 1:]
+        drafts: list[int] = []
+        for _ in range(count):
+            length = next_ids.shape[0]
+            positions = torch.arange(length)[None]
+            embeds = self.mtp.embed_tokens(next_ids)[None]
+            embeds[:, 0] = 0.0
+            mask = torch.full((length, length), float("-inf")).triu(1)[None, None]
+            out = self.mtp.layers[0](
+                embeds,
+                states[None],
+                position_embeddings=self.mtp.rotary_emb(embeds, positions),
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=None,
+            )[0]
+            drafts.append(int(self.mtp.shared_head(out[-1]).argmax()))
+            states = torch.cat([states, out[-1:]])
+            next_ids = torch.cat([next_ids, torch.tensor([drafts[-1]])])
         return drafts
 
 
@@ -169,21 +223,23 @@ def record_drafts(monkeypatch) -> list[tuple[list[int], list[int]]]:
 
 
 @pytest.mark.parametrize(
-    ("method", "head", "naive_head"),
+    ("method", "target", "head", "naive_head"),
     [
-        ("eagle", "tiny-llama-eagle", NaiveEagle),
-        ("eagle3", "tiny-llama-eagle3", NaiveEagle3),
+        ("eagle", TARGET, "tiny-llama-eagle", NaiveEagle),
+        ("eagle3", TARGET, "tiny-llama-eagle3", NaiveEagle3),
+        # The target's own layer: no head model.
+        ("mtp", NaiveDeepseekMTP.TARGET, None, NaiveDeepseekMTP),
     ],
 )
 def test_drafts_equal_a_naive_head_and_greedy_matches_hf(
-    monkeypatch, method, head, naive_head
+    monkeypatch, method, target, head, naive_head
 ):
     prompts = repetitive_prompts()
-    expected = hf_greedy(model_dir(TARGET), prompts, 24, torch.float32)
+    expected = hf_greedy(model_dir(target), prompts, 24, torch.float32)
     records = record_drafts(monkeypatch)
-    config = {"method": method, "model": model_dir(head)}
+    config = {"method": method, **({"model": model_dir(head)} if head else {})}
     with vllm_engine(
-        model_dir(TARGET),
+        model_dir(target),
         block_size=16,
         max_model_len=256,
         num_gpu_blocks_override=20,

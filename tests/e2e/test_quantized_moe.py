@@ -2,7 +2,9 @@
 tiny MoE models (DeepSeek-V2 and Qwen3-MoE: transformers loads their experts
 correctly; gpt-oss in OpenAI's MXFP4), generate on the plugin exactly what
 transformers generates from the dequantized weights (float32), and their
-weights stay packed on the device."""
+weights stay packed on the device. A prompt run alone decodes one token a
+step: 2 pairs, fewer than the experts, so each step dequantizes only the
+experts it routes to (ops/moe.py::routed_experts)."""
 
 import json
 from pathlib import Path
@@ -100,6 +102,8 @@ def test_quantized_experts_generate_what_transformers_does(case, tmp_path):
     with vllm_engine(str(quant_dir), enforce_eager=True) as llm:
         methods, held = llm.apply_model(expert_methods)[0]
         actual = vllm_greedy(llm, prompts, MAX_TOKENS)
+        alone = vllm_greedy(llm, prompts[-1:], MAX_TOKENS)  # routed experts only
+    assert alone == expected[-1:]
     fp8 = isinstance(scheme, Fp8Experts)
     print(f"{case}: experts hold {held:.1%} of their bf16 bytes")
     assert methods == {METHODS[Fp8Experts if fp8 else scheme.method]}
@@ -147,6 +151,8 @@ def test_compressed_tensors_experts_generate_what_transformers_does(name, scheme
     with vllm_engine(str(quant_dir), enforce_eager=True) as llm:
         methods, held = llm.apply_model(expert_methods)[0]
         actual = vllm_greedy(llm, prompts, MAX_TOKENS)
+        alone = vllm_greedy(llm, prompts[-1:], MAX_TOKENS)  # routed experts only
+    assert alone == expected[-1:]
     assert methods == {COMPRESSED[name, scheme]}
     fp8 = scheme.startswith("fp8")
     print(f"{name} {scheme}: experts hold {held:.1%} of their bf16 bytes")
@@ -183,6 +189,7 @@ def test_gpt_oss_mxfp4_generates_what_transformers_does(llm):
     )
     methods, held = llm.apply_model(expert_methods)[0]
     actual = vllm_greedy(llm, prompts, MAX_TOKENS)
+    assert vllm_greedy(llm, prompts[-1:], MAX_TOKENS) == expected[-1:]
     print(f"gpt-oss mxfp4: experts hold {held:.1%} of their bf16 bytes")
     assert methods == {"HpuGptOssMxfp4MoEMethod"}
     assert held <= INT4_EXPERT_BYTES

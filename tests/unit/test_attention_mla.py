@@ -38,6 +38,19 @@ def test_mla_backend_selected_by_platform_for_mla_layers() -> None:
     assert HpuMLABackend.supports_head_size(LATENT_SIZE)
 
 
+def test_sparse_mla_layers_get_the_sparse_backend() -> None:
+    """DeepSeek-V3.2's layers: the latent cache, each query under its top-k."""
+    from vllm_hpu.attention.sparse_mla import HpuSparseMLABackend, HpuSparseMLAImpl
+
+    selected = platform.HpuPlatform.get_attn_backend_cls(
+        AttentionBackendEnum.CUSTOM, _config(use_sparse=True)
+    )
+    assert selected == platform.SPARSE_MLA_BACKEND_CLS
+    assert HpuSparseMLABackend.is_sparse() and HpuSparseMLABackend.is_mla()
+    assert HpuSparseMLABackend.get_impl_cls() is HpuSparseMLAImpl
+    assert HpuSparseMLAImpl.is_sparse
+
+
 def test_mla_backend_cache_is_one_latent_row_per_slot_with_dummy_block() -> None:
     assert HpuMLABackend.get_kv_cache_shape(10, 16, 1, LATENT_SIZE) == (
         11 * 16,
@@ -48,7 +61,6 @@ def test_mla_backend_cache_is_one_latent_row_per_slot_with_dummy_block() -> None
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        ({"use_sparse": True}, "sparse MLA"),
         ({"has_sliding_window": True}, "sliding-window MLA"),
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype=fp8"),
         ({"block_size": 24}, "block size 24"),
@@ -80,3 +92,7 @@ def test_metadata_splits_passes_for_mla_layers() -> None:
     assert (prompt.num_actual_tokens, prompt.num_decode_tokens) == (32, 0)
     assert prompt.num_decodes == 0 and prompt.num_prefills == 2
     assert prompt.decode is None
+    # vLLM's sparse MLA runs a prompt pass as MHA (forward_mha) when its
+    # metadata's prefill says so.
+    assert prompt.prefill is prompt and prompt.use_dense_mha
+    assert decode.prefill is None

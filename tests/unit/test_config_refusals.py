@@ -35,6 +35,16 @@ CASES = [
         "input of several experts",
     ),
     ("LongcatFlashForCausalLM", transformers.LongcatFlashConfig(), "zero experts"),
+    (
+        "GlmMoeDsaForCausalLM",
+        transformers.GlmMoeDsaConfig(),
+        "sparse attention other than DeepSeek-V3.2's",
+    ),
+    (
+        "DeepseekV32ForCausalLM",
+        transformers.DeepseekV32Config(index_topk_pattern="FSSFSS"),
+        "every layer's indexer",
+    ),
 ]
 ACCEPTED = [
     ("LlamaForCausalLM", transformers.LlamaConfig()),
@@ -46,6 +56,7 @@ ACCEPTED = [
         "Llama4ForCausalLM",
         transformers.Llama4TextConfig(num_experts_per_tok=2, num_local_experts=0),
     ),
+    ("DeepseekV32ForCausalLM", transformers.DeepseekV32Config()),  # sparse MLA
 ]
 
 
@@ -107,4 +118,74 @@ def test_mxfp4_asked_of_a_bf16_checkpoint_is_refused(method, refusal):
         model=model_path("tiny-gpt-oss"), enforce_eager=True, quantization=method
     )
     with pytest.raises(ValueError, match=refusal):
+        args.create_engine_config()
+
+
+def test_eplb_is_accepted_and_completed_as_vllm_completes_it():
+    """vLLM 0.32 refuses --enable-eplb outside CUDA, ROCm and XPU; on the HPU
+    platform the config gets it with the user's EPLB settings, gloo weight
+    exchange and synchronous rearrangement, and keeps vLLM's own checks."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    def config(**kwargs):  # type: ignore[no-untyped-def]
+        args = EngineArgs(
+            model=model_path("tiny-mixtral"),
+            enforce_eager=True,
+            enable_eplb=True,
+            eplb_config={"num_redundant_experts": 2, "step_interval": 5},
+            **kwargs,
+        )
+        return args.create_engine_config().parallel_config
+
+    parallel = config(tensor_parallel_size=2, enable_expert_parallel=True)
+    assert parallel.enable_eplb
+    eplb = parallel.eplb_config
+    assert (eplb.num_redundant_experts, eplb.step_interval) == (2, 5)
+    assert (eplb.communicator, eplb.use_async) == ("torch_gloo", False)
+    with pytest.raises(ValueError, match="enable_expert_parallel must be True"):
+        config(tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="EPLB requires tensor"):
+        config(enable_expert_parallel=True)
+    with pytest.raises(ValueError, match="elastic expert parallelism"):
+        config(
+            tensor_parallel_size=2, enable_expert_parallel=True, enable_elastic_ep=True
+        )
+
+
+def test_routed_experts_with_drafts_are_refused():
+    """Drafts' rows of routed experts would need the verification's acceptance
+    counts: enable_return_routed_experts with speculative decoding is refused
+    at start-up by name."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=model_path("tiny-mixtral"),
+        enforce_eager=True,
+        enable_return_routed_experts=True,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+    )
+    with pytest.raises(ValueError, match="routed experts returned"):
+        args.create_engine_config()
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"tensor_parallel_size": 2}, "tensor, pipeline or data parallelism"),
+        (
+            {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
+            "speculative decoding",
+        ),
+    ],
+    ids=["tensor-parallel", "speculative"],
+)
+def test_sparse_attention_refuses_what_it_has_not_run_with(options, named):
+    """DeepSeek-V3.2's sparse attention stops start-up, naming the option, with
+    what no test has run it with."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(
+        model=model_path("tiny-deepseek-v32"), enforce_eager=True, **options
+    )
+    with pytest.raises(ValueError, match=f"sparse attention with {named}"):
         args.create_engine_config()

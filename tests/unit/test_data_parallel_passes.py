@@ -35,10 +35,10 @@ def test_idle_pass_is_the_smallest_decode_writing_only_the_dummy_block():
 
 def parallel_config(**changes) -> SimpleNamespace:
     values = {
-        "enable_eplb": False,
-        "use_sequence_parallel_moe": False,
         "data_parallel_size": 2,
         "pipeline_parallel_size": 1,
+        "enable_expert_parallel": False,
+        "all2all_backend": "allgather_reducescatter",
     }
     return SimpleNamespace(**(values | changes))
 
@@ -46,9 +46,11 @@ def parallel_config(**changes) -> SimpleNamespace:
 @pytest.mark.parametrize(
     ("changes", "is_moe", "named"),
     [
-        ({"enable_eplb": True}, True, "--enable-eplb"),
-        ({"use_sequence_parallel_moe": True}, True, "both tensor and data"),
         ({"pipeline_parallel_size": 2}, True, "pipeline parallelism"),
+        ({"all2all_backend": "deepep_low_latency"}, True, "'deepep_low_latency'"),
+        ({"all2all_backend": "deepep_low_latency"}, False, None),  # no exchange
+        ({"moe_backend": "triton"}, True, "'triton' MoE backend"),
+        ({"moe_backend": "triton"}, False, None),
         ({}, True, None),
         ({"pipeline_parallel_size": 2}, False, None),  # dense ranks: independent
     ],
@@ -57,6 +59,7 @@ def test_unsupported_expert_layouts_are_named(changes, is_moe, named):
     config = SimpleNamespace(
         parallel_config=parallel_config(**changes),
         model_config=SimpleNamespace(is_moe=is_moe),
+        kernel_config=SimpleNamespace(moe_backend=changes.get("moe_backend", "auto")),
     )
     refused = [name for name, on in unsupported_layouts(config).items() if on]
     assert len(refused) == (named is not None)

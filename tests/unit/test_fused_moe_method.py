@@ -49,10 +49,19 @@ def test_vllm_builds_the_monolithic_hpu_method():
     assert method.is_monolithic
 
 
-def test_expert_parallelism_is_built():
-    """--enable-expert-parallel: each rank builds the method for its experts."""
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"ep_size": 2},
+        {"ep_size": 2, "enable_eplb": True},
+        {"ep_size": 4, "sp_size": 2},  # EP with TP and DP: sequence-parallel
+    ],
+)
+def test_expert_parallelism_is_built(layout):
+    """--enable-expert-parallel (with --enable-eplb, with both tensor and data
+    parallelism): each rank builds the method for its experts."""
     parallel = dataclasses.replace(
-        FusedMoEParallelConfig.make_no_parallel(), use_ep=True, ep_size=2
+        FusedMoEParallelConfig.make_no_parallel(), use_ep=True, **layout
     )
     with set_current_vllm_config(VllmConfig()):
         method = UnquantizedFusedMoEMethod(
@@ -62,20 +71,6 @@ def test_expert_parallelism_is_built():
 
 
 REFUSED = {
-    "expert load balancing": {
-        "moe_parallel_config": dataclasses.replace(
-            FusedMoEParallelConfig.make_no_parallel(),
-            use_ep=True,
-            ep_size=2,
-            enable_eplb=True,
-        )
-    },
-    # Expert parallelism with both tensor and data parallelism.
-    "sequence-parallel experts": {
-        "moe_parallel_config": dataclasses.replace(
-            FusedMoEParallelConfig.make_no_parallel(), use_ep=True, ep_size=4, sp_size=2
-        )
-    },
     "'swigluoai_uninterleave' expert activation": {
         "activation": MoEActivation.SWIGLUOAI_UNINTERLEAVE
     },

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import torch
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
+from vllm_hpu.ops import fused_moe
 from vllm_hpu.ops.activations import SWIGLUOAI, swiglu_oai
-from vllm_hpu.quantization import moe_methods
 from vllm_hpu.quantization.dequant import E2M1_VALUES, dequantize_mxfp4
 from vllm_hpu.quantization.packed_moe import HpuGptOssMxfp4MoEMethod
 
@@ -104,7 +104,7 @@ def test_method_runs_groups_of_experts_with_their_biases(monkeypatch):
     weights = torch.rand(TOKENS, TOP_K, generator=gen)
     # One expert a group: each group adds its own experts' biases only.
     one_expert = 3 * HIDDEN * INTERMEDIATE * 4  # float32 bytes
-    monkeypatch.setattr(moe_methods, "EXPERT_GROUP_BYTES", one_expert)
+    monkeypatch.setattr(fused_moe, "EXPERT_GROUP_BYTES", one_expert)
     method = HpuGptOssMxfp4MoEMethod.__new__(HpuGptOssMxfp4MoEMethod)
     out = method.run_experts(layer, x, weights, ids)
     want = naive_experts(layer, x, weights, ids)

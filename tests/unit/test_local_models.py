@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from models import (
+    DEEPSEEK_FAMILY_MODELS,
     DRAFT_MODELS,
     EAGLE_HEADS,
     LONG_CONTEXT_MODELS,
@@ -49,6 +50,7 @@ def test_tiny_models_build_deterministically(tmp_path: Path) -> None:
     built = {name.split("/")[0] for name in fresh}
     assert built == {
         *TINY_MODELS,
+        *DEEPSEEK_FAMILY_MODELS,
         *POOLING_MODELS,
         *MULTIMODAL_MODELS,
         *DRAFT_MODELS,

@@ -16,6 +16,7 @@ from vllm.model_executor.models.registry import ModelRegistry, _ModelInfo
 from vllm_hpu.config import refusals
 from vllm_hpu.config.model_support import (
     FED_MULTIMODAL_ARCHS,
+    MISSING_ARCHS,
     RUNNABLE_HYBRID_ARCHS,
     unsupported_reason,
 )
@@ -53,6 +54,7 @@ REFUSED = {
     "Phi3VForCausalLM": "image, audio or video inputs",
     "Qwen2AudioForConditionalGeneration": "image, audio or video inputs",
     "WhisperForConditionalGeneration": "speech-to-text",
+    "DeepseekV4ForCausalLM": "compressed entries of 4 tokens",
 }
 ALLOWED = (
     "LlamaForCausalLM",
@@ -72,6 +74,7 @@ ALLOWED = (
     "GraniteMoeHybridForCausalLM",  # Mamba2 layers: a state cache
     "Qwen3NextForCausalLM",  # gated delta-net layers: a state cache
     "Llama4ForConditionalGeneration",  # tiled tower, buckets of tiles
+    "DeepseekV32ForCausalLM",  # sparse MLA (attention/sparse_mla.py)
 )
 
 
@@ -137,7 +140,7 @@ def test_llava_and_qwen2_vl_import_and_are_the_multimodal_classes_allowed(
 
 
 @WALKS_THE_REGISTRY
-def test_every_state_cache_or_multimodal_class_is_refused(registry_walk):
+def test_every_state_cache_multimodal_or_named_class_is_refused(registry_walk):
     counts: collections.Counter[str] = collections.Counter()
     for arch, entry in registry_walk.items():
         if "import_error" in entry:
@@ -146,6 +149,7 @@ def test_every_state_cache_or_multimodal_class_is_refused(registry_walk):
         reason = unsupported_reason(_ModelInfo(**entry))
         needs_more = any(entry[flag] for flag in NEEDS_MORE_THAN_ATTENTION)
         needs_more &= arch not in FED_MULTIMODAL_ARCHS | RUNNABLE_HYBRID_ARCHS
+        needs_more |= arch in MISSING_ARCHS  # refused by name (DeepSeek-V4)
         assert (reason is not None) == needs_more, arch
         counts["refused" if reason else "allowed"] += 1
     assert counts["refused"] >= 60 and counts["allowed"] >= 200

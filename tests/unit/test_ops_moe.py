@@ -12,6 +12,9 @@ from vllm_hpu.ops.moe import (
     fused_experts,
     grouped_mm_fits,
     local_experts,
+    physical_experts,
+    record_expert_load,
+    routed_experts,
     select_experts,
     weights_on_input,
 )
@@ -239,3 +242,58 @@ def test_expert_parallel_ranks_sum_to_all_experts(placement):
     torch.testing.assert_close(parts[0] + parts[1], whole, **TOLERANCE[torch.float32])
     for part in parts:
         assert part.abs().sum() > 0 and not torch.allclose(part, whole)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3])
+def test_small_batches_read_the_routed_experts_only(num_tokens):
+    """Fewer (token, k) pairs than experts: the experts gathered are the routed
+    ones first (by id), padded to num_tokens * top_k with unrouted ones, and
+    the gathered experts with the pairs made slots give the full output."""
+    x, w13, w2 = random_weights(torch.float32)
+    x = x[:num_tokens]
+    weights = torch.rand(num_tokens, TOP_K) + 0.1
+    ids = torch.tensor([[5, 2], [2, 7], [5, 7]])[:num_tokens]
+    experts, slots = routed_experts(weights, ids, NUM_EXPERTS, NUM_EXPERTS)
+    routed = sorted(set(ids.flatten().tolist()))
+    assert experts.tolist()[: len(routed)] == routed
+    assert len(experts) == num_tokens * TOP_K and len(set(experts.tolist())) == len(
+        experts
+    )
+    torch.testing.assert_close(experts[slots], ids)
+    out = fused_experts(x, w13[experts], w2[experts], weights, slots)
+    torch.testing.assert_close(out, fused_experts(x, w13, w2, weights, ids))
+
+
+def test_pairs_of_weight_zero_read_no_expert():
+    """Pairs routed to another expert-parallel rank weigh 0 on this one: their
+    expert is not gathered for them, and they add nothing."""
+    x, w13, w2 = random_weights(torch.float32)
+    weights, ids = torch.tensor([[0.7, 0.0]]), torch.tensor([[3, 6]])
+    experts, slots = routed_experts(weights, ids, NUM_EXPERTS, NUM_EXPERTS)
+    assert experts.tolist() == [3, 0] and slots.tolist() == [[0, 0]]
+    out = fused_experts(x[:1], w13[experts], w2[experts], weights, slots)
+    torch.testing.assert_close(out, fused_experts(x[:1], w13, w2, weights, ids))
+    every = torch.zeros(4, 2, dtype=torch.long)  # as many pairs as experts
+    assert routed_experts(weights, every, NUM_EXPERTS, NUM_EXPERTS) is None
+    assert routed_experts(weights, ids, NUM_EXPERTS, max_count=1) is None
+
+
+def test_eplb_maps_logical_experts_to_replicas_and_counts_real_tokens():
+    """EPLB: logical expert 1 has replicas at physical 1 and 4; a token's hash
+    (vLLM's Knuth multiplier) picks one, and only the first num_real_tokens
+    tokens' pairs count into the physical experts' load, when recording."""
+    logical_to_physical = torch.tensor([[0, -1], [1, 4], [2, -1], [3, -1]])
+    replicas = torch.tensor([1, 2, 1, 1])
+    ids = torch.tensor([[1, 0], [1, 2], [1, 3], [1, 0]])
+    physical = physical_experts(ids, logical_to_physical, replicas)
+    picked = [(t * 2654435769 & 0xFFFFFFFF) % 2 for t in range(4)]
+    assert physical[:, 0].tolist() == [[1, 4][p] for p in picked]
+    assert physical[:, 1].tolist() == [0, 2, 3, 0]
+    load = torch.zeros(5, dtype=torch.int32)
+    record_expert_load(physical, load, torch.tensor(True), torch.tensor(3))
+    want = torch.zeros(5, dtype=torch.int32)
+    for expert in physical[:3].flatten().tolist():
+        want[expert] += 1
+    assert load.tolist() == want.tolist()
+    record_expert_load(physical, load, torch.tensor(False), torch.tensor(3))
+    assert load.tolist() == want.tolist()  # not recording: unchanged

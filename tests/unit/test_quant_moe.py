@@ -8,6 +8,7 @@ import pytest
 import torch
 from compressed_tensors.quantization import QuantizationArgs
 
+from vllm_hpu.ops import fused_moe
 from vllm_hpu.ops.moe import fused_experts
 from vllm_hpu.quantization import moe_methods
 from vllm_hpu.quantization.fp8_moe import (
@@ -61,13 +62,15 @@ class _Dequantized(moe_methods.HpuQuantizedMoE):
         self.w13, self.w2, self.groups = w13, w2, []
 
     def dequantize(self, layer, experts, dtype):  # type: ignore[no-untyped-def]
-        self.groups.append((experts.start, experts.stop))
+        if isinstance(experts, slice):
+            self.groups.append((experts.start, experts.stop))
+        else:
+            self.groups.append(experts.tolist())
         return self.w13[experts].to(dtype), self.w2[experts].to(dtype)
 
 
-def test_experts_dequantize_in_groups_of_bounded_bytes(monkeypatch):
-    x, w13, w2, weights, ids = _experts()
-    layer = SimpleNamespace(
+def _layer() -> SimpleNamespace:
+    return SimpleNamespace(
         local_num_experts=NUM_EXPERTS,
         hidden_size=HIDDEN,
         intermediate_size_per_partition=INTERMEDIATE,
@@ -75,12 +78,28 @@ def test_experts_dequantize_in_groups_of_bounded_bytes(monkeypatch):
         swiglu_alpha=None,
         swiglu_limit=None,
     )
+
+
+def test_experts_dequantize_in_groups_of_bounded_bytes(monkeypatch):
+    x, w13, w2, weights, ids = _experts()
+    layer = _layer()
     method = _Dequantized(w13, w2)
     one_expert = 3 * HIDDEN * INTERMEDIATE * 4  # float32 bytes
-    monkeypatch.setattr(moe_methods, "EXPERT_GROUP_BYTES", 3 * one_expert)
+    monkeypatch.setattr(fused_moe, "EXPERT_GROUP_BYTES", 3 * one_expert)
     out = method.run_experts(layer, x, weights, ids)
     assert method.groups == [(0, 3), (3, 6), (6, 8)]
     want = fused_experts(x, w13, w2, weights, ids)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_decode_token_dequantizes_its_routed_experts_only():
+    """One token, top 2 of 8 experts: the two routed experts are dequantized,
+    not the eight, and the output is the same."""
+    x, w13, w2, weights, ids = _experts()
+    method = _Dequantized(w13, w2)
+    out = method.run_experts(_layer(), x[:1], weights[:1], ids[:1])
+    assert method.groups == [sorted(ids[0].tolist())]
+    want = fused_experts(x[:1], w13, w2, weights[:1], ids[:1])
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
@@ -158,3 +177,37 @@ def test_unsupported_expert_schemes_are_refused_by_name(weights, inputs, error):
     layer = SimpleNamespace(moe_config=None)
     with pytest.raises(ValueError, match=f"does not support .*{error}"):
         compressed_tensors_method(HpuCompressedTensorsConfig, layer, scheme)  # type: ignore[arg-type]
+
+
+class _Float32Experts(moe_methods.HpuQuantizedMoE):
+    """Experts 'dequantized' from float32 copies, nothing recorded."""
+
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
+        self.w13, self.w2 = w13, w2
+
+    def dequantize(self, layer, experts, dtype):  # type: ignore[no-untyped-def]
+        return self.w13[experts].to(dtype), self.w2[experts].to(dtype)
+
+
+def test_gathering_the_routed_experts_compiles_once_per_shape():
+    """One graph serves a bucket whatever its tokens route to: decodes of one
+    token (2 pairs of 8 experts: gathered) with three different routings
+    trace once (bf16: the grouped GEMM's shape check wants it), and each
+    equals the eager result. (In the engine vLLM's MoE custom op keeps the
+    method out of dynamo's graphs; HPU graphs replay it per bucket.)"""
+    from torch._dynamo.testing import CompileCounter
+
+    x, w13, w2, weights, ids = _experts()
+    method = _Float32Experts(w13, w2)
+    layer = _layer()
+    counter = CompileCounter()
+
+    def run(x, weights, ids):  # type: ignore[no-untyped-def]
+        return method.run_experts(layer, x, weights, ids)
+
+    compiled = torch.compile(run, backend=counter, dynamic=False, fullgraph=True)
+    x = x.to(torch.bfloat16)
+    for t in range(3):
+        args = (x[t : t + 1], weights[t : t + 1], ids[t : t + 1])
+        torch.testing.assert_close(compiled(*args), run(*args))
+    assert counter.frame_count == 1

@@ -110,13 +110,13 @@ def test_seeded_request_draws_the_same_tokens():
 @pytest.mark.parametrize(
     ("method", "pipeline", "refusal"),
     [
-        ("mtp", 1, "'mtp' speculative decoding method.*multi-token-prediction"),
         ("medusa", 1, "'medusa' speculative decoding method"),
         ("suffix", 1, "'suffix' speculative decoding method"),
         ("ngram", 2, "pipeline parallelism"),
         ("draft_model", 1, "probabilistic"),
         ("eagle", 1, "probabilistic"),
         ("eagle3", 1, "probabilistic"),
+        ("mtp", 1, "probabilistic"),
     ],
 )
 def test_unsupported_speculative_configs_are_refused(method, pipeline, refusal):
@@ -144,7 +144,7 @@ def test_unsupported_speculative_configs_are_refused(method, pipeline, refusal):
         (False, False, 2, "a draft_tensor_parallel_size"),
     ],
 )
-@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "mtp"])
 def test_draft_targets_not_run_yet_are_refused(
     method, lora, multimodal, draft_tp, refusal
 ):
@@ -156,6 +156,8 @@ def test_draft_targets_not_run_yet_are_refused(
         rejection_sample_method="standard",
         draft_lm_head_quantization=None,  # vLLM 0.33's; read there only
         draft_parallel_config=SimpleNamespace(tensor_parallel_size=draft_tp),
+        draft_model_config=SimpleNamespace(architectures=["DeepSeekMTPModel"]),
+        use_multi_module_mtp=lambda: False,
     )
     config = SimpleNamespace(
         speculative_config=spec,
@@ -203,3 +205,37 @@ def test_draft_model_with_other_kv_heads_is_refused():
         check_speculative_config(config)  # type: ignore[arg-type]
     spec.draft_model_config = model_config(3)
     check_speculative_config(config)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("architecture", "several_layers", "refusal"),
+    [
+        ("DeepSeekMTPModel", True, "num_speculative_tokens to 1"),
+        ("Glm4MoeMTP", False, r"not yet this model's \(Glm4MoeMTP\)"),
+    ],
+)
+def test_mtp_outside_what_was_validated_is_refused(
+    architecture, several_layers, refusal
+):
+    """Several MTP layers chained, or another family's MTP layer."""
+    spec = SimpleNamespace(
+        method="mtp",
+        draft_sample_method="greedy",
+        use_heterogeneous_vocab=False,
+        parallel_drafting=False,
+        rejection_sample_method="standard",
+        draft_lm_head_quantization=None,  # vLLM 0.33's; read there only
+        draft_parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        draft_model_config=SimpleNamespace(architectures=[architecture]),
+        use_multi_module_mtp=lambda: several_layers,
+    )
+    config = SimpleNamespace(
+        speculative_config=spec,
+        lora_config=None,
+        model_config=SimpleNamespace(is_multimodal_model=False),
+        parallel_config=SimpleNamespace(
+            pipeline_parallel_size=1, tensor_parallel_size=1
+        ),
+    )
+    with pytest.raises(ValueError, match=refusal):
+        check_speculative_config(config)  # type: ignore[arg-type]

@@ -29,10 +29,8 @@ class Softmax(torch.nn.Module):
 class VLLMKVCache(torch.nn.Module):
     """Writes a step's keys (or values) into a flat cache; reads blocks back.
 
-    Returns what it wrote, where the reference returns the whole cache: INC
-    measures (MEASURE) or dequantizes (QUANTIZE) that result on every call,
-    which Gaudi's lazy mode drops when unused but a CPU would do in full. Only
-    its input's max-abs sets the cache's scale."""
+    Returns what it wrote, not the whole cache as the reference does: INC
+    measures or dequantizes that result on every call, which a CPU would do in full."""
 
     def forward(
         self, input: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor

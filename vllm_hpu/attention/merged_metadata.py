@@ -73,10 +73,7 @@ def build_merged_prompt_metadata(
     cache: CacheGeometry,
 ) -> HpuAttentionMetadata:
     """Metadata of one packed prompt pass of ``num_tokens`` (T) tokens over
-    ``num_context_blocks`` (C) context blocks: mask [1, T] queries x [1, C*B + T] keys.
-
-    Cost: O(T + C * B) Python list work and a few [C * B + T] tensors.
-    """
+    ``num_context_blocks`` (C) context blocks: mask [1, T] x [1, C*B + T] keys."""
     block_size, dummy = cache.block_size, cache.num_blocks
     _check_fits(seqs, num_tokens, num_context_blocks, block_size)
     packing = _Packing(seqs, block_size)

@@ -28,8 +28,7 @@ class SeqLayout:
     bidirectional_spans: tuple[tuple[int, int], ...] = ()
 
     def span_ends(self) -> np.ndarray:
-        """[num_scheduled_tokens]: the last position each scheduled token sees,
-        its own or the last of the bidirectional span holding it."""
+        """[num_scheduled_tokens]: the last position each token sees (span-aware)."""
         start = self.num_computed_tokens
         positions = np.arange(start, start + self.num_scheduled_tokens)
         ends = positions.copy()
@@ -118,6 +117,16 @@ class HpuAttentionMetadata(AttentionMetadata):
     def decode(self) -> DecodeBlocks | None:
         return None if self.is_prompt else self.decode_blocks()
 
+    # Read by vLLM's sparse MLA (MLAAttention._use_sparse_mha): a prompt pass
+    # runs as MHA under its layer's top-k mask (attention/sparse_mla.py).
+    @property
+    def prefill(self) -> "HpuAttentionMetadata | None":
+        return self if self.is_prompt else None
+
+    @property
+    def use_dense_mha(self) -> bool:
+        return True
+
 
 _PADDING_ROW = SeqLayout(block_table=[], num_computed_tokens=0, num_scheduled_tokens=0)
 
@@ -158,13 +167,11 @@ class PassRows:
         )
 
     def block_ids(self, rows: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """Physical id of block ``blocks[k]`` (a position // block_size) of
-        row ``rows[k]``."""
+        """Physical id of block ``blocks[k]`` of row ``rows[k]``."""
         return self.tables[self.table_starts[rows] + blocks]
 
     def slot_mapping(self, num_tokens: int, cache: CacheGeometry) -> torch.Tensor:
-        """[num_tokens] cache slot of every token, row ``i``'s from flat index
-        ``starts[i]`` on; padding spreads over the dummy block."""
+        """[num_tokens] cache slot per token; padding spreads over the dummy block."""
         block_size = cache.block_size
         slots = cache.num_blocks * block_size + np.arange(num_tokens) % block_size
         counts = self.query_lens
@@ -201,11 +208,8 @@ def build_prompt_metadata(
     num_context_blocks: int,
     cache: CacheGeometry,
 ) -> HpuAttentionMetadata:
-    """Metadata of a prompt pass over ``batch_size * query_len`` tokens.
-
-    Cost: O(batch_size * max blocks per request) Python list work and a handful
-    of host tensor ops on [bs, q] and [bs, C*B + q]; no [q, K] mask is made here.
-    """
+    """Metadata of a prompt pass over ``batch_size * query_len`` tokens; no [q, K]
+    mask is made here."""
     rows = _pad_batch(seqs, batch_size)
     block_list = None
     if num_context_blocks > 0:
@@ -234,9 +238,8 @@ def build_prompt_metadata(
 def _query_span_end(
     rows: list[SeqLayout], query_len: int, cache: CacheGeometry
 ) -> torch.Tensor | None:
-    """[bs, q]: each query's last visible position (``SeqLayout.span_ends``;
-    padding queries: their offset, unused); None when no row has a span,
-    unless the cache asks for span ends in every pass."""
+    """[bs, q]: each query's last visible position (``SeqLayout.span_ends``); None
+    when no row has a span, unless the cache asks for span ends in every pass."""
     if not cache.span_ends and not any(row.bidirectional_spans for row in rows):
         return None
     ends = np.tile(np.arange(query_len, dtype=np.int64), (len(rows), 1))
@@ -248,9 +251,7 @@ def _query_span_end(
 def first_visible_position(
     position: Any, sliding_window: int | None, attention_chunk: int | None
 ) -> Any:
-    """The earliest key position a query at ``position`` (an int or an array
-    of them) attends: its chunk's start, the first of its last
-    ``sliding_window`` positions, or 0."""
+    """The earliest key position a query at ``position`` (int or array) attends."""
     if attention_chunk is not None:
         return position - position % attention_chunk
     if sliding_window is not None:
@@ -261,12 +262,9 @@ def first_visible_position(
 def window_capacity(
     num_blocks: int, batch_size: int, sliding_window: int | None, block_size: int
 ) -> int:
-    """Padded block count of a layout: the bucket's P, or for a window (or a
-    chunk of W positions) fewer, since W keys span at most cdiv(W - 1, B) + 1
-    blocks per row (fixed per bucket, so graph shapes stay static). Buckets
-    count every block of a row, as for full attention, so that warmup's
-    sequences land on every bucket; a windowed layer's work is bounded by this
-    capacity, not by P."""
+    """Padded block count of a layout: the bucket's P, or for a window (or chunk) of
+    W positions at most cdiv(W - 1, B) + 1 blocks per row, fixed per bucket so
+    graph shapes stay static."""
     if sliding_window is None:
         return num_blocks
     per_row = cdiv(sliding_window - 1, block_size) + 1
@@ -304,13 +302,11 @@ def _flat_layout(
     chunk: int | None,
     block_size: int,
 ) -> dict[str, np.ndarray]:
-    """Per flat block: physical id, query group, key offset (ALiBi: key
-    position minus query position is offset + key slot - slot); per block and
-    slot of its group the visible key range [start, usage) within the block,
-    empty for other rows' slots. A row's blocks run from its first query's
-    first visible key to its last query's own; slot ``j`` of a row (of its
-    ``owned`` slots) queries at the row's ``j``-th token (past its tokens: the
-    last)."""
+    """Per flat block: physical id, query group, key offset (ALiBi), and per slot of
+    its group the visible key range [start, usage) (empty for other rows' slots).
+    A row's blocks run from its first query's first visible key to its last
+    query's own; slot ``j`` queries at the row's ``j``-th token (past its tokens:
+    the last)."""
     slot0 = rows.starts % num_queries
     slot = np.arange(num_queries)[None, :] - slot0[:, None]  # [R, Q]: the row's j
     is_owned = (slot >= 0) & (slot < owned[:, None])
@@ -386,17 +382,11 @@ def build_decode_metadata(
     starts: list[int] | None = None,
     num_queries: int = 1,
 ) -> HpuAttentionMetadata:
-    """Metadata of a decode pass of ``batch_size`` query groups of
-    ``num_queries`` (Q) slots over ``num_blocks`` (P) flat blocks (spec section
-    2): one token per row at flat index ``i``, or verifying drafts, row ``i``'s
-    tokens from flat index ``starts[i]`` on (``attention/verify.py``), causal
-    within the row. One layout per sliding window and attention chunk size
-    (and one for full attention): a windowed or chunked layer reads only the
-    blocks it attends.
-
-    Cost per layout: a few numpy operations over the rows and the P blocks, no
-    Python loop; a few host-to-device copies and small device ops ([P, Q,
-    block_size] bias, [P, bs] one-hot)."""
+    """Metadata of a decode pass of ``batch_size`` query groups of ``num_queries``
+    (Q) slots over ``num_blocks`` (P) flat blocks: one token per row at flat
+    index ``i``, or, verifying drafts, row ``i``'s tokens from ``starts[i]`` on,
+    causal within the row. One layout per sliding window and attention chunk
+    size (and one for full attention), so a layer reads only the blocks it attends."""
     rows = PassRows.of(seqs, list(range(len(seqs))) if starts is None else starts)
     owned = _owned_slots(rows, batch_size, num_queries)
     windows: list[int | None] = [None] if cache.full_attention else []
@@ -432,9 +422,8 @@ def build_decode_metadata(
 def block_mapping(
     groups: torch.Tensor, batch_size: int, cache: CacheGeometry
 ) -> torch.Tensor:
-    """Each block's one-hot owning row, made in the model's dtype (an int64
-    one-hot of P x bs would be 4 to 8 times larger); the sink row's column
-    dropped."""
+    """Each block's one-hot owning row in the model's dtype (an int64 one-hot would
+    be 4 to 8 times larger); the sink row's column dropped."""
     mapping = torch.zeros(
         groups.shape[0], batch_size + 1, dtype=cache.dtype, device=cache.device
     )

@@ -1,11 +1,9 @@
 """HpuMLABackend: vLLM's MLAAttention layers (DeepSeek-V2/V3) on a flat latent cache.
 
-vLLM's ``MLAAttention.forward_impl`` absorbs W_UK into decode queries and projects
-decode outputs through W_UV itself; our impl writes the latent cache, runs prompt
-tokens as MHA over their expanded latents, their cached context in latent space
-(queries absorbed through our own split of kv_b_proj) and decode tokens as flat
-MQA (``ops/mla_kernels.py``).
-"""
+vLLM's ``MLAAttention.forward_impl`` absorbs W_UK and W_UV for decode itself;
+our impl writes the latent cache, runs prompt tokens as MHA over latents
+expanded through our own split of kv_b_proj, cached context in latent space
+and decode tokens as flat MQA (``ops/mla_kernels.py``)."""
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,7 +31,8 @@ from vllm_hpu.ops.mla_kernels import (
     latent_prompt_attention,
     write_latent_to_cache,
 )
-from vllm_hpu.ops.prompt_mask import PromptBias
+from vllm_hpu.ops.paged_attention import DecodeBlocks
+from vllm_hpu.ops.prompt_mask import PromptBias, PromptMask
 
 if TYPE_CHECKING:
     from vllm.config.cache import CacheDType
@@ -75,7 +74,6 @@ def check_mla_supported(attn_selector_config: "AttentionSelectorConfig") -> None
     """Raise a ValueError naming what the MLA backend lacks and how to avoid it."""
     config = attn_selector_config
     problems = [
-        (config.use_sparse, "sparse MLA (DeepSeek-V3.2)", "use a dense MLA model"),
         (
             config.has_sliding_window,
             "sliding-window MLA",
@@ -111,8 +109,7 @@ class HpuMLAPrefillBackend(MLAPrefillBackend):
 
 
 class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
-    """Latent cache writes, prompt MHA with cached context in latent space, flat
-    decode MQA."""
+    """Latent cache writes, prompt MHA, context in latent space, decode MQA."""
 
     def __init__(
         self,
@@ -156,9 +153,8 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         self.decode_block_slice = decode_block_slice()
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
-        """W_UK and W_UV for prompt passes with cached context, split from
-        kv_b_proj as vLLM's layer splits its own (views of an unquantized weight;
-        a dequantized copy otherwise)."""
+        """W_UK and W_UV for prompt passes, split from kv_b_proj as vLLM splits its own
+        (views of an unquantized weight, else a dequantized copy)."""
         self.w_uk, self.w_uv = split_kv_b_proj(
             self.kv_b_proj,
             act_dtype,
@@ -169,7 +165,14 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         )
 
     def _kv_b_proj(self, kv_c: torch.Tensor) -> torch.Tensor:
-        return self.kv_b_proj(kv_c)[0]  # vLLM's linear layers return (out, bias)
+        """kv_b_proj in latent space, through W_UK and W_UV, so a token's keys and
+        values are the same in every kind of pass. kv_c: [T, L] -> [T, N * (P + V)]."""
+        assert self.w_uk is not None and self.w_uv is not None, (
+            "process_weights_after_loading has not run"
+        )
+        k_nope = torch.einsum("tl,lnp->tnp", kv_c, self.w_uk)
+        value = torch.einsum("tl,lnv->tnv", kv_c, self.w_uv)
+        return torch.cat((k_nope, value), dim=-1).flatten(1)
 
     def do_kv_cache_update(
         self,
@@ -206,7 +209,7 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
             max(q.shape[-1], self.expand.v_head_dim),
         )
         query = q.view(batch_size, query_len, *q.shape[1:])
-        bias = PromptBias(mask, q.dtype)
+        bias = self._prompt_bias(mask, q.dtype)
         if attn_metadata.block_list is None:
             out = latent_prompt_attention(query, keys, bias, self.scale, self.slicing)
         else:
@@ -216,20 +219,17 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
             )
         output.copy_(out.reshape(output.shape))
 
+    def _prompt_bias(self, mask: PromptMask, dtype: torch.dtype) -> PromptBias:
+        return PromptBias(mask, dtype)
+
     def _context(
         self, cache: torch.Tensor, attn_metadata: HpuAttentionMetadata, batch_size: int
     ) -> LatentContext:
         """The pass's cached latents with this layer's W_UK and W_UV."""
-        assert attn_metadata.block_list is not None and attn_metadata.prompt_mask
         assert self.w_uk is not None and self.w_uv is not None, (
             "process_weights_after_loading has not run"
         )
-        # Shapes, not values: C = blocks per row, B = past keys per block.
-        num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
-        block_size = attn_metadata.prompt_mask.past_len // num_context_blocks
-        latent = gather_latent_context(
-            cache, attn_metadata.block_list, batch_size, block_size
-        )
+        latent = context_rows(cache, attn_metadata, batch_size)
         return LatentContext(latent, self.w_uk, self.w_uv)
 
     def forward_mqa(
@@ -245,12 +245,29 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         out = latent_decode_attention(
             query,
             kv_c_and_k_pe_cache,
-            attn_metadata.decode_blocks(),
+            self._decode_blocks(attn_metadata),
             self.scale,
             self.kv_lora_rank,
             self.decode_block_slice,
         )
         return out, None
+
+    def _decode_blocks(self, attn_metadata: HpuAttentionMetadata) -> DecodeBlocks:
+        return attn_metadata.decode_blocks()
+
+
+def context_rows(
+    cache: torch.Tensor, attn_metadata: HpuAttentionMetadata, batch_size: int
+) -> torch.Tensor:
+    """A prompt pass's cached context rows of a flat cache [slots, X] (the
+    latents, or DeepSeek-V3.2's indexer keys): [bs, C * B, X]."""
+    assert attn_metadata.block_list is not None and attn_metadata.prompt_mask
+    # Shapes, not values: C = blocks per row, B = past keys per block.
+    num_context_blocks = attn_metadata.block_list.shape[0] // batch_size
+    block_size = attn_metadata.prompt_mask.past_len // num_context_blocks
+    return gather_latent_context(
+        cache, attn_metadata.block_list, batch_size, block_size
+    )
 
 
 def _refuse_unsupported(**settings: object) -> None:

@@ -1,11 +1,8 @@
 """Bucket files (``VLLM_BUCKETING_FROM_FILE``), in the reference Gaudi stack's format.
 
-One bucket per line, ``(batch_size, query_len, num_blocks)``; any element may be a
-list, for the Cartesian product: ``(1, [256, 512], [0, 4])`` is four buckets. A
-query length of 1 makes a decode bucket (``num_blocks``: the padded total block
-count), any other a prompt bucket (``num_blocks``: cached-context blocks per
-prompt). ``#`` starts a comment; blank lines are ignored.
-"""
+One ``(batch_size, query_len, num_blocks)`` per line, any element a list for
+the Cartesian product: ``(1, [256, 512], [0, 4])`` is four buckets. A query
+length of 1 makes a decode bucket, any other a prompt bucket; ``#`` comments."""
 
 import ast
 import itertools

@@ -1,13 +1,9 @@
 """Trace-driven bucket planning: the buckets that pad a recorded trace least,
 within a graph budget (``python -m vllm_hpu.bucketing --trace ... --plan-out``).
 
-Start from one bucket per phase covering every traced shape, then add, one at a
-time, the bucket (a traced shape, query rounded up to a block) that lowers the
-padding most, until the budget is spent or nothing helps. Padding is weighed as
-padded / real per quantity (prompt tokens; decode sequences plus decode blocks),
-as the runner's lookup would pad each shape. A final replay adds a bucket for any
-pass the runner would form that is still uncovered, so none is left without one.
-"""
+Greedy: from one bucket per phase covering every traced shape, add the traced
+shape that lowers padding (padded / real per quantity) most, until the budget
+is spent; a final replay covers any pass still without a bucket."""
 
 import math
 from collections import Counter

@@ -66,10 +66,8 @@ def smallest_padded(values: list[int], floor: int) -> list[int]:
 
 
 def fillable_batch_sizes(batch_sizes: list[int], num_kv_blocks: int) -> list[int]:
-    """The sorted batch sizes some batch the KV cache can hold pads to: every
-    decoding sequence writes its next token into a KV block of its own, so no
-    more than ``num_kv_blocks`` sequences decode at once (the smallest always
-    stays)."""
+    """The sorted batch sizes some batch the KV cache can hold pads to: each
+    decoding sequence needs a block of its own (the smallest size always stays)."""
     lowest = smallest_padded(batch_sizes, 1)
     pairs = zip(batch_sizes, lowest, strict=True)
     fillable = [size for size, low in pairs if low <= num_kv_blocks]
@@ -82,11 +80,9 @@ def context_tokens(min_blocks: int, block_size: int) -> int:
 
 
 def generate_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
-    """Prompt buckets, dropping those no legal request needs.
-
-    Legal: at most ``max_num_seqs`` requests, ``bs * query_len <=
-    max_num_batched_tokens`` and ``context + query_len <= max_model_len`` tokens.
-    """
+    """Prompt buckets some legal request needs: at most ``max_num_seqs`` rows,
+    ``bs * query_len <= max_num_batched_tokens``, ``context + query_len <=
+    max_model_len``."""
     dims = prompt_dims(config)
     min_batch = smallest_padded(dims.batch_sizes, 1)
     min_query = smallest_padded(dims.query_lens, 1)
@@ -121,12 +117,9 @@ def decode_block_cap(
 def generate_decode_buckets(
     config: BucketingConfig, num_kv_blocks: int
 ) -> list[Bucket]:
-    """Decode buckets with block counts clamped to what the batch can really hold.
-
-    Clamping (rather than dropping) keeps each batch size's cap as a bucket, so
-    the fullest batch of that size still has one. Block counts below the batch's
-    smallest real size go: every sequence holds at least one block.
-    """
+    """Decode buckets with block counts clamped (not dropped: the fullest batch of a
+    size keeps a bucket) to what the batch can hold; counts below the batch size
+    go, since every sequence holds a block."""
     dims = decode_dims(config)
     min_batch = smallest_padded(dims.batch_sizes, 1)
     buckets: list[Bucket] = []

@@ -1,14 +1,10 @@
 """The default ``compact`` buckets: few graphs, spent where a workload pads.
 
-Prompt passes (one row per prompt) get a short query ladder and few batch sizes,
-with cached-context buckets only where a context chunk runs. Decode block counts
-are a ladder in blocks per sequence: short sequences at every batch size, and for
-the largest batch size (where a busy server runs) block counts growing by a
-constant factor up to the KV cache. A batch of longer sequences runs in a larger
-batch size's bucket: it pads rows, which a decode step computes for little (it
-streams the weights once whatever its rows), not blocks, which flat paged
-attention reads one by one. docs/bucketing.md has the numbers.
-"""
+Prompts get a short query ladder and few batch sizes, context buckets only
+where a context chunk runs. Decode block counts are a ladder per sequence, and
+for the largest batch size one growing to the KV cache: a batch of long
+sequences pads rows (cheap: a decode streams the weights once), not blocks.
+docs/bucketing.md has the numbers."""
 
 import dataclasses
 import math
@@ -96,8 +92,7 @@ def compact_decode_batch_sizes(config: BucketingConfig) -> list[int]:
 
 
 def growing_block_counts(batch_size: int, cap: int, growth: float) -> list[int]:
-    """``batch_size`` x 1, ``growth``, ``growth**2``, ... blocks per sequence
-    (rounded up), below ``cap``, then ``cap`` itself."""
+    """``batch_size`` x 1, ``growth``, ``growth**2``, ... blocks, up to ``cap``."""
     counts = set()
     per_seq = 1.0
     while round(batch_size * per_seq, 6) < cap:
@@ -126,10 +121,9 @@ def short_sequence_buckets(
 def compact_decode_buckets(
     config: BucketingConfig, num_kv_blocks: int, shape: CompactShape = COMPACT
 ) -> list[Bucket]:
-    """Short sequences at every batch size; for the largest batch size the KV
-    cache can fill, block counts growing by ``largest_batch_growth`` up to the
-    most it can hold (KV cache, max_model_len), so every decode batch has a
-    bucket (a smaller batch of longer sequences in a larger batch's)."""
+    """Short sequences at every batch size; for the largest fillable batch size,
+    block counts growing by ``largest_batch_growth`` up to the most it can hold,
+    so every decode batch has a bucket (a smaller one in a larger batch's)."""
     *smaller, largest = fillable_batch_sizes(
         compact_decode_batch_sizes(config), num_kv_blocks
     )

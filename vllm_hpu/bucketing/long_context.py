@@ -1,15 +1,10 @@
-"""Compact buckets for long contexts (``max_model_len`` of 32k and more): cached
-context and decode block counts on a square-root ladder, dense where the blocks
-are many and padding them is dear, sparse where they are few.
+"""Compact buckets for long contexts (``max_model_len`` of 32k and more): context
+and decode block counts on a square-root ladder, dense where padding is dear.
 
-Why: the compact set pads a prompt's context to 0 or the most one request holds,
-and a long sequence's decode blocks to its batch's cap; on a long-context trace
-that padded 67 to 72 % of the context blocks and up to 72 % of the decode blocks
-(docs/long-context.md). A ladder of n values ``low + (high - low) * (k / n) ** 2``
-leaves gaps of about 2 / n of a value near the top whatever ``high`` is, so the
-graph count does not grow with the context length; geometric spacing would need
-a value per fraction of every doubling.
-"""
+Why: the compact set padded 67 to 72 % of a long-context trace's context
+blocks (docs/long-context.md). A ladder ``low + (high - low) * (k / n) ** 2``
+keeps gaps of about 2 / n near the top whatever ``high`` is, so the graph
+count does not grow with the context length."""
 
 import dataclasses
 import math
@@ -89,11 +84,8 @@ def long_context_decode_buckets(
     num_kv_blocks: int,
     shape: LongContextShape = LONG_CONTEXT,
 ) -> list[Bucket]:
-    """The compact set's buckets for short sequences (the largest batch
-    size's growing ladder up to the others' most blocks per sequence), plus
-    per batch size a ladder from the batch size to the most blocks it can
-    hold (KV cache, max_model_len), so no bucket exceeds what the KV cache
-    holds and long sequences keep their own batch size."""
+    """The compact set's short-sequence buckets plus, per batch size, a ladder up to
+    the most blocks it can hold, so long sequences keep their own batch size."""
     batch_sizes = fillable_batch_sizes(
         compact_decode_batch_sizes(config), num_kv_blocks
     )

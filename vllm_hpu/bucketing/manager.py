@@ -92,12 +92,10 @@ def padded_value(needed: int, values: list[int], bucket_range: BucketRange) -> i
 def verification_batch_rungs(
     decode: list[Bucket], max_groups: int
 ) -> dict[int, list[int]]:
-    """Each decode batch size's block counts, and a rung halfway between two
-    batch sizes more than one apart (up to ``max_groups``, and to the blocks
-    the size above holds) with the size above's block counts scaled to it.
-    A verification pass's query groups come in any number (rows without
-    drafts share them), so on a doubling ladder three groups would pad to
-    four, a quarter of the pass's tokens (each padding group is Q tokens)."""
+    """Each decode batch size's block counts, plus a rung halfway between batch
+    sizes more than one apart: a verification pass's query groups come in any
+    number, and on a doubling ladder three groups would pad to four (each padding
+    group is Q tokens)."""
     blocks: dict[int, set[int]] = {}
     for bucket in decode:
         blocks.setdefault(bucket.batch_size, set()).add(bucket.num_blocks)
@@ -114,10 +112,9 @@ def verification_batch_rungs(
 def verification_buckets(
     decode: list[Bucket], num_queries: int, max_groups: int
 ) -> list[Bucket]:
-    """Per batch size rung (``verification_batch_rungs``) its block counts
-    and the rungs of one and two blocks per query group below its lowest:
-    each block is read by Q queries, so padding blocks cost Q times what they
-    cost in decode, and short sequences verify often."""
+    """Per batch size rung its block counts, and rungs of one and two blocks per
+    query group below its lowest: each block is read by Q queries, so padding
+    blocks cost Q times what they cost in decode."""
     buckets: set[Bucket] = set()
     for size, counts in verification_batch_rungs(decode, max_groups).items():
         buckets.update(Bucket(size, num_queries, count) for count in counts)
@@ -218,8 +215,7 @@ class HpuBucketManager:
     def covering_prompt_bucket(
         self, batch_size: int, query_len: int, num_context_blocks: int
     ) -> Bucket:
-        """The bucket a prompt batch of this shape pads to; a question only:
-        nothing is counted, remembered or warned."""
+        """The bucket a prompt batch of this shape pads to; nothing is counted."""
         return self._cover_prompt(batch_size, query_len, num_context_blocks)[0]
 
     def has_prompt_bucket(
@@ -250,9 +246,9 @@ class HpuBucketManager:
     def find_decode_bucket(
         self, batch_size: int, num_blocks: int, query_len: int = 1
     ) -> Bucket:
-        """The smallest decode bucket for ``batch_size`` sequences holding
-        ``num_blocks`` KV blocks in all (a warned miss if none); with
-        ``query_len`` > 1, the verification bucket of that many queries per row."""
+        """The smallest decode bucket for ``batch_size`` rows holding ``num_blocks``
+        in all (a warned miss if none); with ``query_len`` > 1, a verification bucket.
+        """
         if self.exact_shapes:
             return Bucket(batch_size, query_len, num_blocks)
         index = self._decode if query_len == 1 else self._verify

@@ -1,15 +1,9 @@
-"""Prompt buckets of merged prefill: ``(1, total tokens, total context blocks)``.
+"""Prompt buckets of merged prefill: ``(1, total tokens, total context blocks)``:
+a token ladder up to the step budget, and context 0 or the most one request holds.
 
-A merged pass packs the step's prompt chunks into one sequence, so its buckets
-depend on the tokens of the whole step, not on batch x longest chunk: a token
-ladder up to the step budget, and context 0 or the most one request can hold.
-
-The ladder follows what padding costs on Gaudi: a pass of fewer than
-``COMPUTE_BOUND_TOKENS`` tokens takes about the time of streaming the weights
-once (the chip does more FLOPs per byte of HBM than such a pass asks for), so
-coarse values pad it cheaply; from there on every padded token is compute, so
-values are three per doubling (at most a third apart).
-"""
+Below ``COMPUTE_BOUND_TOKENS`` a pass takes about the time of streaming the
+weights once on Gaudi, so coarse values pad cheaply; above, every padded token
+is compute, so values are three per doubling."""
 
 import math
 

@@ -1,11 +1,7 @@
-"""How a step's prompt chunks become bucketed passes: the shape a pass pads up to a
-bucket, (rows, query length, context blocks), one row per chunk or, under merged
-prefill, every chunk packed into one row (the packing's arithmetic is the merged
-metadata builder's own); and which chunks share a pass, packed (merged prefill,
-the default) or one row per chunk (``VLLM_HPU_MERGED_PREFILL=false`` and pooling
-models, chosen at start-up in ``BucketingConfig``). The bucket manager is only
-asked which warmed-up bucket would cover a group. The runner's planner
-(worker/passes/) and the trace replay (``replay.py``) both split this way."""
+"""How a step's prompt chunks become bucketed passes: the shape a pass pads up to
+(rows, query length, context blocks), and which chunks share a pass, packed
+(merged prefill, the default) or one row per chunk. The runner's planner and
+the trace replay (``replay.py``) both split this way."""
 
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
@@ -63,10 +59,9 @@ def split_prompt_passes(
 def split_merged(
     seqs: list[Chunk], buckets: HpuBucketManager, block_size: int
 ) -> list[list[Chunk]]:
-    """Packs, first fit: a chunk joins the first pack that still has a warmed-up
-    bucket with it (the step's tokens always fit one; context may not). A chunk
-    reading blocks another chunk of its pack writes is fine: every layer writes
-    the pass's KV before it gathers context."""
+    """Packs, first fit: a chunk joins the first pack still having a warmed-up
+    bucket with it. A chunk may read blocks another chunk of its pack writes:
+    every layer writes the pass's KV before it gathers context."""
     packs: list[list[Chunk]] = []
     for seq in seqs:
         for pack in packs:
@@ -89,12 +84,9 @@ def _prompt_tokens(
 def _dependency_depths(seqs: Sequence[SplitChunk], block_size: int) -> list[int]:
     """How many passes must run before each chunk.
 
-    vLLM can hand a prompt, as cached context, full blocks that another prompt
-    scheduled in the same step writes (identical prefixes arriving together): the
-    reader must run in a later pass than the writer. One pass is fine too, since
-    every layer writes the pass's KV before reading context, but reordering chunks
-    by length must not put a reader first.
-    """
+    vLLM can hand a prompt, as cached context, full blocks that another prompt of
+    the same step writes (identical prefixes arriving together): reordering
+    chunks by length must not put the reader before the writer."""
     writers: dict[int, int] = {}
     for index, seq in enumerate(seqs):
         for table in seq.tables:  # a full layer may read what a window skips
@@ -123,16 +115,11 @@ def split_prefills(
 ) -> list[list[Chunk]]:
     """Group prompt chunks into passes of similar length.
 
-    Chunks are taken shortest first (then least cached context), after every chunk
-    whose cached context they read is written (see ``_dependency_depths``). The
-    next chunk joins the current pass unless rows x longest chunk would exceed the
-    token budget (vLLM bounds only the sum of real tokens; prompt buckets are
-    generated for batches within this bound, so every pass finds a warmed-up
-    bucket), or has no warmed-up bucket (a bucket set need not have every batch
-    size), or unless the joined pass would be padded to more tokens than the two
-    passes apart, counting starting a pass as one block of tokens (the smallest
-    prompt bucket by default): a long chunk must not stretch every short row.
-    """
+    Chunks go shortest first (then least context), after the chunks whose context
+    they read. A chunk joins the current pass unless rows x longest chunk would
+    exceed the token budget, no warmed-up bucket fits, or the joined pass would
+    pad to more tokens than two passes (a pass start counting one block of
+    tokens): a long chunk must not stretch every short row."""
     depths = _dependency_depths(seqs, block_size)
     batches: list[list[Chunk]] = []
     for level in sorted(set(depths)):

@@ -21,11 +21,8 @@ class BucketRange(NamedTuple):
 
 
 def linear_range(bucket_range: BucketRange) -> list[int]:
-    """``min, 2*min, 4*min, ...`` while below ``step``, then multiples of ``step``.
-
-    ``max`` is always the last value, even when it is not a multiple of ``step``.
-    A ``min`` of 0 contributes 0 and the ramp then starts at 1.
-    """
+    """``min, 2*min, 4*min, ...`` below ``step``, then multiples of ``step``; ``max``
+    always last. A ``min`` of 0 adds 0 and the ramp starts at 1."""
     low, step, high = bucket_range
     values = [0] if low == 0 else []
     value = max(low, 1)
@@ -47,12 +44,8 @@ def default_num_points(bucket_range: BucketRange) -> int:
 def exponential_range(
     bucket_range: BucketRange, num_points: int | None = None
 ) -> list[int]:
-    """``num_points`` geometric points from ``min`` to ``max``, each rounded up.
-
-    Every point is rounded up to the smallest value of :func:`linear_range` that
-    covers it (a multiple of ``step``, or a ramp value below ``step``), so the
-    result is a subset of the linear values; duplicates go and ``max`` stays last.
-    """
+    """``num_points`` geometric points from ``min`` to ``max``, each rounded up to a
+    value of :func:`linear_range`; duplicates go and ``max`` stays last."""
     linear = linear_range(bucket_range)
     points = num_points if num_points is not None else default_num_points(bucket_range)
     low, _, high = bucket_range

@@ -1,15 +1,8 @@
-"""The reference Gaudi plugin's default buckets, reproduced from its code (its
-exponential strategy, vllm-gaudi 091bbadd, ``vllm_gaudi/extension/bucketing``):
-for comparison, and for users who want its warmup.
-
-Strategy ``reference`` is its default, one prompt per prompt pass; strategy
-``reference-merged`` its merged-prefill mode, every prompt chunk of a step packed
-into one ``(1, tokens, context blocks)`` pass. Like the reference, with prefix
-caching off it counts decode blocks as contiguous paged attention does (the
-highest block id, bounded by the KV cache); with it on, as block references
-(up to 3 x the KV cache's blocks, since prefix hits share blocks).
-tests/unit/test_bucketing_reference.py holds its lists for a dozen configurations.
-"""
+"""The reference Gaudi plugin's default buckets, reproduced from its code
+(vllm-gaudi 091bbadd, ``vllm_gaudi/extension/bucketing``): strategy
+``reference`` (one prompt per pass) and ``reference-merged`` (its merged
+prefill). Like the reference, decode blocks count as contiguous paged attention
+does without prefix caching, as block references (up to 3 x the KV cache) with."""
 
 import dataclasses
 import math

@@ -148,8 +148,7 @@ class BucketingConfig:
 
 
 def _verify_queries(vllm_config: "VllmConfig") -> int:
-    """Query tokens per row of a verification pass: a row's last token and
-    its k drafts (1: no speculative decoding)."""
+    """Query tokens per row of a verification pass: k drafts + 1 (1: none)."""
     spec = vllm_config.speculative_config
     return 1 + (spec.num_speculative_tokens or 0) if spec is not None else 1
 
@@ -192,9 +191,8 @@ def phase_strategy(envs: HpuEnvs, phase: str, strategy: str) -> str:
 
 def resolve_merged_prefill(envs: HpuEnvs, prompt_strategy: str) -> bool:
     """VLLM_HPU_MERGED_PREFILL, else what the prompt buckets were made for: a
-    reference strategy its own mode; a prompt batch-size range set by the user
-    one row per prompt (a packed pass has one row, so its batch sizes would go
-    unused); everything else packed."""
+    reference strategy its own mode; a user's prompt batch-size range one row per
+    prompt; everything else packed."""
     chosen = envs.merged_prefill
     fixed = REFERENCE_MERGED_PREFILL.get(prompt_strategy)
     if fixed is not None:
@@ -257,11 +255,8 @@ def resolve_range(
     default: BucketRange,
     legacy: dict[str, tuple[str, int]],
 ) -> BucketRange:
-    """One dimension: each part from its variable, a ``legacy`` alias, or the default.
-
-    ``legacy`` maps a part to (variable, value) for values given under an older
-    name; the variable named in errors is whichever the user actually set.
-    """
+    """One dimension: each part from its variable, a ``legacy`` alias (variable,
+    value), or the default; errors name whichever variable the user set."""
     values: list[int] = []
     sources: list[str] = []
     for part, fallback in zip(PARTS, default, strict=True):

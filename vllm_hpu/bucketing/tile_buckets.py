@@ -1,14 +1,8 @@
 """Encoder passes of tiled vision towers (Llama 4), bucketed by tiles per pass.
 
-Such a tower takes every image of a pass as fixed-size tiles,
-``pixel_values [tiles, channels, size, size]``, and the tile count of each image
-(``patches_per_image``, vLLM's Llama 4 name): an image is split into a grid of
-tiles plus a global tile, so images of different sizes give different tile
-counts. Each tile is encoded on its own (attention stays within a tile), so a
-pass of ``T`` tiles is padded to a bucket of ``B >= T`` tiles with one synthetic
-image of ``B - T`` zero tiles, whose output is dropped: the tower sees only the
-bucket sizes :meth:`TileBuckets.warmup_shapes` lists.
-"""
+Each image is a grid of tiles plus a global tile, each encoded on its own, so a
+pass of ``T`` tiles is padded to ``B >= T`` with one synthetic image of zero
+tiles, whose output is dropped."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,8 +68,7 @@ class TileBuckets:
         return runs
 
     def pad(self, kwargs: dict[str, Any], num_tiles: int) -> dict[str, Any]:
-        """Batched encoder inputs padded to ``num_tiles`` tiles by one image of
-        zero tiles (none when they already fill it)."""
+        """Batched encoder inputs padded to ``num_tiles`` by one image of zero tiles."""
         pixels: torch.Tensor = kwargs[PIXELS_KEY]
         rest = num_tiles - pixels.shape[0]
         assert rest >= 0, (num_tiles, pixels.shape)

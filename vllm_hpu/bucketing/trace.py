@@ -79,12 +79,8 @@ class StepTrace:
 
 
 class TraceRecorder:
-    """Appends each step's shape to a trace file as the runner plans it.
-
-    The header is written once the KV cache is sized; a line per step is flushed
-    at once, so a trace survives a server that is killed. Without a ``path``
-    nothing is recorded.
-    """
+    """Appends each step's shape to a trace file as the runner plans it, one flushed
+    line per step (a killed server keeps its trace); no ``path``: nothing."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path

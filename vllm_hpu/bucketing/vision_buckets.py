@@ -1,15 +1,10 @@
 """Encoder passes of dynamic-resolution vision towers (Qwen2-VL), bucketed by
-images per pass and patches per pass.
+images and patches per pass.
 
-Such a tower takes one flat batch of patches, ``pixel_values [patches, D]``, and
-one ``(t, h, w)`` grid per image (``image_grid_thw``); images of different sizes
-give different patch counts. A pass of ``n`` images is padded to a bucket of
-``B >= n`` images and ``P`` patches with ``B - n + 1`` synthetic zero images
-(``(1, m, m)`` grids, the last one taking the rest of the patches; ``m`` is the
-spatial merge size), so the tower always sees ``P`` patches in ``B + 1`` images.
-Attention stays within each image, so the padding does not change the real
-images' outputs; its own outputs are dropped.
-"""
+A pass of ``n`` images is padded to ``B >= n`` images and ``P`` patches with
+synthetic zero images (``(1, m, m)`` grids, the last taking the rest of the
+patches), so the tower always sees ``P`` patches in ``B + 1`` images. Attention
+stays within each image, so the real images' outputs do not change."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,8 +23,7 @@ def grid_key(modality: str) -> str:
 
 
 def is_grid_item(modality: str, item: MultiModalKwargsItem) -> bool:
-    """Whether ``item`` holds patches of a dynamic-resolution tower (not
-    precomputed embeddings, which skip the tower)."""
+    """Whether ``item`` holds a dynamic-resolution tower's patches."""
     return grid_key(modality) in item and PIXEL_KEYS.get(modality) in item
 
 
@@ -40,8 +34,7 @@ def item_patches(modality: str, item: MultiModalKwargsItem) -> int:
 
 
 def patch_buckets(smallest: int, largest: int) -> list[int]:
-    """Powers of two from ``smallest`` (at least MIN_PATCH_BUCKET) to the first
-    that holds ``largest``."""
+    """Powers of two from ``smallest`` to the first that holds ``largest``."""
     buckets = [max(MIN_PATCH_BUCKET, smallest)]
     while buckets[-1] < largest:
         buckets.append(buckets[-1] * 2)

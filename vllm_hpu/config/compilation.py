@@ -10,6 +10,7 @@ own compilation off (``platform._disable_vllm_compilation``).
 
 from typing import TYPE_CHECKING
 
+from vllm import envs as vllm_envs
 from vllm.logger import init_logger
 
 from vllm_hpu import device
@@ -86,6 +87,14 @@ def _compilation_mode(
 
     mode = compilation.mode
     if mode is None:
+        return
+    if mode == CompilationMode.NONE and vllm_envs.VLLM_USE_BREAKABLE_CUDAGRAPH:
+        # vLLM's own default for DeepSeek-V3.2 and kin, before this check runs.
+        logger.info(
+            "VLLM_USE_BREAKABLE_CUDAGRAPH (vLLM's breakable CUDA graphs, which set "
+            "compilation mode NONE) does not apply on HPU: the runner runs %s.",
+            runner.value,
+        )
         return
     compiles = runner is ExecutionMode.COMPILE
     backend = device.model_compile_backend()

@@ -51,6 +51,24 @@ RUNNABLE_HYBRID_ARCHS = frozenset(
     {"GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM"}
 )
 _STATE_FLAGS = ("is_hybrid", "has_inner_state")
+# DeepSeek-V4 shares only the lightning indexer's scoring with V3.2's sparse
+# MLA (attention/sparse_mla.py); the rest is new to the plugin.
+_DEEPSEEK_V4 = (
+    "is DeepSeek-V4, whose attention is not V3.2's sparse MLA: one shared key-value "
+    "head (not a latent) over a sliding window, compressed entries of 4 tokens "
+    "that its indexer picks from, or of 128 tokens, per-head attention sinks, "
+    "inverse-rotated outputs and a grouped output projection; hyper-connections "
+    "between layers and hash-routed experts. The HPU plugin has none of these: "
+    "use DeepSeek-V3.2 (DeepseekV32ForCausalLM) or DeepSeek-V3"
+)
+MISSING_ARCHS = dict.fromkeys(
+    (
+        "DeepseekV4ForCausalLM",
+        "DeepseekV4ForConditionalGeneration",
+        "DeepseekV41ForCausalLM",
+    ),
+    _DEEPSEEK_V4,
+)
 # Multimodal classes whose inputs the runner feeds
 # (worker/capabilities/multimodal.py): an encoder whose outputs replace
 # placeholder tokens, causal attention (or vLLM's mm prefix ranges, where image
@@ -89,6 +107,8 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
     ``info`` is vLLM's registry entry (``ModelRegistry.inspect_model_cls``);
     decoders, MoE, MLA and pooling models pass.
     """
+    if info.architecture in MISSING_ARCHS:
+        return f"{info.architecture} {MISSING_ARCHS[info.architecture]}."
     runnable_hybrid = info.architecture in RUNNABLE_HYBRID_ARCHS
     for flag, missing in _MISSING_PIECES:
         if runnable_hybrid and flag in _STATE_FLAGS:
@@ -182,6 +202,18 @@ def _has_zero_experts(text_config: "PretrainedConfig") -> bool:
     return getattr(text_config, "zero_expert_num", 0) > 0
 
 
+def _has_unvalidated_sparse_attention(text_config: "PretrainedConfig") -> bool:
+    """A lightning indexer (``index_topk``) outside DeepSeek-V3.2 (GLM-5's
+    DSA and kin), or layers that reuse another layer's top-k (IndexCache:
+    ``index_topk_freq``, ``index_topk_pattern``)."""
+    if getattr(text_config, "index_topk", None) is None:
+        return False
+    skips = getattr(text_config, "index_topk_freq", 1) != 1 or bool(
+        getattr(text_config, "index_topk_pattern", None)
+    )
+    return skips or text_config.model_type != "deepseek_v32"
+
+
 # Features a model's config switches on that the HPU ops lack: (what, whether the
 # text config asks for it, what to do). Checked in order, the first named. What
 # only the built model shows is refused while it is built (attention/backend.py,
@@ -207,6 +239,13 @@ _CONFIG_FEATURES: tuple[tuple[str, Callable[["PretrainedConfig"], bool], str], .
         "zero experts (tokens routed to an identity expert)",
         _has_zero_experts,
         "use an MoE model without them",
+    ),
+    (
+        "sparse attention other than DeepSeek-V3.2's, where every layer's "
+        "indexer picks its queries' keys (the one validated on the HPU plugin)",
+        _has_unvalidated_sparse_attention,
+        "use a DeepSeek-V3.2 checkpoint (DeepseekV32ForCausalLM) with an indexer "
+        "in every layer",
     ),
 )
 

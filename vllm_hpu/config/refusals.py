@@ -50,6 +50,15 @@ def reject_unsupported_features(vllm_config: "VllmConfig") -> None:
         and model_config.enable_sleep_mode
         and has_kv_connector(vllm_config)
     )
+    # Drafts' rows would need the verification's acceptance counts.
+    unsupported[
+        "routed experts returned (enable_return_routed_experts) with speculative "
+        "decoding"
+    ] = bool(
+        vllm_config.aux_output_config.enable_return_routed_experts
+        and vllm_config.speculative_config is not None
+    )
+    unsupported |= _sparse_attention_limits(vllm_config)
     from vllm_hpu.worker.capabilities.data_parallel import unsupported_layouts
 
     unsupported |= unsupported_layouts(vllm_config)
@@ -62,6 +71,32 @@ def reject_unsupported_features(vllm_config: "VllmConfig") -> None:
 
     check_speculative_config(vllm_config)
     _require_optional_packages(vllm_config)
+
+
+def _sparse_attention_limits(vllm_config: "VllmConfig") -> dict[str, bool]:
+    """What DeepSeek-V3.2's sparse attention has not been run with here."""
+    model_config = vllm_config.model_config
+    text_config = model_config.hf_text_config if model_config is not None else None
+    if getattr(text_config, "index_topk", None) is None:
+        return {}
+    parallel = vllm_config.parallel_config
+    sizes = (
+        parallel.tensor_parallel_size,
+        parallel.pipeline_parallel_size,
+        parallel.data_parallel_size,
+    )
+    return {
+        "DeepSeek-V3.2's sparse attention with tensor, pipeline or data "
+        "parallelism": max(sizes) > 1,
+        "DeepSeek-V3.2's sparse attention with a KV connector": has_kv_connector(
+            vllm_config
+        ),
+        # A verification pass holds several queries per row; MTP layers have
+        # indexers of their own.
+        "DeepSeek-V3.2's sparse attention with speculative decoding": (
+            vllm_config.speculative_config is not None
+        ),
+    }
 
 
 def _asks_ngram(vllm_config: "VllmConfig") -> bool:

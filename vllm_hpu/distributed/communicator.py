@@ -9,10 +9,11 @@ graph before a collective reads its input, hence ``mark_step`` first.
 import torch
 import torch.nn.functional as F
 from torch.distributed import ProcessGroup
-from vllm.distributed import get_dp_group
+from vllm.distributed import get_dp_group, get_ep_group
 from vllm.distributed.device_communicators.base_device_communicator import (
     DeviceCommunicatorBase,
 )
+from vllm.distributed.parallel_state import GroupCoordinator
 from vllm.forward_context import get_forward_context
 
 from vllm_hpu import device as hpu_device
@@ -61,7 +62,10 @@ class HpuCommunicator(DeviceCommunicatorBase):
     # whose experts (a shard of each, or whole experts with expert parallelism)
     # add their part; the combine sums the parts and hands each rank its own
     # tokens back. Each rank's tokens are padded to the largest pass among the
-    # ranks, so the exchange has one shape per set of buckets.
+    # ranks, so the exchange has one shape per set of buckets. Expert
+    # parallelism with both tensor and data parallelism (vLLM's sequence-
+    # parallel experts): each tensor-parallel rank brings its share of its
+    # pass's tokens, and the exchange spans every rank of the expert group.
 
     def dispatch_router_logits(
         self,
@@ -74,48 +78,51 @@ class HpuCommunicator(DeviceCommunicatorBase):
         | tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]
     ):
         """hidden_states: [num_tokens, hidden_size], router_logits: [num_tokens,
-        num_experts] -> [dp_size * max_num_tokens, ...] each, rank-major."""
-        assert not is_sequence_parallel, "refused by ops/fused_moe.check_supported"
-        max_num_tokens = _max_num_tokens_across_dp()
+        num_experts] -> [group_size * max_num_tokens, ...] each, rank-major."""
+        group, sizes = _exchange(is_sequence_parallel)
+        max_num_tokens = max(sizes)
         gathered = [
-            _gather_padded(t, max_num_tokens) for t in (hidden_states, router_logits)
+            _gather_padded(t, max_num_tokens, group)
+            for t in (hidden_states, router_logits)
         ]
         if extra_tensors is None:
             return gathered[0], gathered[1]
-        extra = [_gather_padded(t, max_num_tokens) for t in extra_tensors]
+        extra = [_gather_padded(t, max_num_tokens, group) for t in extra_tensors]
         return gathered[0], gathered[1], extra
 
     def combine(
         self, hidden_states: torch.Tensor, is_sequence_parallel: bool = False
     ) -> torch.Tensor:
-        """hidden_states: [dp_size * max_num_tokens, hidden_size], this rank's
+        """hidden_states: [group_size * max_num_tokens, hidden_size], this rank's
         part for every rank's tokens -> [num_tokens, hidden_size], the sum over
         ranks for this rank's tokens. An all-reduce and a slice: gloo has no
         reduce-scatter."""
-        assert not is_sequence_parallel, "refused by ops/fused_moe.check_supported"
-        sizes = _num_tokens_across_dp()
-        dp = get_dp_group()
-        max_num_tokens = int(sizes.max())
-        start = dp.rank_in_group * max_num_tokens
-        summed = dp.all_reduce(hidden_states)
-        return summed[start : start + int(sizes[dp.rank_in_group])]
+        group, sizes = _exchange(is_sequence_parallel)
+        start = group.rank_in_group * max(sizes)
+        summed = group.all_reduce(hidden_states)
+        return summed[start : start + sizes[group.rank_in_group]]
 
 
-def _num_tokens_across_dp() -> torch.Tensor:
-    """[dp_size] tokens of each data-parallel rank's pass (the forward context's,
-    agreed among the ranks as the pass started)."""
+def _exchange(is_sequence_parallel: bool) -> tuple[GroupCoordinator, list[int]]:
+    """The group a MoE layer exchanges tokens over and each member's token
+    count: the data-parallel ranks' passes (the forward context's, agreed
+    among the ranks as the pass started), or with sequence-parallel experts
+    each expert-parallel rank's share (vLLM's local sizes, data-parallel rank
+    major as the expert group's ranks)."""
     dp_metadata = get_forward_context().dp_metadata
     assert dp_metadata is not None, "a MoE pass with data parallelism"
-    return dp_metadata.num_tokens_across_dp_cpu
+    if is_sequence_parallel:
+        sizes = dp_metadata.get_chunk_sizes_across_dp_rank()
+        assert sizes is not None
+        return get_ep_group(), list(sizes)
+    return get_dp_group(), dp_metadata.num_tokens_across_dp_cpu.tolist()
 
 
-def _max_num_tokens_across_dp() -> int:
-    return int(_num_tokens_across_dp().max())
-
-
-def _gather_padded(tensor: torch.Tensor, max_num_tokens: int) -> torch.Tensor:
-    """[num_tokens, ...] padded to max_num_tokens rows, all-gathered over the
-    data-parallel group: [dp_size * max_num_tokens, ...]."""
+def _gather_padded(
+    tensor: torch.Tensor, max_num_tokens: int, group: GroupCoordinator
+) -> torch.Tensor:
+    """[num_tokens, ...] padded to max_num_tokens rows, all-gathered over
+    ``group``: [group_size * max_num_tokens, ...]."""
     padding = max_num_tokens - tensor.shape[0]
     padded = F.pad(tensor, (0, 0) * (tensor.dim() - 1) + (0, padding))
-    return get_dp_group().all_gather(padded.contiguous(), dim=0)
+    return group.all_gather(padded.contiguous(), dim=0)

@@ -1,12 +1,8 @@
 """The network interface gloo uses on this node: the one holding VLLM_HOST_IP.
 
-vLLM keeps a gloo group beside every device group (CPU-side coordination; in
-emulation every collective is gloo's). Without ``GLOO_SOCKET_IFNAME`` gloo binds
-to the address this host's name resolves to, and to the loopback address where
-that one is not the node's own; the other nodes reach neither, and the workers'
-process group never forms. A user who set ``VLLM_HOST_IP`` (the node's address
-the others reach, unique per node) has named the interface already.
-"""
+Without ``GLOO_SOCKET_IFNAME`` gloo binds to the address the host's name
+resolves to (or loopback), which other nodes may not reach, and the workers'
+process group never forms."""
 
 import psutil
 from vllm import envs as vllm_envs

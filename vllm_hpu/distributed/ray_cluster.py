@@ -77,10 +77,9 @@ def _placement_group_given(parallel_config: "ParallelConfig") -> bool:
 
 
 class _HpuRay:
-    """Before vLLM's Ray start-up: the checks above. At shutdown, what this engine
-    created goes with it: the placement group vLLM made for it (vLLM leaves it
-    holding the engine's HPUs, so the next engine of the process would wait 30
-    minutes for them), and Ray itself if this engine initialised it."""
+    """Runs the checks above before vLLM's Ray start-up; at shutdown removes the
+    placement group vLLM made (it would hold the HPUs from the process's next
+    engine for 30 minutes) and Ray itself if this engine started it."""
 
     parallel_config: "ParallelConfig"
     owns_ray = False
@@ -109,7 +108,6 @@ class HpuRayExecutorV2(_HpuRay, RayExecutorV2):
 
 
 def hpu_ray_executor() -> type["Executor"]:
-    """The executor vLLM picks for ``ray`` (the V2 executor, vLLM 0.32's default
-    and 0.33's only one), preceded by the checks above. vLLM 0.32's older Ray
-    executor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0) is refused at start-up."""
+    """The executor vLLM picks for ``ray`` (the V2 one), preceded by the checks
+    above; vLLM 0.32's older Ray executor is refused at start-up."""
     return HpuRayExecutorV2

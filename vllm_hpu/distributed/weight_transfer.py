@@ -1,20 +1,14 @@
 """Weight transfer for Gaudi and its emulation: vLLM backend ``"hpu"``.
 
-vLLM's own engines cannot run here: ``nccl`` needs NCCL and ``ipc`` CUDA IPC
-handles. This one hands the trainer's weights over through host shared memory:
-the trainer (a process on the same host) writes each chunk of checkpoint-format
-tensors into a file under ``/dev/shm`` and names it in ``update_weights``; every
-worker reads the chunk, copies it to its device and loads it with the model's
-own ``load_weights``, so a tensor-parallel worker keeps its shard only. Loading
-runs inside vLLM's layerwise reload (``start_weight_update`` /
-``finish_weight_update``), which writes into the model's existing tensors.
+vLLM's ``nccl`` and ``ipc`` engines need CUDA. Here the trainer (on the same
+host) writes each chunk of checkpoint-format tensors into a file under
+``/dev/shm``; every worker copies it to its device and loads it with the
+model's ``load_weights`` inside vLLM's layerwise reload, so a tensor-parallel
+worker keeps its shard only. A trainer elsewhere sets ``master_address``: its
+rank 0 and the workers form a gloo group and each chunk is broadcast through it.
 
-A trainer elsewhere (another host, or ranks of its own) sets ``master_address``:
-trainer rank 0 and the workers then form a gloo group, and each chunk's tensors
-are broadcast through it while the workers' ``update_weights`` receives them.
-
-Both sides are registered with vLLM's factories (``register``, called by the
-plugin in every process), so a trainer drives it as any other backend::
+Both sides are registered with vLLM's factories, so a trainer drives it as any
+other backend::
 
     llm = LLM(model, weight_transfer_config=WeightTransferConfig(backend="hpu"))
     engine = WeightTransferTrainerFactory.trainer_init(
@@ -64,9 +58,8 @@ def _shared_memory_dir() -> str:
 
 @dataclass
 class HpuWeightTransferInitInfo(WeightTransferInitInfo):
-    """Host shared memory by default: nothing to rendezvous, each update names
-    its file. With ``master_address``: the group to join, workers from rank
-    ``rank_offset`` on (the trainer's sender is rank 0)."""
+    """Host shared memory by default; with ``master_address``, the gloo group to
+    join, workers from rank ``rank_offset`` on (the trainer is rank 0)."""
 
     master_address: str = ""
     master_port: int = 0
@@ -255,9 +248,8 @@ def write_chunk(
 
 
 class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitInfo]):
-    """The trainer side: every round hands the source over chunk by chunk
-    (written to a file, or broadcast while the workers receive it) and has the
-    workers load each chunk before the next."""
+    """The trainer side: each round hands the source over chunk by chunk, each
+    loaded by the workers before the next."""
 
     init_info_cls = HpuTrainerInitInfo
 
@@ -314,8 +306,7 @@ class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitI
         return group
 
     def send_weights(self) -> None:
-        """One round; ranks other than the sender only iterate the source (it
-        may gather shards collectively)."""
+        """One round; other ranks only iterate the source (it may gather shards)."""
         assert self.source is not None
         if not self.is_sender:
             for _ in self.source:

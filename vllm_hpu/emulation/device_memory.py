@@ -15,11 +15,8 @@ from vllm_hpu.envs import get_envs
 
 
 class EmulatedMemory:
-    """A device memory of a fixed size, used by what this process allocates.
-
-    Usage is the growth of the process's resident memory since the device was
-    initialised, so weights, activations and KV caches all count, as on Gaudi.
-    """
+    """A device memory of a fixed size: usage is the growth of the process's
+    resident memory since the device was initialised, as everything counts on Gaudi."""
 
     def __init__(self) -> None:
         self.baseline = self._rss()
@@ -28,9 +25,7 @@ class EmulatedMemory:
         self.on_host = 0
 
     def restart(self) -> None:
-        """Count from now: a worker starting in a process that ran one before
-        (in-process engines, one after another) gets an empty device, as each
-        engine on Gaudi does."""
+        """Count from now: a later engine in this process gets an empty device."""
         self.baseline = self._rss()
 
     @staticmethod
@@ -77,14 +72,11 @@ _NEVER_TRIM = (1 << 31) - 1
 def pool_host_memory() -> None:
     """Keep freed host memory for the next step, as a device allocator keeps its pool.
 
-    glibc maps a tensor above its mmap threshold afresh on every allocation (page
-    faults on every step) and hands the heap's free top back to the system; its
-    threshold adapts to the sizes freed so far, so how fast a step runs depended
-    on which kernels ran before it (docs/benchmarks.md). From here tensors up to
-    32 MiB come from the heap, which keeps what is freed (up to 2 GiB at its
-    top). vLLM's CPU backend preloads tcmalloc for the same reason. Left alone
-    off glibc or when GLIBC_TUNABLES sets malloc itself.
-    """
+    glibc maps large tensors afresh on every allocation and its mmap threshold
+    adapts to what was freed, so a step's speed depended on which kernels ran
+    before it (docs/benchmarks.md). From here tensors up to 32 MiB come from the
+    heap, which keeps up to 2 GiB freed at its top (vLLM's CPU backend preloads
+    tcmalloc for the same reason). Left alone off glibc or under GLIBC_TUNABLES."""
     user_tuned = "glibc.malloc." in get_envs().glibc_tunables
     if platform.libc_ver()[0] != "glibc" or user_tuned:
         return

@@ -1,16 +1,12 @@
-"""A device stream: device work runs in the order it is submitted, while the host
-goes on to the next step.
+"""A device stream: device work runs in submission order while the host goes on
+to the next step.
 
-On Gaudi the bridge queues device work itself (lazy mode, HPU graphs): a
-submitted function runs at once on the host thread, only enqueueing, and its
-future is complete when ``submit`` returns. In emulation one worker thread runs
-the functions in order, so the CPU computes step N while the host schedules and
-prepares step N+1 (torch releases the GIL in its kernels), and a host write to
-something queued work still reads shows up as a wrong token here, not first on
-hardware. ``device.device_stream`` picks the kind.
-
-Ownership: what a submitted function reads belongs to the stream until its
-future is done; the host reads device results only through the futures.
+On Gaudi the bridge queues device work itself, so a submitted function runs at
+once on the host thread, only enqueueing. In emulation one worker thread runs
+the functions in order, so the CPU computes step N while the host prepares step
+N+1 (torch releases the GIL in its kernels), and a host write to something
+queued work still reads shows up as a wrong token here, not first on hardware.
+What a submitted function reads belongs to the stream until its future is done.
 """
 
 import contextvars
@@ -32,11 +28,8 @@ _Work = Callable[[], None]
 def _run_in_order(
     work: "queue.SimpleQueue[_Work | None]", num_threads: int | None
 ) -> None:
-    """The worker thread: run each submitted function, until told to stop.
-
-    Its torch thread count is set here, in the thread: an OpenMP thread count
-    belongs to the thread that set it (torch copies its own into a thread only
-    before anything ran there)."""
+    """The worker thread: run each submitted function until told to stop. Its
+    torch thread count is set here: an OpenMP thread count belongs to its thread."""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     while (task := work.get()) is not None:

@@ -1,11 +1,8 @@
 """Linear layers on the CPU: oneDNN matmuls on weights packed once, at load.
 
-``F.linear`` sends float32 to MKL's sgemm, which on some CPUs (a Zen 5 EPYC) is 3 to
-4x slower than oneDNN with a packed weight for the 1 to 64 rows of a decode step,
-and elsewhere about as fast except for the large LM head (docs/benchmarks.md);
-vLLM's own CPU backend packs its weights the same way. Gaudi runs linear layers on
-its matrix engines as they are: only emulation packs.
-"""
+MKL's sgemm (``F.linear`` in float32) is 3 to 4x slower than a packed oneDNN
+weight for a decode step's rows on some CPUs (docs/benchmarks.md), as vLLM's
+CPU backend knows; Gaudi runs linear layers as they are: only emulation packs."""
 
 import functools
 from typing import Any
@@ -65,12 +62,9 @@ def _packable_weight(module: torch.nn.Module) -> torch.Tensor | None:
 
 
 def pack_linear_layers(model: torch.nn.Module) -> int:
-    """Pack every linear weight of ``model`` for oneDNN and route its layer there;
-    layers of other dtypes (float16, bf16 without AVX-512) keep ``F.linear``.
-
-    A linear layer's own weight is dropped (nothing else reads it); the LM head's
-    is kept, since a tied input embedding shares it. Returns how many were packed.
-    """
+    """Pack every linear weight of ``model`` for oneDNN and route its layer there
+    (other dtypes keep ``F.linear``); returns how many were packed. A layer's own
+    weight is dropped, the LM head's kept (a tied embedding shares it)."""
     packed = 0
     for module in model.modules():
         weight = _packable_weight(module)

@@ -14,10 +14,9 @@ WORD = torch.int64
 
 
 def _indexable(cache: torch.Tensor) -> torch.Tensor:
-    """Blocks of one-byte elements (fp8 caches, the offloader's byte runs) as
-    8-byte words where the rows allow: the CPU's index ops move bytes one at a
-    time, several times slower than words. ``index_copy_`` does not take fp8 on
-    the CPU at all."""
+    """One-byte blocks (fp8 caches, the offloader's byte runs) as 8-byte words where
+    the rows allow: the CPU's index ops move bytes one at a time, and its
+    ``index_copy_`` does not take fp8 at all."""
     if cache.element_size() != 1:
         return cache
     as_bytes = cache.view(torch.uint8) if cache.dtype in FP8_DTYPES else cache

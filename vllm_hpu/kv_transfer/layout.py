@@ -1,23 +1,12 @@
 """Block-major views of the flat KV caches: what vLLM's KV connectors address.
 
-A layer's cache is one allocation ``(2, (num_blocks + 1) * block_size,
-num_kv_heads, head_size)`` (``ops/kv_cache.py``): every key, then every value,
-slot-major, the dummy block last. The same memory viewed as ``(num_blocks + 1,
-2, block_size, num_kv_heads, head_size)`` has blocks outermost; within block
-``j`` the keys are one contiguous run and the values another. vLLM's NIXL
-connector registers such a view as two block-major regions (keys, values: its
-"segments"), and the offloading connector copies the two runs of each block.
-No copy is made and the flat paged attention reads the cache unchanged. The
-heads and head size are merged, ``(num_blocks + 1, 2, block_size, num_kv_heads
-* head_size)``: vLLM's NIXL host buffer (Gaudi) takes 4-D attention caches.
-
-Connectors are told of ``num_blocks + 1`` blocks, the dummy block included: it
-keeps the key and value segments the same length, so the values start one
-segment after the keys. The scheduler never hands the dummy block out, so no
-transfer names it.
-
-An MLA layer's latent cache ``((num_blocks + 1) * block_size, latent_size)`` is
-block-major already: ``(num_blocks + 1, block_size, latent_size)``.
+A layer's cache ``(2, (num_blocks + 1) * block_size, num_kv_heads, head_size)``
+(keys then values, slot-major, dummy block last) viewed as ``(num_blocks + 1, 2,
+block_size, num_kv_heads * head_size)``: no copy, and within each block the keys
+and the values are each one contiguous run (NIXL's two "segments"; vLLM's NIXL
+host buffer on Gaudi takes 4-D caches). Connectors are told of ``num_blocks + 1``
+blocks so both segments have the same length; the scheduler never hands out the
+dummy block. An MLA latent cache is block-major already.
 """
 
 import dataclasses

@@ -1,14 +1,7 @@
-"""KV offloading to host memory (``--kv-offloading-size``) on the HPU plugin.
-
-vLLM's ``OffloadingConnector`` with two pieces of ours, named in the transfer
-config by ``config.py``:
-- ``HpuOffloadingConnector`` registers the caches as the contiguous runs of each
-  block (``layout.block_pages``: keys and values apart). vLLM's own registration
-  assumes one run per block, which our flat caches are not.
-- ``HpuOffloadingSpec``: vLLM's host-memory spec (its scheduler side, sizing and
-  eviction, is device-neutral) whose worker copies blocks with index ops
-  (``HostBlockCopier``) where vLLM's needs CUDA streams and kernels.
-"""
+"""KV offloading to host memory (``--kv-offloading-size``): vLLM's
+``OffloadingConnector`` with a registration of each block's two runs (our flat
+caches are not one run per block) and a spec whose worker copies blocks with
+index ops (``HostBlockCopier``) instead of CUDA streams and kernels."""
 
 import time
 from collections.abc import Sequence
@@ -66,11 +59,9 @@ class HostBlockCopier(OffloadingWorker):
     """Stores and loads blocks between the device caches and host memory.
 
     Each device run ``[num_blocks + 1, run_bytes]`` has a host twin of
-    ``num_chunks * blocks_per_chunk`` rows; a host chunk is ``blocks_per_chunk``
-    consecutive rows. A copy is done when ``submit_*`` returns: a store reads
-    blocks the step's passes wrote before it (the device orders its queue on
-    Gaudi; in emulation the passes have run), a load lands before the next pass.
-    """
+    ``num_chunks * blocks_per_chunk`` rows. A copy is done when ``submit_*``
+    returns: a store reads what the step's passes wrote, a load lands before the
+    next pass."""
 
     def __init__(
         self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int
@@ -147,9 +138,8 @@ class HostBlockCopier(OffloadingWorker):
 def host_rows(
     chunk_ids: np.ndarray, device_spec: GPULoadStoreSpec, blocks_per_chunk: int
 ) -> np.ndarray:
-    """The host row of each device block in ``device_spec``: per group, its
-    chunks' rows from the group's first block on (a request's first block may
-    sit inside a chunk: ``block_indices`` says where)."""
+    """The host row of each device block in ``device_spec``: per group, its chunks'
+    rows from the group's first block on (``block_indices`` says where it starts)."""
     rows: list[np.ndarray] = []
     sizes: Sequence[int] = device_spec.group_sizes
     first_chunk = 0

@@ -1,11 +1,8 @@
 """Attention of multimodal encoders (vision towers) over a whole padded pass.
 
-vLLM's torch path splits a pass at ``cu_seqlens`` and attends image by image, so
-the attention's shapes follow each image's patch count: on Gaudi, a graph per
-image size. Here one attention covers the pass and a block-diagonal mask keeps
-the images apart, so the shapes follow only the pass's (images, patches) bucket;
-a long pass is cut into tiles, each with its piece of the mask.
-"""
+vLLM attends image by image, so on Gaudi each image size would be a graph.
+Here one attention covers the pass with a block-diagonal mask, so the shapes
+follow only the pass's (images, patches) bucket."""
 
 import torch
 
@@ -22,14 +19,10 @@ from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 def block_diagonal_mask(
     cu_seqlens: torch.Tensor | None, batch: int, seq_len: int, device: torch.device
 ) -> PromptMask:
-    """Bidirectional mask of ``batch`` rows of ``seq_len`` tokens: token i sees
-    token j only when both lie in one span ``[cu_seqlens[k], cu_seqlens[k + 1])``;
-    every token sees every token without ``cu_seqlens``.
-
-    cu_seqlens: [num_images + 1] int, non-decreasing. Repeated values are empty
-    images; tokens at or past ``cu_seqlens[-1]`` form one more span of their own.
-    Built by comparisons only (no read of the values), so its shapes depend on
-    ``seq_len`` and ``num_images``, never on the images' lengths."""
+    """Bidirectional mask of ``batch`` rows of ``seq_len`` tokens: token i sees token
+    j only when both lie in one span ``[cu_seqlens[k], cu_seqlens[k + 1])`` (tokens
+    past ``cu_seqlens[-1]`` form one more); no ``cu_seqlens``: every token. Built by
+    comparisons only, so its shapes never depend on the images' lengths."""
     positions = torch.arange(seq_len, device=device)
     image_ids = torch.zeros_like(positions)
     if cu_seqlens is not None:
@@ -49,16 +42,12 @@ def encoder_attention(
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
     """Non-causal attention of every batch row, within the spans of ``cu_seqlens``
-    (the same spans in every row) or over the whole row without it.
+    (the same in every row) or over the whole row.
 
     query: [batch, seq_len, num_heads, head_size]; key, value: [batch, seq_len,
-    num_kv_heads, head_size]; cu_seqlens: [num_images + 1] or None. Returns
-    [batch, seq_len, num_heads, head_size]. Runs Gaudi's fused SDPA (its CPU
-    counterpart in emulation, ``device.fused_sdpa``) for the head sizes it takes,
-    plain softmax attention otherwise; both through :func:`prompt_attention`.
-    A pass of at least ``slicing.threshold`` patches runs in tiles, each with
-    its own [tile, tile] piece of the mask: no [P, P] mask (2 GiB in bf16 at
-    32k patches) is made in any layer."""
+    num_kv_heads, head_size] -> [batch, seq_len, num_heads, head_size], through
+    :func:`prompt_attention`. A pass of at least ``slicing.threshold`` patches runs
+    in tiles, so no [P, P] mask (2 GiB in bf16 at 32k patches) is made."""
     batch, seq_len, _, head_size = query.shape
     mask = block_diagonal_mask(cu_seqlens, batch, seq_len, query.device)
     scoring = Scoring(scale, use_fused=head_size in FUSED_SDPA_HEAD_SIZES)

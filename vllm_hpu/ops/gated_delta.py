@@ -1,20 +1,12 @@
 """Gated delta-net (GDN) ops in plain torch, on padded ``[B, Q]`` rows with state slots.
 
-Qwen3-Next's linear-attention layers (vLLM's ``QwenGatedDeltaNetAttention``) run a
-causal conv (``vllm_hpu.ops.mamba``'s conv, same layout), then the gated delta
-rule; vLLM runs the latter as FLA Triton kernels over varlen batches. Per token
-and value head, with ``S [dv, dk]`` (vLLM's state layout, ``[slots, v_heads, dv,
-dk]``):
+Qwen3-Next's linear-attention layers (vLLM runs them as FLA Triton kernels).
+Per token and value head, with ``S [dv, dk]`` (vLLM's state layout):
 
     S <- exp(g) * S;  S <- S + beta * (v - S k) k^T;  o = S q
 
-with ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``, and ``q``,
-``k`` L2-normalised, ``q`` scaled by ``1/sqrt(dk)``, both repeated from the key
-heads to the value heads. A prompt pass masks its padding with ``g = 0`` (no
-decay) and ``beta = 0`` (no write), so a row's state after ``Q`` tokens is its
-state after ``query_lens[i]``; slots and ``has_initial_state`` work as in
-``vllm_hpu.ops.mamba``. Math runs in float32 at least (float64 stays float64).
-"""
+``q``, ``k`` L2-normalised, ``q`` scaled by ``1/sqrt(dk)``. Padding gets ``g =
+0`` and ``beta = 0`` (no decay, no write). Math runs in float32 at least."""
 
 import torch
 import torch.nn.functional as F
@@ -25,11 +17,8 @@ from vllm_hpu.ops.mamba import compute_dtype, gather_initial_states, valid_token
 def gdn_gating(
     a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(g, beta)`` from the ``a``/``b`` projections ``[..., v_heads]``, in float32+.
-
-    ``g = -exp(A_log) * softplus(a + dt_bias)`` is the log decay (<= 0), ``beta =
-    sigmoid(b)`` the write strength.
-    """
+    """``(g, beta)`` from the ``a``/``b`` projections ``[..., v_heads]``, in float32+:
+    the log decay (<= 0) and the write strength."""
     dtype = compute_dtype(a.dtype)
     g = -A_log.to(dtype).exp() * F.softplus(a.to(dtype) + dt_bias.to(dtype))
     return g, torch.sigmoid(b.to(dtype))
@@ -102,12 +91,10 @@ def chunk_gated_delta_rule(
 ) -> torch.Tensor:
     """The gated delta rule over padded prompt rows; writes the final states.
 
-    ``q``/``k [B, Q, H, dk]`` from ``normalize_qk``, ``v [B, Q, H, dv]``, ``g``/``beta
-    [B, Q, H]`` from ``gdn_gating``, ``state [slots, H, dv, dk]``. Padding tokens get
-    ``g = beta = 0``; ``Q`` is padded to a multiple of ``chunk_size`` likewise and the
-    chunks run in a loop of static length. Needs ``torch.linalg.solve_triangular``
-    (``[B, H, cs, cs]`` systems). Returns ``[B, Q, H, dv]`` in ``v``'s dtype.
-    """
+    ``q``/``k [B, Q, H, dk]``, ``v [B, Q, H, dv]``, ``g``/``beta [B, Q, H]``, ``state
+    [slots, H, dv, dk]``. ``Q`` is padded to a multiple of ``chunk_size`` with
+    ``g = beta = 0`` and the chunks run in a loop of static length. Returns
+    ``[B, Q, H, dv]`` in ``v``'s dtype."""
     num_tokens, out_dtype = q.shape[1], v.dtype
     dtype = compute_dtype(v.dtype)
     valid = valid_token_mask(query_lens, num_tokens)[..., None]

@@ -70,11 +70,10 @@ def latent_decode_attention(
     kv_lora_rank: int,
     block_slice: int = ALL_BLOCKS,
 ) -> torch.Tensor:
-    """Flat decode attention in latent space. query: [bs, num_heads, kv_lora_rank
-    + rope] (the no-rope part already absorbed through W_UK); cache: [slots,
-    kv_lora_rank + rope]. Returns [bs, num_heads, kv_lora_rank], still to be
-    projected through W_UV. The blocks are gathered once (``block_slice`` at a
-    time): the value is the key's latent part."""
+    """Flat decode attention in latent space. query: [bs, num_heads, kv_lora_rank +
+    rope] (W_UK absorbed); cache: [slots, kv_lora_rank + rope] -> [bs, num_heads,
+    kv_lora_rank], still to go through W_UV. The value is the key's latent part,
+    so blocks are gathered once."""
     block_size = blocks.block_bias.shape[-1]
 
     def gather(part: DecodeBlocks) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,11 +127,9 @@ def _pad_head(x: torch.Tensor, size: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class LatentKeys:
-    """A prompt pass's own tokens as latents [bs, q, L + R], expanded per head
-    only as they are read, so a long pass holds the expansion of one tile of keys
-    at a time. Keys and values come out padded with zeros to ``head_size`` (the
-    query's, or the value's if larger): the fused kernel wants one head size.
-    Cached context is never expanded: :func:`latent_chunk_attention`."""
+    """A prompt pass's own tokens as latents [bs, q, L + R], expanded per head only
+    as a tile of keys is read, zero-padded to one ``head_size`` (the fused kernel
+    wants one). Cached context is never expanded: :func:`latent_chunk_attention`."""
 
     latent: torch.Tensor
     expand: LatentExpansion
@@ -159,10 +156,8 @@ class LatentKeys:
 
 @dataclass(frozen=True)
 class LatentContext:
-    """A prompt pass's cached context [bs, C * B, L + R], attended in latent
-    space as decode does: W_UK [L, N, P] absorbed into the queries, W_UV [L, N, V]
-    applied to the latent output, so the projection work follows the pass's
-    queries, never the context's length."""
+    """A prompt pass's cached context [bs, C * B, L + R], attended in latent space as
+    decode does, so projection work follows the pass's queries, not the context."""
 
     latent: torch.Tensor
     w_uk: torch.Tensor
@@ -220,12 +215,8 @@ def latent_chunk_attention(
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
     """Prompt attention of a pass with cached context. query: [bs, q, N, P + R];
-    bias over [bs, q] x [bs, K + q]. Returns [bs, q, N, V].
-
-    The context in latent space (one shared head, like decode), the pass's own
-    tokens over their expanded latents, the two merged by their log-sum-exp;
-    each cut into tiles as ``slicing`` says. Only the pass's q tokens go through
-    a projection (W_UK, W_UV, kv_b_proj)."""
+    bias over [bs, q] x [bs, K + q] -> [bs, q, N, V]: the context in latent space,
+    the pass's own tokens over their expanded latents, merged by log-sum-exp."""
     past_len = context.past_len
     num_keys = past_len + keys.num_keys
     chunk = slicing.chunk_size if slicing.applies(num_keys) else num_keys

@@ -24,6 +24,9 @@ from vllm_hpu.ops.activations import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT, gated
 
 # torch's grouped GEMM on the CPU wants every stride a multiple of 16 bytes.
 GROUPED_MM_ALIGNMENT = 16
+# vLLM's EPLB kernel picks a token's replica of an expert by this hash of the
+# token's index (floor(2^32 / phi), Knuth's multiplicative hash).
+KNUTH_MULTIPLIER = 2654435769
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,8 @@ class ExpertExtras:
     def gated(self, h: torch.Tensor, activation: str) -> torch.Tensor:
         return gated(h, activation, self.swiglu_alpha, self.swiglu_limit)
 
-    def of(self, experts: slice) -> "ExpertExtras":
-        """The extras of a group of the experts (their biases)."""
+    def of(self, experts: slice | torch.Tensor) -> "ExpertExtras":
+        """The extras of some of the experts (their biases): a slice or ids."""
         w13, w2 = self.w13_bias, self.w2_bias
         return replace(
             self,
@@ -125,6 +128,17 @@ def grouped_mm_fits(
         size * itemsize % GROUPED_MM_ALIGNMENT == 0
         for size in (hidden_size, intermediate_size)
     )
+
+
+def reads_routed_only(
+    hidden_size: int, intermediate_size: int, dtype: torch.dtype
+) -> bool:
+    """Whether :func:`fused_experts`, given every expert, reads only the
+    weights of experts with rows: torch's grouped GEMM on the CPU multiplies
+    group by group (ATen's ``_grouped_mm`` fallback: a group without rows reads
+    nothing); Gaudi's fused kernel and the dense form read every expert."""
+    cpu_grouped = device.fused_moe() is None and not device.hpu_available()
+    return cpu_grouped and grouped_mm_fits(hidden_size, intermediate_size, dtype)
 
 
 def experts_grouped(
@@ -247,6 +261,32 @@ def _within(
     return weights, torch.where(inside, local, torch.zeros_like(local))
 
 
+def routed_experts(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    max_count: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """At small batch, the experts worth reading: those the (token, k) pairs
+    route to with a nonzero weight, padded with unrouted ones to the static
+    count ``num_tokens * top_k`` (fixed by the bucket: one graph whatever the
+    routing). Returns (experts [count] local ids, ascending among the routed;
+    topk_ids made slots of ``experts``), or None where that count passes
+    ``max_count`` (below ``num_experts``): every expert is read. Pairs of
+    weight 0 (routed to another rank) go to slot 0 and add nothing."""
+    count = topk_ids.numel()
+    if count > min(max_count, num_experts - 1):
+        return None
+    ids = topk_ids.flatten().long()
+    pairs = torch.zeros(num_experts, dtype=torch.int32, device=ids.device)
+    pairs.index_add_(0, ids, (topk_weights.flatten() != 0).to(torch.int32))
+    routed = (pairs > 0).to(torch.int32)  # a sort key: routed first, by id
+    experts = routed.argsort(descending=True, stable=True)[:count]
+    slots = torch.zeros(num_experts, dtype=torch.long, device=ids.device)
+    slots.index_copy_(0, experts, torch.arange(count, device=ids.device))
+    return experts, slots.index_select(0, ids).view_as(topk_ids)
+
+
 def local_experts(
     topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,3 +298,36 @@ def local_experts(
     owned = local >= 0
     weights = torch.where(owned, topk_weights, torch.zeros_like(topk_weights))
     return weights, torch.where(owned, local, torch.zeros_like(local))
+
+
+def physical_experts(
+    topk_ids: torch.Tensor,
+    logical_to_physical: torch.Tensor,
+    replica_count: torch.Tensor,
+) -> torch.Tensor:
+    """Expert load balancing: each (token, k) pair's logical expert made one of
+    its physical replicas, picked by a hash of the token's index as vLLM's EPLB
+    kernel picks it. topk_ids: [num_tokens, top_k]; logical_to_physical:
+    [num_logical, max_replicas] (-1 past an expert's count); replica_count:
+    [num_logical]. Returns physical ids [num_tokens, top_k]."""
+    ids = topk_ids.long()
+    token = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
+    hashed = (token * KNUTH_MULTIPLIER) & 0xFFFFFFFF
+    replica = hashed % replica_count[ids].clamp(min=1)
+    return logical_to_physical[ids, replica]
+
+
+def record_expert_load(
+    physical: torch.Tensor,
+    expert_load: torch.Tensor,
+    record: torch.Tensor,
+    num_real_tokens: torch.Tensor,
+) -> None:
+    """Add each real token's pairs to its physical expert's load ([num_physical],
+    vLLM's EPLB pass counters) while ``record`` (a bool scalar) is on; padding
+    tokens, past ``num_real_tokens``, count nothing."""
+    token = torch.arange(physical.shape[0], device=physical.device).unsqueeze(1)
+    counted = ((token < num_real_tokens) & record).expand_as(physical)
+    expert_load.index_add_(
+        0, physical.flatten().clamp(min=0), counted.flatten().to(expert_load.dtype)
+    )

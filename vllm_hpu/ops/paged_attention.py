@@ -28,10 +28,8 @@ EXP_FLOOR = -80.0
 class DecodeBlocks:
     """The flat block layout of a decode batch of ``bs`` rows and ``P`` blocks.
 
-    Padding blocks read the dummy block, belong to the sink row ``bs`` and have
-    one valid token, so every block has a finite maximum score. A windowed layer
-    gets its own layout: only blocks inside the window, and -inf before its start.
-    """
+    Padding blocks read the dummy block for the sink row ``bs`` with one valid
+    token, so every block has a finite maximum score."""
 
     block_list: torch.Tensor  # [P] long: physical block id
     block_groups: torch.Tensor  # [P] long: owning batch row; padding -> bs
@@ -45,8 +43,7 @@ class DecodeBlocks:
     # (verification: minus the row's first query's)
 
     def split(self, size: int) -> list["DecodeBlocks"]:
-        """The layout cut along P into slices of ``size`` blocks (the last
-        shorter); each slice keeps its blocks' rows."""
+        """The layout cut along P into slices of ``size`` blocks."""
         num_blocks = self.block_list.shape[0]
         return [
             DecodeBlocks(
@@ -60,10 +57,8 @@ class DecodeBlocks:
 
 
 def blocks_with_alibi(blocks: DecodeBlocks, slopes: torch.Tensor) -> DecodeBlocks:
-    """The blocks with ALiBi in their bias, now per head: [P, num_heads, B] fp32,
-    or [P, Q, num_heads, B] for ``Q`` queries per row (query ``j`` sits ``j``
-    positions after its row's first). slopes: [num_heads] fp32 on the blocks'
-    device."""
+    """The blocks with ALiBi in their bias, per head: [P, num_heads, B] fp32, or
+    [P, Q, num_heads, B] for ``Q`` queries per row. slopes: [num_heads] fp32."""
     bias = blocks.block_bias
     slots = torch.arange(bias.shape[-1], device=bias.device)
     distance = blocks.block_offsets[:, None] + slots[None, :]
@@ -102,13 +97,12 @@ def paged_attention(
     kernels: AttentionKernels = PLAIN,
     block_slice: int = ALL_BLOCKS,
 ) -> torch.Tensor:
-    """One query token per row (or ``Q``, verifying drafts: causal among them)
-    against its sequence's cached blocks.
+    """One query token per row (or ``Q``, verifying drafts, causal among them)
+    against its cached blocks, ``block_slice`` blocks at a time.
 
     query: [bs * Q, num_heads, head_size]; caches: [slots, num_kv_heads,
-    head_size]. Returns [bs * Q, num_heads, head_size] in query's dtype.
-    Grouped-query heads share one K/V block through the head-group axis, never
-    by repeating K/V. The blocks are read ``block_slice`` at a time."""
+    head_size] -> [bs * Q, num_heads, head_size]. Grouped-query heads share a K/V
+    block through the head-group axis, never by repeating K/V."""
     block_size = blocks.block_bias.shape[-1]
 
     def gather(part: DecodeBlocks) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,10 +123,9 @@ def sliced_block_attention(
     kernels: AttentionKernels,
     block_slice: int,
 ) -> torch.Tensor:
-    """:func:`flat_block_attention` over slices of at most ``block_slice``
-    blocks, each read by ``gather`` (blocks -> keys, values), merged per row by
-    log-sum-exp. One slice when the batch has no more blocks than that. Attention
-    sinks (``scoring.sinks``) join each row's softmax once, after the merge."""
+    """:func:`flat_block_attention` over slices of at most ``block_slice`` blocks,
+    read by ``gather``, merged per row by log-sum-exp; attention sinks join each
+    row's softmax once, after the merge."""
     if blocks.block_list.shape[0] <= block_slice:
         if scoring.sinks is None:
             return flat_block_attention(
@@ -167,9 +160,8 @@ def flat_block_attention(
     kernels: AttentionKernels = PLAIN,
 ) -> torch.Tensor:
     """The flat kernel on gathered blocks. keys: [P, num_kv_heads, block_size,
-    head_size]; values: [P, num_kv_heads, block_size, value_size] (a value may be
-    a slice of its key, as MLA's latent is). Returns [bs, num_heads, value_size].
-    Scores are scaled, soft-capped (``scoring``), then biased (``block_bias``)."""
+    head_size]; values: [P, num_kv_heads, block_size, value_size] (MLA: a slice
+    of the key) -> [bs, num_heads, value_size]."""
     return flat_block_attention_lse(query, keys, values, blocks, scoring, kernels)[0]
 
 
@@ -181,14 +173,12 @@ def flat_block_attention_lse(
     scoring: Scoring,
     kernels: AttentionKernels = PLAIN,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`flat_block_attention`, and each row's log-sum-exp of its scores
-    [bs, num_heads] (fp32 for 16-bit models); a row without blocks has output 0
-    and a log-sum-exp at the dtype's most negative value.
+    """:func:`flat_block_attention` and each row's log-sum-exp [bs, num_heads] (fp32
+    for 16-bit models; a row without blocks: output 0, lse at the dtype's min).
 
-    Multi-query (verification of drafts): ``query`` holds ``Q`` tokens per
-    row, [bs * Q, num_heads, head_size] row by row, and ``block_bias`` is
-    [P, Q, 1 or num_heads, block_size]. A block's ``Q`` queries ride along
-    its heads: head group ``G`` becomes ``Q * G``, so the kernel is unchanged."""
+    With ``Q`` queries per row (verification) ``block_bias`` is [P, Q, 1 or
+    num_heads, block_size] and a block's queries ride along its heads (group
+    ``G`` becomes ``Q * G``), so the kernel is unchanged."""
     bs = blocks.block_mapping.shape[1]
     num_queries = query.shape[0] // bs
     num_heads, head_size = query.shape[1:]

@@ -112,15 +112,12 @@ def prompt_attention(
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
     """query: [bs, q, num_heads, head_size]; keys: the pass's K keys and values
-    (:class:`PassKeys`, or MLA's expanded latents). Returns [bs, q, num_heads,
+    (:class:`PassKeys`, or MLA's expanded latents) -> [bs, q, num_heads,
     value_size].
 
-    Every query row, padding included, may see at least itself (the mask allows
-    the diagonal), so padded rows come out finite. With context the query is
-    shorter than the keys; the fused kernel takes that too, through the mask.
-    A layer with attention sinks runs the kernels that return their statistics
-    (as a sliced pass does), never a quantizer's replacement of the fused one.
-    """
+    Every query row may see at least itself, so padded rows come out finite. A
+    layer with attention sinks runs the kernels that return their statistics,
+    never a quantizer's replacement of the fused one."""
     if slicing.applies(keys.num_keys):
         grid = TileGrid(query.shape[1], keys.past_len, slicing.chunk_size, bias.causal)
         attend = tile_attention(scoring, kernels)
@@ -223,9 +220,8 @@ def _fused_tile(
     value: torch.Tensor,
     attn_bias: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One tile through the device's fused kernel with statistics
-    (``device.fused_sdpa_stats``), grouped-query heads folded into the query
-    axis as for the plain path (the kernel then sees as many heads as K/V)."""
+    """One tile through ``device.fused_sdpa_stats``, grouped-query heads folded into
+    the query axis as for the plain path."""
     bs, q_len, num_heads, head_size = query.shape
     num_kv_heads = key.shape[2]
     group = num_heads // num_kv_heads
@@ -245,9 +241,8 @@ def _fused_tile(
 
 
 def tile_attention(scoring: Scoring, kernels: AttentionKernels) -> TileAttention:
-    """The fused kernel with statistics where the layer may run fused, else the
-    plain matmuls. A sliced pass calls the device's kernel directly: a quantizer's
-    replacement of ``kernels.fused_sdpa`` returns no statistics to merge tiles."""
+    """The fused kernel with statistics where the layer may run fused, else the plain
+    matmuls (a quantizer's replacement of ``fused_sdpa`` returns no statistics)."""
     fused: Any = device.fused_sdpa_stats() if scoring.use_fused else None
     if fused is not None:
         return partial(_fused_tile, fused, scoring.scale)

@@ -1,13 +1,9 @@
 """The mask of a prompt pass, kept per token ([bs, q] queries, [bs, K] keys) and
-made per tile of queries x keys, so no pass ever holds a [q, K] mask at once.
+made per tile, so no pass holds a [q, K] mask at once.
 
-One form serves every layout: a padded batch (one prompt per row), a merged pass
-(several prompts packed into one row, block-diagonal) and encoder-only rows
-(bidirectional). A key is visible to a query of the same prompt (owner) that is
-not earlier in that prompt (when causal), or that shares its bidirectional
-span (Gemma 3's image tokens see each other both ways); padding has owner -1 and
-sees only itself, so padded rows come out finite.
-"""
+One form serves padded batches, merged passes (block-diagonal) and encoder
+rows (bidirectional). Padding has owner -1 and sees only itself, so padded rows
+come out finite."""
 
 from dataclasses import dataclass
 
@@ -57,16 +53,11 @@ class PromptMask:
         sliding_window: int | None = None,
         attention_chunk: int | None = None,
     ) -> torch.Tensor:
-        """[bs, len(queries), len(keys)] bool: which keys each query may see.
-        ``queries`` and ``keys`` are slices with explicit start and stop.
+        """[bs, len(queries), len(keys)] bool: which keys each query sees.
 
-        Every key gets one code, ``owner * OWNER_STRIDE + position`` (hidden keys
-        a negative code of their own), so that a query's visible keys are one
-        range of codes: [its owner's first position, its window's or its
-        chunk's, its own position or its span's last] (its owner's last when
-        not causal). Two
-        comparisons per score, where owners, positions and the diagonal took
-        five: the mask of a long pass is made once per tile and layer."""
+        Every key gets one code, ``owner * OWNER_STRIDE + position`` (hidden keys a
+        negative one), so a query's visible keys are one range of codes: two
+        comparisons per score, where owners, positions and the diagonal took five."""
         first, last = self._visible_codes(queries, sliding_window, attention_chunk)
         code = _key_codes(self.key_owner, self.key_position, keys)[:, None, :]
         return (code >= first[:, :, None]) & (code <= last[:, :, None])
@@ -77,11 +68,9 @@ class PromptMask:
         sliding_window: int | None,
         attention_chunk: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per query [bs, len(queries)]: the first and last key code it sees. A
-        padding query sees its own key only (the diagonal), whose code is
-        negative: no real query's range reaches below 0. A chunked layer's
-        query (Llama 4) sees from the start of its chunk of positions [k * C,
-        (k + 1) * C)."""
+        """Per query [bs, len(queries)]: the first and last key code it sees. A padding
+        query sees only its own (negative) code; a chunked layer's query sees from
+        the start of its chunk."""
         owner = self.query_owner[:, queries]
         position = self.query_position[:, queries]
         base = owner * OWNER_STRIDE
@@ -116,30 +105,33 @@ class PromptMask:
 @dataclass(frozen=True)
 class PromptBias:
     """A layer's additive score bias over a pass, made per tile: the mask (with
-    the layer's window or chunk), plus ALiBi when the layer has slopes."""
+    the layer's window or chunk, and the keys a sparse layer's indexer chose),
+    plus ALiBi when the layer has slopes."""
 
     mask: PromptMask
     dtype: torch.dtype  # of the bias; ALiBi's is always fp32
     sliding_window: int | None = None
     alibi_slopes: torch.Tensor | None = None  # [num_heads] fp32
     attention_chunk: int | None = None  # Llama 4's chunked local attention
+    # [bs, q, K] bool: the keys each query attends (DeepSeek-V3.2's top-k).
+    selected: torch.Tensor | None = None
 
     @property
     def causal(self) -> bool:
-        """Whether no query sees a key after its own (sliced attention then
-        skips those tiles): not with bidirectional spans."""
+        """Whether no query sees a later key (then sliced attention skips tiles)."""
         return self.mask.causal and self.mask.query_span_end is None
 
     def tile(self, queries: slice, keys: slice) -> torch.Tensor:
-        """The bias of one tile: [bs, 1, len(queries), len(keys)] (or [bs,
-        num_heads, ...] with ALiBi), a named method: Dynamo 2.11 (Gaudi 1.24's
-        torch) cannot trace ``__call__`` of a dataclass made in a compiled region.
-        Hidden keys get the dtype's most negative finite value, not -inf: a tile
-        where a query sees nothing then has finite statistics, weighted out when
-        tiles are merged (``ops/sliced_attention.py``)."""
+        """The bias of one tile: [bs, 1 or num_heads, len(queries), len(keys)]. A named
+        method: Dynamo 2.11 (Gaudi 1.24's torch) cannot trace ``__call__`` of a
+        dataclass made in a compiled region. Hidden keys get the dtype's most negative
+        finite value, so a tile where a query sees nothing merges finitely."""
         allowed = self.mask.allowed(
             queries, keys, self.sliding_window, self.attention_chunk
-        ).unsqueeze(1)
+        )
+        if self.selected is not None:
+            allowed = allowed & self.selected[:, queries, keys]
+        allowed = allowed.unsqueeze(1)
         dtype = torch.float32 if self.alibi_slopes is not None else self.dtype
         bias = torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)
         if self.alibi_slopes is None:
@@ -176,10 +168,9 @@ def padded_rows_mask(
     query_span_end: torch.Tensor | None = None,
 ) -> PromptMask:
     """The mask of a padded batch of one prompt per row: row i has
-    ``context_lens[i]`` cached tokens (keys 0 .. past_len - 1, the rest of them
-    padding) and ``query_lens[i]`` of its ``query_len`` queries real.
-    context_lens, query_lens: [bs] long, on the device the mask is wanted on;
-    query_span_end: see :class:`PromptMask`."""
+    ``context_lens[i]`` cached tokens (of keys 0 .. past_len - 1) and
+    ``query_lens[i]`` of its ``query_len`` queries real ([bs] long, on the mask's
+    device)."""
     device = query_lens.device
     offsets = torch.arange(query_len, device=device)
     past = torch.arange(past_len, device=device)

@@ -41,12 +41,9 @@ def alibi_bias(slopes: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
 def with_sinks(
     out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor | None
 ) -> torch.Tensor:
-    """Attention normalised over its keys -> normalised over its keys and each
-    head's sink, a logit with no value: ``out`` scaled by exp(lse) / (exp(lse) +
-    exp(sink)), so a row then sums to less than 1. Any kernel that returns its
-    log-sum-exp takes sinks this way, sliced or merged passes included.
-    out: [..., num_heads, Dv]; lse: [..., num_heads] (fp32 for 16-bit models);
-    sinks: [num_heads] or None (out returned as it is)."""
+    """Normalise attention over its keys and each head's sink (a logit with no
+    value): ``out`` scaled by exp(lse) / (exp(lse) + exp(sink)). out: [...,
+    num_heads, Dv]; lse: [..., num_heads]; sinks: [num_heads] or None (no change)."""
     if sinks is None:
         return out
     share = torch.sigmoid(lse - sinks.to(lse.dtype))

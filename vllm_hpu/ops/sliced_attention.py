@@ -1,12 +1,7 @@
 """Prompt attention cut into tiles of queries x keys and merged through each
-tile's log-sum-exp ("FusedSDPA slicing", VLLM_HPU_FSDPA_SLICE_*), so a long pass
-holds one tile's scores and mask at a time: memory follows the tile size, not
-the square of the pass length.
-
-Any kernel that returns its softmax statistics can run the tiles (the plain
-matmuls, Gaudi's FusedSDPA, torch's CPU kernel): they share the cutting, the
-reading of keys per tile and the merge here.
-"""
+tile's log-sum-exp (VLLM_HPU_FSDPA_SLICE_*), so memory follows the tile size,
+not the square of the pass length; any kernel returning its softmax
+statistics can run the tiles."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,9 +58,8 @@ class KeySource(Protocol):
 @dataclass(frozen=True)
 class TileGrid:
     """Where a pass is cut: query tiles, and per query tile the key tiles it may
-    see. Context keys and current keys are tiled apart (no tile spans both);
-    with a causal mask, current keys after a query tile's last query are never
-    visible to it and are skipped (half the work of a whole prompt)."""
+    see. Context and current keys are tiled apart; under a causal mask current
+    keys after a tile's last query are skipped (half the work of a prompt)."""
 
     query_len: int
     past_len: int
@@ -110,12 +104,9 @@ def sliced_attention(
     grid: TileGrid,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """query: [bs, q, H, D] -> [bs, q, H, Dv] in query's dtype, tile by tile;
-    attention sinks ([H], gpt-oss) join each query's merged softmax.
-
-    The bias must hide keys with a finite value (``PromptBias``): a tile in
-    which a query sees nothing then has a log-sum-exp near the dtype's minimum
-    and weighs nothing in the merge, where -inf would give NaN."""
+    """query: [bs, q, H, D] -> [bs, q, H, Dv] in query's dtype, tile by tile; sinks
+    ([H], gpt-oss) join each query's merged softmax. The bias must hide keys with
+    a finite value: -inf would give NaN for a tile where a query sees nothing."""
     outputs = []
     for queries in grid.query_tiles():
         merged = attend_tiles(

@@ -2,7 +2,8 @@
 Each module says why it exists, how it works and which upstream change removes it.
 
 - ``accelerator``: ``torch.accelerator`` memory and sync calls of vLLM's loader
-  and shutdown, no-ops where torch has no accelerator (CPU emulation).
+  and shutdown, no-ops where torch has no accelerator (CPU emulation); EPLB's
+  events and current stream answered on the host.
 - ``engine_args``: ``--device hpu`` / ``device="hpu"`` accepted and checked; the
   options a user set (async scheduling, dtype, state-cache options) recorded
   before vLLM resolves them; the KV transfer config checked once vLLM derives it.
@@ -12,4 +13,6 @@ Each module says why it exists, how it works and which upstream change removes i
   scales of fused fp8 layers kept per shard.
 - ``nixl``: ``import nixl`` answered by the nixl-cu12 wheel.
 - ``log_records``: log lines that read as failures and are not, dropped.
+- ``eplb_config``: ``--enable-eplb`` past vLLM's CUDA-only check, completed as vLLM
+  completes it (weight exchange over gloo, synchronous rearrangement).
 """

@@ -100,8 +100,10 @@ def _patch_engine_args(arg_utils: ModuleType) -> None:
     engine_args.add_cli_args = staticmethod(  # type: ignore[method-assign]
         _with_device_option(engine_args.add_cli_args)
     )
+    from vllm_hpu.patches.eplb_config import with_eplb
+
     engine_args.create_engine_config = _with_kv_transfer_check(  # type: ignore[method-assign]
-        _with_requested_options(engine_args.create_engine_config)
+        with_eplb(_with_requested_options(engine_args.create_engine_config))
     )
 
 

@@ -7,24 +7,14 @@ from collections.abc import Callable
 
 import torch
 
-# Log lines that read as failures and are not.
-# Why: every process of a normal start printed them. torchao (installed with Intel
-# Neural Compressor, imported by transformers whenever present) tries to load its CUDA
-# kernels (``_C_mxfp8``, ``_C_cutlass_90a``), which cannot load beside a torch built
-# without CUDA and which no CPU or Gaudi path calls, and it registers two enums in a
-# way torch now deprecates. vLLM warns that its Model Runner V2 needs Triton, though
-# the HPU worker runs neither of vLLM's runners, and that "user settings" disabled
-# Inductor: the platform turns vLLM's compilation off (our runner compiles per
-# bucket), and the engine process checks the config again after its handshake,
-# taking that for a user's choice. And vLLM's weight loader warns once per
-# weight of a float32 checkpoint that runs in 16 bits ("Attempted to load
-# weight ... with dtype torch.float32 into parameter with dtype
-# torch.bfloat16"): emulation's default dtype on a CPU with bf16 instructions,
-# said once at start-up by the platform ("Emulation runs the model in ...") and
-# by vLLM ("Downcasting torch.float32 to torch.bfloat16").
-# How: a filter on each logger that emits them drops exactly those records; all else
-# those loggers say is kept. vLLM's "Failed to import from vllm._C" is avoided at the
-# source instead (HpuPlatform.import_kernels).
+# Why: every process of a normal start printed them. torchao (installed with INC)
+# tries to load CUDA kernels that cannot load beside a CPU torch and that no CPU or
+# Gaudi path calls, and registers two enums in a deprecated way. vLLM warns that
+# Model Runner V2 needs Triton (the HPU worker runs neither of its runners) and
+# that "user settings" disabled Inductor (the platform did: our runner compiles
+# per bucket). vLLM's weight loader warns once per weight of a float32 checkpoint
+# run in 16 bits, which the platform and vLLM already say once at start-up.
+# How: a filter on each emitting logger drops exactly those records.
 # Upstream change that removes it: torchao loading CUDA kernels only with a CUDA
 # torch and registering enums as opaque types; vLLM not warning about runners and
 # compilation modes the platform chose, nor per weight about the model's dtype.

@@ -8,13 +8,11 @@ import sys
 from types import ModuleType
 from typing import Any
 
-# NIXL from the nixl-cu12 wheel.
-# Why: vLLM imports NIXL as ``nixl._api``. The ``nixl-cu12`` wheel (no CUDA needed;
-# it bundles UCX) installs the package ``nixl_cu12``; the ``nixl`` meta package that
-# maps one to the other requires both the cu12 and the cu13 wheels.
-# How: an import finder answers ``nixl`` and ``nixl.*`` with the modules of
-# ``nixl_cu12`` when no real ``nixl`` is installed, as the meta package does. It
-# imports nothing until vLLM asks for NIXL.
+# Why: vLLM imports ``nixl._api``; the ``nixl-cu12`` wheel (no CUDA needed) installs
+# ``nixl_cu12``, and the ``nixl`` meta package mapping one to the other requires
+# both the cu12 and the cu13 wheels.
+# How: an import finder answers ``nixl`` and ``nixl.*`` with ``nixl_cu12``'s modules
+# when no real ``nixl`` is installed, importing nothing until vLLM asks.
 # Upstream change that removes it: a ``nixl`` meta package whose CUDA variants are
 # extras (or vLLM importing the variant packages itself, as it does for ROCm).
 _NIXL = "nixl"

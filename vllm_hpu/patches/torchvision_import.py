@@ -8,18 +8,13 @@ import pathlib
 import sys
 from typing import Any
 
-# torchvision's PyPI wheel beside the CPU build of torch.
-# Why: vLLM's LLaVA-style models import transformers' image processors, which import
-# torchvision; once torchvision is installed, transformers imports it even for text
-# models. The only torchvision 0.28 on PyPI is built for CUDA torch: beside
-# ``torch 2.13.0+cpu`` its extension ``_C`` does not load, and
-# ``torchvision/_meta_registrations.py`` then fails on "operator torchvision::nms
-# does not exist" (it registers fake kernels for nms and qnms unconditionally).
-# How: before torchvision is first imported, load its extension the way it does
-# itself; only if that fails, define the two operator schemas, without kernels.
-# Image transforms work; detection ops (nms, roi_align) stay unavailable, and image
-# processors do not use them. On Gaudi, torchvision comes with the software stack,
-# its extension loads and nothing is defined.
+# Why: transformers imports torchvision whenever it is installed, and the only
+# torchvision 0.28 on PyPI is built for CUDA torch: beside ``torch 2.13.0+cpu`` its
+# extension ``_C`` does not load and ``_meta_registrations.py`` fails on "operator
+# torchvision::nms does not exist".
+# How: before torchvision is first imported, load its extension as it does itself;
+# only if that fails, define the nms and qnms schemas without kernels (image
+# transforms work; detection ops stay unavailable). On Gaudi the extension loads.
 # Upstream change that removes it: a CPU torchvision wheel on PyPI, or torchvision
 # guarding those registrations like its other ops'.
 _TORCHVISION_SCHEMAS = (

@@ -1,12 +1,6 @@
-"""Dequantization of the weight layouts checkpoints ship (fp8 and int8 with
-per-tensor, per-channel or block scales; 4- and 8-bit values packed in int32 by
-AutoAWQ, GPTQ and compressed-tensors; MXFP4), in plain torch.
-
-Every function takes the tensors as the checkpoint stores them, works on any
-leading dimensions (a stack of experts: ``[E, ...]``) and returns a float weight
-in the layout of its input, without reading vLLM: the linear and MoE methods of
-each format call these, and unit tests hold them to naive references.
-"""
+"""Dequantization of the weight layouts checkpoints ship (fp8, int8, packed 4- and
+8-bit, MXFP4), in plain torch, on any leading dimensions (``[E, ...]`` for a
+stack of experts), without reading vLLM."""
 
 import torch
 
@@ -31,10 +25,9 @@ def pack_factor(num_bits: int) -> int:
 def unpack_int32(
     packed: torch.Tensor, num_bits: int, dim: int, awq_order: bool = False
 ) -> torch.Tensor:
-    """The unsigned ``num_bits`` values of an int32 tensor, ``pack_factor``
-    per element along ``dim`` (which grows by that factor), as int32 in
-    0..2**num_bits-1. Value i of each word sits in bits i*num_bits and up;
-    ``awq_order`` reads 4-bit words in AutoAWQ's interleaved nibble order."""
+    """The unsigned ``num_bits`` values of an int32 tensor along ``dim`` (which grows
+    by ``pack_factor``), value i in bits i*num_bits and up; ``awq_order`` reads
+    4-bit words in AutoAWQ's interleaved nibble order."""
     shifts = torch.arange(0, PACK_BITS, num_bits, dtype=torch.int32)
     if awq_order:
         if num_bits != _NIBBLE:
@@ -53,10 +46,8 @@ def dequantize_groups(
     dim: int,
 ) -> torch.Tensor:
     """(values - zero) * scale of each input's group, in the scales' dtype.
-
-    ``values`` holds integers with the inputs along ``dim``; ``scales`` and
-    ``zeros`` (None: zero 0) have the same shape except ``groups`` along ``dim``;
-    ``g_idx`` ``[inputs]``, or ``[E, inputs]`` for a stack, is each input's group."""
+    ``scales``/``zeros`` (None: 0) have ``groups`` along ``dim``; ``g_idx``
+    ``[inputs]`` (or ``[E, inputs]``) is each input's group."""
     shape = [1] * values.ndim
     shape[: g_idx.ndim - 1] = g_idx.shape[:-1]
     shape[dim] = g_idx.shape[-1]
@@ -73,10 +64,8 @@ def dequantize_contiguous(
     zeros: torch.Tensor | int | None,
     dim: int,
 ) -> torch.Tensor:
-    """:func:`dequantize_groups` when each group is a run of consecutive inputs
-    (no ``desc_act`` reordering): the inputs along ``dim`` are viewed as
-    [groups, group_size] and each group's zero and scale broadcast over its run,
-    with no per-input gather of the scales and zeros (int zero: one for all)."""
+    """:func:`dequantize_groups` for groups of consecutive inputs, broadcasting each
+    group's zero (int: one for all) and scale over its run without a gather."""
     dim = dim % values.ndim
     grouped = values.unflatten(dim, (scales.shape[dim], -1))
     if isinstance(zeros, torch.Tensor):
@@ -105,11 +94,9 @@ def dequantize_gptq(
     g_idx: torch.Tensor | None,
     v1: bool = True,
 ) -> torch.Tensor:
-    """GPTQ's layout: 4-bit qweight ``[..., K/8, N]`` packed along the input,
-    qzeros ``[..., G, N/8]`` along the output (None: symmetric, zero 8; the v1
-    format stores zero - 1 in four bits, gptq_v2 the zero), scales
-    ``[..., G, N]``, g_idx ``[K]`` with desc_act (None: groups of K / G
-    consecutive inputs); the weight ``[..., K, N]``."""
+    """GPTQ's layout: 4-bit qweight ``[..., K/8, N]``, qzeros ``[..., G, N/8]`` (None:
+    symmetric; v1 stores zero - 1, gptq_v2 the zero), scales ``[..., G, N]``, g_idx
+    ``[K]`` with desc_act (None: consecutive groups); the weight ``[..., K, N]``."""
     values = unpack_int32(qweight, _NIBBLE, dim=-2)
     zeros: torch.Tensor | int = SYMMETRIC_GPTQ_ZERO
     if qzeros is not None:
@@ -130,12 +117,10 @@ def dequantize_pack_quantized(
     weight_zero_point: torch.Tensor | None = None,
     g_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """compressed-tensors' ``pack-quantized`` layout: signed values offset by
-    2**(num_bits-1), weight_packed ``[..., N, K/pack]`` packed along the input,
-    weight_scale ``[..., N, G]`` (G = 1: per channel), weight_zero_point
-    ``[..., N/pack, G]`` packed along the output the same way (None:
-    symmetric), g_idx ``[K]`` (None: groups of K / G consecutive inputs);
-    the weight ``[..., N, K]`` in the scale's dtype."""
+    """compressed-tensors' ``pack-quantized`` layout: values offset by
+    2**(num_bits-1), weight_packed ``[..., N, K/pack]``, weight_scale ``[..., N,
+    G]``, weight_zero_point ``[..., N/pack, G]`` (None: symmetric), g_idx ``[K]``
+    (None: consecutive groups); the weight ``[..., N, K]`` in the scale's dtype."""
     values = unpack_int32(weight_packed, num_bits, dim=-1)
     zeros = None
     if weight_zero_point is not None:
@@ -173,10 +158,9 @@ def dequantize_fp8(
     block_size: tuple[int, int] | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """An fp8 weight ``[..., N, K]`` times its scale: per tensor (one element, or
-    ``[..., 1, 1]`` per expert), per output channel (``[N]`` or ``[..., N, 1]``)
-    or, with ``block_size`` ``(bn, bk)``, per block (DeepSeek's
-    ``weight_scale_inv`` ``[..., ceil(N/bn), ceil(K/bk)]``). Computed in float32."""
+    """An fp8 weight ``[..., N, K]`` times its scale, in float32: per tensor, per
+    output channel (``[N]`` or ``[..., N, 1]``) or, with ``block_size`` ``(bn,
+    bk)``, per block (DeepSeek's ``weight_scale_inv``)."""
     scale = scale.float()
     if block_size is not None:
         scale = expand_block_scales(scale, weight.shape, block_size)
@@ -198,8 +182,7 @@ def dequantize_int8(
 
 
 def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
-    """Power-of-two scales stored as biased exponents (uint8 or float8_e8m0fnu):
-    2 ** (s - 127) in float32."""
+    """Biased power-of-two exponents (uint8 or e8m0): 2 ** (s - 127) in float32."""
     exponents = scales.view(torch.uint8).to(torch.int32) - E8M0_BIAS
     return torch.exp2(exponents.float())
 
@@ -236,10 +219,9 @@ def scaled_matmul(
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(a * a_scale) @ (b * b_scale) + bias for fp8 or int8 ``a`` [M, K] and ``b``
-    [K, N], scales one value or per row of ``a`` ([M, 1]) and per column of ``b``
-    (N values): the values upcast to ``out_dtype`` (exact: 8-bit values fit in
-    bf16) are multiplied, then the scales applied to the result."""
+    """(a * a_scale) @ (b * b_scale) + bias for 8-bit ``a`` [M, K] and ``b`` [K, N]:
+    values upcast to ``out_dtype`` (exact in bf16), the scales ([M, 1] or one,
+    and N values) applied to the result."""
     out = torch.matmul(a.to(out_dtype), b.to(out_dtype))
     out = out * (a_scale.float() * b_scale.float().reshape(1, -1)).to(out_dtype)
     return out if bias is None else out + bias

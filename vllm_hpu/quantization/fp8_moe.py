@@ -19,6 +19,8 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 from vllm.model_executor.layers.quantization.fp8 import Fp8MoEMethod
 
 from vllm_hpu import device
+from vllm_hpu.ops.fused_moe import ExpertGroup
+from vllm_hpu.ops.moe import ExpertExtras
 from vllm_hpu.quantization.dequant import dequantize_fp8
 from vllm_hpu.quantization.fp8 import FP8_DTYPE, FP8_MAX
 from vllm_hpu.quantization.moe_methods import HpuQuantizedMoE
@@ -77,7 +79,7 @@ class HpuFp8Experts(HpuQuantizedMoE):
             layer.w13_input_scale.data = static.data.max()
 
     def dequantize(
-        self, layer: Any, experts: slice, dtype: torch.dtype
+        self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         w13_scale, w2_scale = self.scales(layer)
         w13, w2 = layer.w13_weight[experts], layer.w2_weight[experts]
@@ -90,36 +92,39 @@ class HpuFp8Experts(HpuQuantizedMoE):
         )
 
     def prepare_input(self, layer: Any, x: torch.Tensor) -> torch.Tensor:
-        if self.input_mode is None:
+        if self.input_mode is None or self._kernel() is not None:
             return x
         xq, scale = quantize_input(x, self.input_mode, layer.w13_input_scale)
         return (xq.float() * scale).to(x.dtype)
 
-    def run_experts(
-        self,
-        layer: Any,
-        x: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
+    def _kernel(self) -> Any:
+        """Gaudi's fp8 MoE kernel where it takes this input, else None."""
+        fits = self.input_mode in (STATIC, PER_TENSOR)
+        return device.fused_moe_fp8() if fits else None
+
+    def run_group(
+        self, layer: Any, x: torch.Tensor, group: ExpertGroup, extras: ExpertExtras
     ) -> torch.Tensor:
-        kernel = device.fused_moe_fp8()
-        if kernel is None or self.input_mode not in (STATIC, PER_TENSOR):
-            return super().run_experts(layer, x, topk_weights, topk_ids)
-        xq, x_scale = quantize_input(x, self.input_mode, layer.w13_input_scale)
+        kernel, mode = self._kernel(), self.input_mode
+        if kernel is None or mode is None:
+            return super().run_group(layer, x, group, extras)
+        xq, x_scale = quantize_input(x, mode, layer.w13_input_scale)
         w13_scale, w2_scale = self.scales(layer)
+        experts = group.experts
+        w13, w2 = layer.w13_weight[experts], layer.w2_weight[experts]
         return kernel(
             hidden_states=xq,
-            expert_routing_table=topk_ids.long(),
-            router_weights=topk_weights.to(x.dtype),
-            w12=list(layer.w13_weight.unbind(0)),
-            w3=list(layer.w2_weight.unbind(0)),
-            d_scale_w12=list(w13_scale.flatten(1).unbind(0)),
-            d_scale_w3=list(w2_scale.flatten(1).unbind(0)),
+            expert_routing_table=group.topk_ids.long(),
+            router_weights=group.topk_weights.to(x.dtype),
+            w12=list(w13.unbind(0)),
+            w3=list(w2.unbind(0)),
+            d_scale_w12=list(w13_scale[experts].flatten(1).unbind(0)),
+            d_scale_w3=list(w2_scale[experts].flatten(1).unbind(0)),
             d_scale_hidden_states=x_scale,
             permuted_weights=True,
             activation=layer.activation.value,
-            experts_min=0,
-            experts_max=layer.local_num_experts - 1,
+            experts_min=group.first,
+            experts_max=group.first + w13.shape[0] - 1,
         )
 
 

@@ -72,8 +72,7 @@ class HpuGPTQConfig(HpuInt4Config):
         return quant
 
     def get_checkpoint_weight_mapper(self) -> WeightsMapper:  # type: ignore[override]
-        """Keeps g_idx where desc_act needs it (vLLM drops it by default; the
-        experts have nowhere to load it)."""
+        """Keeps g_idx where desc_act needs it (vLLM drops it by default)."""
         return (
             WeightsMapper() if self.desc_act else super().get_checkpoint_weight_mapper()
         )

@@ -1,18 +1,10 @@
 """Intel Neural Compressor's Gaudi FP8 path on the CPU, for emulation only.
 
-INC patches modules by class name from a per-device table, calls Gaudi's fp8 ops
-through a per-device wrapper table, and refuses anything but fake quantization
-(QDQ) on a CPU. Three adjustments from outside INC make it run the path it runs
-on Gaudi (docs/fp8.md): the Gaudi module entries in the CPU table, torch
-stand-ins for the fp8 ops (the fused MoE op's measuring variant, which INC calls
-directly, as a ``torch.ops.hpu`` op), and a config parser that takes the real
-path with Gaudi 3 scales. Applied once, by ``inc_flow.enable_inc`` in emulation
-only.
-
-Why: INC has no CPU backend for its Gaudi path. How: table entries and one
-wrapped parser, set before the first ``prepare``/``convert``. Removed by: an INC
-release whose CPU accelerator takes the Gaudi path (no upstream change yet).
-"""
+Why: INC has no CPU backend for its Gaudi path. How (docs/fp8.md): the Gaudi
+module entries in INC's CPU table, torch stand-ins for the fp8 ops (the fused
+MoE measuring op as a ``torch.ops.hpu`` op) and a config parser that takes the
+real path with Gaudi 3 scales, set by ``inc_flow.enable_inc`` before the first
+``prepare``/``convert``. Removed by: an INC whose CPU accelerator takes that path."""
 
 import functools
 from collections.abc import Callable
@@ -126,10 +118,9 @@ def fp8_fused_sdpa(
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gaudi's fp8_fused_sdpa: q, k, v [bs, heads, len, head_size] dequantized,
-    attention with probabilities through fp8 when ``q_scale_s`` is given, the
-    output quantized when ``q_scale_o`` is; returns (output, amax of the
-    probabilities or None). Query rows go in chunks: a long packed prompt's
-    scores would not fit in memory at once."""
+    probabilities through fp8 with ``q_scale_s``, the output quantized with
+    ``q_scale_o``; returns (output, amax of the probabilities or None). Query rows
+    go in chunks so a long prompt's scores fit in memory."""
     group = q.shape[1] // k.shape[1]
     key = _dequantize(k, d_scale_k, torch.float32).repeat_interleave(group, 1)
     value = _dequantize(v, d_scale_v, torch.float32).repeat_interleave(group, 1)

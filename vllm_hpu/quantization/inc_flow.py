@@ -26,8 +26,7 @@ def quantization_flow(vllm_config: "VllmConfig") -> "QuantizationFlow":
 
 
 class QuantizationFlow:
-    """What the loaded model goes through before it serves; without INC (this
-    class) nothing."""
+    """What the loaded model goes through before serving; without INC, nothing."""
 
     replaces_linears = False  # the runner may pack the linear weights
 

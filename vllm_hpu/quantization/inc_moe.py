@@ -1,11 +1,8 @@
 """The routed experts as Intel Neural Compressor measures and quantizes them:
-modules with the Gaudi reference's class names (INC patches by class name), one
-``MoeMatmul`` per expert projection, so each expert gets its own weight scale and
+modules with the Gaudi reference's class names (INC patches by class name),
+one ``MoeMatmul`` per expert projection, so each expert gets its own scale and
 the measurement files name ``<layer>.moe_op.w13_list.<expert>`` as on Gaudi.
-
-Attached to each MoE layer only when the INC flow runs; the layer's stacked
-weights stay the storage (each ``MoeMatmul`` holds a view) until INC has made
-its fp8 copies, then they are released."""
+The stacked weights stay the storage until INC has made its fp8 copies."""
 
 import re
 from collections import Counter
@@ -33,9 +30,8 @@ class MoeMatmul(torch.nn.Module):
 
 
 class VllmMixtureOfExpertsOp(torch.nn.Module):
-    """The routed experts of one layer, called as Gaudi's fused MoE op is.
-    INC replaces it (MEASURE, QUANTIZE) by its patched module, which calls the
-    fused op on the ``MoeMatmul`` weights; unpatched (blocklisted), it runs the
+    """The routed experts of one layer, called as Gaudi's fused MoE op is. INC
+    replaces it by its patched module; unpatched (blocklisted), it runs the
     experts in bf16 as the plugin's unquantized method does."""
 
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:

@@ -28,8 +28,7 @@ class HpuInt4Config(QuantizationConfig):
     def override_quantization_method(
         cls, hf_quant_cfg: dict[str, Any], user_quant: str | None, hf_config: Any = None
     ) -> Any:
-        """Claims the checkpoints of ``METHOD``: vLLM's own methods for them need
-        CUDA kernels."""
+        """Claims ``METHOD``'s checkpoints: vLLM's own methods need CUDA kernels."""
         if hf_quant_cfg.get("quant_method", "").lower() != cls.METHOD:
             return None
         return cls.METHOD if user_quant in (None, cls.METHOD) else None

@@ -1,11 +1,6 @@
 """The int8 W8A8 linear kernel vLLM's compressed-tensors method selects: int8
-weights with per-channel or per-tensor scales, activations quantized to int8 with
-a symmetric scale (static per tensor from the checkpoint, or dynamic per token).
-
-The weights stay int8 in device memory; the matmul runs on the int8 values
-upcast to the activations' dtype (exact: they fit in bf16) and the two scales
-multiply its result.
-"""
+weights, activations quantized to int8 with a symmetric scale (static or per
+token); the int8 values upcast to the activations' dtype (exact in bf16)."""
 
 import functools
 from typing import Any

@@ -1,14 +1,11 @@
 """``fp8``, compressed-tensors and gpt-oss's MXFP4 checkpoints: vLLM's own
-configs, except that their experts get the plugin's methods (quantization/fp8_moe.py,
-quantization/packed_moe.py).
+configs, except that their experts get the plugin's methods.
 
-vLLM's configs hand a MoE layer a method that asks vLLM's kernel oracle for a
-CUDA/ROCm/CPU/XPU backend; an out-of-tree platform gets none ("Unsupported FP8
-MoE backend: NONE" once the weights are loaded), and vLLM 0.32 has no way to
-register an out-of-tree MoE backend. ``register_quantization_config`` is how a
-plugin provides a config: these subclasses, registered under vLLM's names,
-change the experts' method only. What the plugin cannot run is refused while
-the model is built, before any weight loads, naming the variant.
+vLLM's configs ask its kernel oracle for a CUDA/ROCm/CPU/XPU MoE backend; an
+out-of-tree platform gets none ("Unsupported FP8 MoE backend: NONE") and vLLM
+0.32 cannot register one. So these subclasses, registered under vLLM's names,
+change the experts' method only, and refuse what the plugin cannot run while
+the model is built, before any weight loads.
 """
 
 from typing import Any
@@ -86,10 +83,8 @@ class HpuCompressedTensorsConfig(CompressedTensorsConfig):
 
 
 class HpuGptOssMxfp4Config(GptOssMxfp4Config):
-    """gpt-oss's own MXFP4 checkpoints (quant_method ``mxfp4`` on a gpt-oss
-    config): the experts with the plugin's method, with their biases and the
-    clamped SwiGLU; vLLM's config leaves attention, router and embeddings
-    unquantized. Any activation dtype: the experts dequantize to it."""
+    """gpt-oss's own MXFP4 checkpoints: the experts (biases, clamped SwiGLU) with the
+    plugin's method; any activation dtype, the experts dequantize to it."""
 
     @classmethod
     def get_supported_act_dtypes(cls) -> list[torch.dtype]:
@@ -103,8 +98,7 @@ class HpuGptOssMxfp4Config(GptOssMxfp4Config):
 def expert_scheme(
     config: CompressedTensorsConfig, layer: RoutedExperts, prefix: str
 ) -> dict[str, Any] | None:
-    """The experts' scheme, as vLLM reads it: that of expert 0's projections,
-    which must agree."""
+    """The experts' scheme as vLLM reads it: expert 0's projections'."""
     config._add_fused_moe_to_target_scheme_map()
     names = (layer.ckpt_gate_proj_name, layer.ckpt_up_proj_name)
     schemes = [

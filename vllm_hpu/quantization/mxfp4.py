@@ -19,8 +19,7 @@ from vllm_hpu.quantization.dequant import dequantize_mxfp4
 
 
 class HpuMxfp4LinearKernel(MxFp4LinearKernel):
-    """y = x @ dequant(weight).T; weight [N, K / 2] uint8, weight_scale
-    [N, K / 32] e8m0."""
+    """y = x @ dequant(weight).T; weight [N, K / 2] uint8, scale [N, K / 32] e8m0."""
 
     @classmethod
     def is_supported(

@@ -54,14 +54,14 @@ class HpuCompressedTensorsWNA16MoEMethod(
         self.group_size = weight_quant.group_size or -1
 
     def dequantize(
-        self, layer: Any, experts: slice, dtype: torch.dtype
+        self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._dequantize(layer, "w13", experts, dtype), self._dequantize(
             layer, "w2", experts, dtype
         )
 
     def _dequantize(
-        self, layer: Any, name: str, experts: slice, dtype: torch.dtype
+        self, layer: Any, name: str, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> torch.Tensor:
         zeros = getattr(layer, f"{name}_weight_zero_point", None)
         weight = dequant.dequantize_pack_quantized(
@@ -86,7 +86,7 @@ class HpuCompressedTensorsMxfp4MoEMethod(
         self.group_size = MXFP4_GROUP_SIZE
 
     def dequantize(
-        self, layer: Any, experts: slice, dtype: torch.dtype
+        self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return mxfp4_experts(layer, "weight_packed", experts, dtype)
 
@@ -106,13 +106,13 @@ class HpuGptOssMxfp4MoEMethod(HpuQuantizedMoE, GptOssMxfp4MoEMethod):
         self.mxfp4_backend = Mxfp4MoeBackend.EMULATION
 
     def dequantize(
-        self, layer: Any, experts: slice, dtype: torch.dtype
+        self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return mxfp4_experts(layer, "weight", experts, dtype)
 
 
 def mxfp4_experts(
-    layer: Any, codes: str, experts: slice, dtype: torch.dtype
+    layer: Any, codes: str, experts: slice | torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """w13 and w2 of ``experts`` from their e2m1 ``w*_{codes}`` and e8m0
     ``w*_weight_scale``, in ``dtype``."""
@@ -128,10 +128,9 @@ def mxfp4_experts(
 
 
 class HpuInt4CheckpointMoEMethod(HpuQuantizedMoE, FusedMoEMethodBase):
-    """AutoAWQ or GPTQ experts, each expert's tensors stacked as the checkpoint
-    has them (input dimension first: ``is_transposed`` for vLLM's expert loader),
-    scales [E, groups, N]. ``quant_config`` is ``HpuAWQConfig`` or
-    ``HpuGPTQConfig``; a subclass names the tensors and dequantizes."""
+    """AutoAWQ or GPTQ experts stacked as the checkpoint has them (input dimension
+    first: ``is_transposed``), scales [E, groups, N]; a subclass names the
+    tensors and dequantizes."""
 
     def __init__(self, quant_config: Any, moe: FusedMoEConfig) -> None:
         super().__init__(moe)
@@ -197,7 +196,7 @@ class HpuAWQMoEMethod(HpuInt4CheckpointMoEMethod):
         return inputs, outputs // dequant.pack_factor(4)
 
     def dequantize(
-        self, layer: Any, experts: slice, dtype: torch.dtype
+        self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         w13, w2 = (
             dequant.dequantize_awq(
@@ -218,7 +217,7 @@ class HpuGPTQMoEMethod(HpuInt4CheckpointMoEMethod):
         return inputs // dequant.pack_factor(4), outputs
 
     def dequantize(
-        self, layer: Any, experts: slice, dtype: torch.dtype
+        self, layer: Any, experts: slice | torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         weights = []
         for name in ("w13", "w2"):

@@ -160,7 +160,7 @@ class HpuWorker(WorkerBase):
     def compile_or_warm_up_model(self) -> CompilationTimes:
         started = time.perf_counter()
         warm_up_model(self.runner, self._graph_mem())
-        self.runner.start_step_trace()
+        self.runner.start_serving()
         # The seed is reset so that profiling does not shift seeded sampling.
         set_random_seed(self.model_config.seed)
         elapsed = time.perf_counter() - started
@@ -198,15 +198,20 @@ class HpuWorker(WorkerBase):
         if isinstance(output, IntermediateTensors):
             pipeline.send(output)
             return None
+        if output is not None:  # a step without sampling (pooling, no tokens)
+            self.runner.end_engine_step()
         return output
 
     def execute_dummy_batch(self) -> None:
         self.runner.execute_dummy_batch()
+        self.runner.end_engine_step(is_dummy=True)
 
     def sample_tokens(
         self, grammar_output: GrammarOutput | None
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
-        return self.runner.sample_tokens(grammar_output)
+        output = self.runner.sample_tokens(grammar_output)
+        self.runner.end_engine_step()
+        return output
 
     def synchronize_device(self) -> None:
         device.synchronize()

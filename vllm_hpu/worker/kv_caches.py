@@ -20,9 +20,11 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
 )
 
 from vllm_hpu.attention.metadata import CacheGeometry
+from vllm_hpu.attention.sparse_mla import index_cache_spec
 from vllm_hpu.attention.windows import (
     full_attention_spec,
     hybrid_kv_cache,
@@ -59,6 +61,8 @@ def kv_cache_specs(
                 f"Layer {name} needs a {type(spec).__name__} cache, which the HPU "
                 "plugin does not support: only decoder attention models run here."
             )
+        if isinstance(spec, MLAAttentionSpec):
+            spec = index_cache_spec(spec, vllm_config)
         specs[name] = layer_spec(spec, block_size, hybrid)
     return specs
 
@@ -76,11 +80,10 @@ def bind_kv_caches(
     kv_caches = {}
     shared: dict[tuple[int, AttentionSpec], Any] = {}
     for group in attention_groups(kv_cache_config):
-        spec = group.kv_cache_spec
-        assert isinstance(spec, AttentionSpec)
-        # Caches are shaped by the page, not by which tokens a layer attends.
-        shape = full_attention_spec(spec, spec.block_size)
         for index, name in enumerate(group.layer_names):
+            spec = group_layer_spec(group, name)
+            # Caches are shaped by the page, not by which tokens a layer attends.
+            shape = full_attention_spec(spec, spec.block_size)
             if (index, shape) not in shared:
                 shared[index, shape] = allocate_layer_cache(
                     spec, kv_cache_config.num_blocks, torch_device
@@ -88,6 +91,16 @@ def bind_kv_caches(
             kv_caches[name] = shared[index, shape]
             layers[name].bind_kv_cache(kv_caches[name])
     return kv_caches
+
+
+def group_layer_spec(group: KVCacheGroupSpec, name: str) -> AttentionSpec:
+    """A layer's own spec in its group: one group holds layers of different
+    head sizes (UniformTypeKVCacheSpecs) where the hybrid manager is off."""
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        spec = spec.kv_cache_specs[name]
+    assert isinstance(spec, AttentionSpec), f"{name}: {spec}"
+    return spec
 
 
 def unbind_kv_caches(layers: Layers) -> dict[str, Any]:

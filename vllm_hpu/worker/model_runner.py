@@ -124,6 +124,7 @@ class HpuModelRunner:
     def load_model(self) -> None:
         started = time.perf_counter()
         used_before = device.memory_used()
+        self.caps.eplb.before_load()
         with set_current_vllm_config(self.vllm_config):
             if self.model_config.is_hybrid:
                 from vllm_hpu.attention.state_layers import register_state_layers
@@ -132,6 +133,7 @@ class HpuModelRunner:
             self.model = get_model(vllm_config=self.vllm_config)
             self.model = self.caps.lora.wrap(self.model, self.device)
         check_moe_layers(self.model)
+        self.caps.eplb.after_load(self.model)
         self.model = self.caps.inc.apply(self.model)
         # INC replaces the linears: nothing to pack then.
         keep_layout = weights_change(self.vllm_config) or self.caps.inc.replaces_linears
@@ -194,6 +196,7 @@ class HpuModelRunner:
         )
         logger.info("# HPU blocks: %d, # CPU blocks: 0", num_blocks)
         self.caps.kv_connector.register_kv_caches(self.kv_caches, block_size)
+        self.caps.routed_experts.start(kv_cache_config)
 
     def kv_cache_share(self, available: int) -> int:
         """Of ``available`` bytes, what the KV cache may take: less a hybrid
@@ -354,12 +357,15 @@ class HpuModelRunner:
         metadata |= state_cache.metadata_by_layer(forward_pass)
         state_cache.before_pass(forward_pass)
         self.caps.lora.set_pass(forward_pass)
+        self.caps.eplb.before_pass(forward_pass.num_real_tokens)
+        self.caps.routed_experts.before_pass(forward_pass)
         phase, bucket = graph_key(forward_pass)
         with self.caps.profiler.span("forward", phase=phase, bucket=bucket):
             inputs = self.caps.model_inputs(forward_pass)
             inputs["intermediate_tensors"] = intermediate_tensors
             hidden = self.graphed_model.run(forward_pass, inputs, metadata)
         state_cache.after_pass(forward_pass)
+        self.caps.routed_experts.after_pass(forward_pass)
         # A draft model writes the pass into its KV cache.
         return self.caps.spec.after_target_pass(forward_pass, hidden)
 
@@ -387,6 +393,7 @@ class HpuModelRunner:
             sampled,
             pending.discard_rows,
             lambda: self.step_sampler.output(pending, sampled.result()),
+            self.caps.routed_experts.step_output(pending.device, pending.discard_rows),
         )
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
@@ -417,10 +424,16 @@ class HpuModelRunner:
         next one (warmup's capture, within the graph memory budget)."""
         self.graphed_buckets.add((phase, bucket))
 
-    def start_step_trace(self) -> None:
-        """Record step shapes from now on (after warmup), if asked to."""
+    def start_serving(self) -> None:
+        """After warmup: record step shapes from now on, if asked to; EPLB
+        counts no load from warmup's passes."""
         if self.cache is not None:
             self.planner.start_trace(self.cache.num_blocks)
+        self.caps.eplb.after_warmup()
+
+    def end_engine_step(self, is_dummy: bool = False) -> None:
+        """An engine step is done (vLLM's EPLB counts them; warmup's are not)."""
+        self.caps.eplb.step(is_dummy)
 
     def synchronize(self) -> None:
         """Wait for the queued device work (it reads weights, adapters and

@@ -1,12 +1,6 @@
-"""Data parallelism with a MoE model: each MoE layer exchanges tokens among the
-data-parallel ranks (distributed.py), so in every engine step each rank runs as
-many forward passes as the busiest one. A rank with fewer passes, or with none
-(vLLM's ``execute_dummy_batch``), adds idle ones: a padded decode pass of no
-request, whose writes land in the dummy block.
-
-Dense models need none of this: vLLM runs their data-parallel ranks as
-independent engines (``data_parallel_size`` is 1 in each).
-"""
+"""Data parallelism with a MoE model: MoE layers exchange tokens among the ranks,
+so each rank runs as many passes as the busiest one, adding idle padded decode
+passes (writing to the dummy block). Dense models run as independent engines."""
 
 from dataclasses import replace
 
@@ -21,6 +15,8 @@ from vllm_hpu.bucketing import HpuBucketManager
 from vllm_hpu.worker.passes.build import build_decode_pass
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
 
+# The all2all backend the plugin's token exchange is (vLLM's default).
+ALL2ALL_BACKEND = "allgather_reducescatter"
 # An idle pass reads no request's tokens.
 NO_TOKEN_IDS = np.zeros((1, 1), dtype=np.int64)
 
@@ -32,24 +28,29 @@ def exchanges_tokens(vllm_config: VllmConfig) -> bool:
 
 
 def unsupported_layouts(vllm_config: VllmConfig) -> dict[str, bool]:
-    """Layouts of experts over ranks that ops/fused_moe.py and the passes here
-    do not run, refused at start-up (refusals.py) by name."""
+    """Layouts of experts over ranks and MoE options that ops/fused_moe.py and
+    the passes here do not run, refused at start-up (refusals.py) by name."""
     parallel = vllm_config.parallel_config
     model_config = vllm_config.model_config
-    moe_dp = (
-        model_config is not None
-        and model_config.is_moe
-        and parallel.data_parallel_size > 1
-    )
+    moe_backend = vllm_config.kernel_config.moe_backend
+    is_moe = model_config is not None and model_config.is_moe
+    moe_dp = is_moe and parallel.data_parallel_size > 1
+    exchanges = moe_dp or (is_moe and parallel.enable_expert_parallel)
+    backend = parallel.all2all_backend
     return {
-        "expert load balancing (--enable-eplb)": parallel.enable_eplb,
-        "expert parallelism with both tensor and data parallelism (sequence-"
-        "parallel experts; use one of the two with --enable-expert-parallel)": (
-            parallel.use_sequence_parallel_moe
-        ),
         "pipeline parallelism with data parallelism for MoE models": bool(
             moe_dp and parallel.pipeline_parallel_size > 1
         ),
+        # The plugin's exchange is vLLM's default (distributed/communicator.py).
+        f"the '{backend}' all2all backend (kernels of CUDA, ROCm or NIXL; MoE "
+        "tokens travel by all-gather and all-reduce, vLLM's "
+        f"'{ALL2ALL_BACKEND}': leave --all2all-backend unset)": bool(
+            exchanges and backend != ALL2ALL_BACKEND
+        ),
+        # vLLM's GPU expert kernels; the plugin's method runs the experts itself.
+        f"the '{moe_backend}' MoE backend (vLLM's GPU kernels; the plugin runs "
+        "the experts itself, Gaudi's fused MoE kernel on Gaudi: leave "
+        "--moe-backend unset)": is_moe and moe_backend != "auto",
     }
 
 
@@ -72,12 +73,9 @@ class DataParallelPasses(PassAlignment):
     def align(
         self, passes: list[ForwardPass], cache: CacheGeometry
     ) -> list[ForwardPass]:
-        """The step's passes, then idle ones up to the busiest rank's count,
-        each told every rank's token count for its exchanges. Two all-reduces
-        on the host side of the data-parallel group, here on the host thread:
-        the passes in the device stream then run no collective of their own
-        but the exchanges (vLLM's per-pass agreement would share the group
-        with this thread's)."""
+        """The step's passes, then idle ones up to the busiest rank's count, each told
+        every rank's token count. The two all-reduces run here on the host thread, so
+        the passes in the device stream run no collective but the exchanges."""
         group = get_dp_group().cpu_group
         count = torch.tensor([len(passes)], dtype=torch.int64)
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)

@@ -29,11 +29,16 @@ from vllm_hpu.worker.capabilities.data_parallel import (
     PassAlignment,
     exchanges_tokens,
 )
+from vllm_hpu.worker.capabilities.eplb import ExpertBalancing, HpuEplb
 from vllm_hpu.worker.capabilities.kv_connector import KVConnectorSteps
 from vllm_hpu.worker.capabilities.lora import HpuLoRA, LoRAAdapters
 from vllm_hpu.worker.capabilities.mrope import FlatPositions, mrope_positions_for
 from vllm_hpu.worker.capabilities.multimodal import MultimodalInputs, TextInputs
 from vllm_hpu.worker.capabilities.pooling import Pooling, StepPooler
+from vllm_hpu.worker.capabilities.routed_experts import (
+    RoutedExpertsCapture,
+    RoutedExpertsOutput,
+)
 from vllm_hpu.worker.capabilities.state_cache import HpuStateCache, StateCache
 from vllm_hpu.worker.diagnostics.profiler import StepProfiler
 from vllm_hpu.worker.passes.forward_pass import ForwardPass
@@ -57,6 +62,7 @@ class Capabilities:
     kv_connector: KVConnectorSteps
     # --data-parallel-size with a MoE model: as many passes as the other ranks.
     data_parallel: PassAlignment
+    eplb: ExpertBalancing  # HpuEplb with --enable-eplb
     # Set by ``attach_model``:
     pooler: Pooling = field(default_factory=Pooling)  # a pooling model
     # A model taking media, on the first pipeline stage.
@@ -64,6 +70,8 @@ class Capabilities:
     mrope: FlatPositions = field(default_factory=FlatPositions)  # M-RoPE models
     # A hybrid's Mamba2 / GDN layers.
     state_cache: StateCache = field(default_factory=StateCache)
+    # enable_return_routed_experts: each token's experts back with the output.
+    routed_experts: RoutedExpertsOutput = field(default_factory=RoutedExpertsOutput)
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
         """A step's hook before the request states take its changes."""
@@ -81,6 +89,7 @@ class Capabilities:
         self.multimodal.update(scheduler_output)
         self.spec.update(scheduler_output, requests)
         self.state_cache.after_update()
+        self.routed_experts.begin_step(scheduler_output)
 
     def model_inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
         """A pass's positions ([num_tokens], or [3, num_tokens] for M-RoPE) and
@@ -126,6 +135,11 @@ def build_capabilities(
             if exchanges_tokens(vllm_config)
             else PassAlignment()
         ),
+        eplb=(
+            HpuEplb(vllm_config, runner.device, stream)
+            if vllm_config.parallel_config.enable_eplb
+            else ExpertBalancing()
+        ),
     )
 
 
@@ -142,6 +156,10 @@ def attach_model(
     if model_config.runner_type == "pooling":
         capabilities.pooler = StepPooler(runner.input_batch, model, model_config)
     capabilities.state_cache = _state_cache(runner)
+    if runner.vllm_config.aux_output_config.enable_return_routed_experts:
+        capabilities.routed_experts = RoutedExpertsCapture(
+            runner.vllm_config, model, runner.input_batch
+        )
     # A multimodal model with every modality limited to 0 runs as a text model.
     takes_media = supports_multimodal(model) and model_config.supports_multimodal_inputs
     if takes_media and is_first_stage:

@@ -1,19 +1,13 @@
-"""The worker's and runner's side of vLLM's KV connector contract.
+"""The worker's and runner's side of vLLM's KV connector contract, in the order
+vLLM's GPU worker and runner follow it, through vLLM's own mixin where it has one.
 
-What vLLM's GPU worker and runner do (``gpu_worker.py``, ``gpu_model_runner.py``,
-``kv_connector_model_runner_mixin.py``), in the same order, through vLLM's own
-mixin where it has one. The worker: ``initialize_kv_transfer`` creates the
-connector with the KV cache config before the caches exist,
-``kv_connector_handshake_metadata`` reports what the scheduler side hands its
-peers, ``shutdown_kv_transfer``. The runner, through :class:`KVConnectorSteps`:
-the caches registered once allocated, as block-major views
-(``kv_transfer/layout.py``) with the platform's host-buffer copies (NIXL on
-Gaudi); per step ``before_update`` (preempted requests, before their blocks are
-reused), the passes inside ``step`` (binds the step's connector metadata, starts
-loads, waits for saves, collects finished sends and receives, failed loads and
-stats into the step's ``KVConnectorOutput``), and for a step with no tokens
-``no_forward_output`` (requests waiting on remote KV, sends still pending).
-Warmup's synthetic steps carry no connector metadata and bypass all of it.
+The worker creates the connector before the caches exist, reports its handshake
+metadata and shuts it down. The runner (:class:`KVConnectorSteps`) registers the
+caches as block-major views (``kv_transfer/layout.py``), and per step handles
+preempted requests in ``before_update``, binds the connector metadata around the
+passes inside ``step`` (loads, saves, finished transfers into the step's
+``KVConnectorOutput``), and answers a step with no tokens with
+``no_forward_output``. Warmup's synthetic steps bypass all of it.
 """
 
 import contextlib
@@ -74,10 +68,7 @@ def shutdown_kv_transfer() -> None:
 
 
 class KVConnectorSteps:
-    """The runner's calls into the connector (vLLM's process-wide transfer
-    group, which the worker creates), and the last step's connector output.
-    Without a connector every call does nothing: the scheduler then sends no
-    connector metadata."""
+    """The runner's calls into the connector; without one each does nothing."""
 
     def __init__(self, vllm_config: VllmConfig):
         self.vllm_config = vllm_config

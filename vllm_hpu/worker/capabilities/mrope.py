@@ -1,11 +1,7 @@
-"""M-RoPE positions (Qwen2-VL): every pass of such a model takes positions of shape
-``[3, num_tokens]``, one row per rotary section (time, height, width).
-
-A prompt token's three positions come from the model (``get_mrope_input_positions``,
-computed once per request from its prompt and images, as vLLM's GPU runner does);
-a token past the prompt sits at ``position + delta`` in all three rows, ``delta``
-being the request's ``mrope_position_delta``. Padding tokens keep position 0.
-"""
+"""M-RoPE positions (Qwen2-VL): positions of shape ``[3, num_tokens]`` (time,
+height, width). A prompt token's come from the model's
+``get_mrope_input_positions`` (once per request, as vLLM's GPU runner does); a
+later token sits at ``position + mrope_position_delta`` in all three rows."""
 
 from typing import Any
 
@@ -60,8 +56,7 @@ class MRopePositions(FlatPositions):
         return np.where(in_prompt, prompt[:, clipped], flat + delta)
 
     def _request_positions(self, req_id: str) -> tuple[np.ndarray, int]:
-        """The prompt's positions and the delta of the tokens after it, computed
-        on the request's first pass."""
+        """The prompt's positions and the later tokens' delta, on the first pass."""
         state = self.requests[req_id]
         if state.mrope_positions is None:
             # A prompt given as embeddings is all text: its length is enough.

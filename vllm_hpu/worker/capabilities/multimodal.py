@@ -46,8 +46,7 @@ def encoder_batch_sizes(max_items: int) -> list[int]:
 
 
 class TextInputs:
-    """A pass's model inputs: its token ids, for a model that takes no media
-    (this class) or runs past the first pipeline stage."""
+    """A pass's token ids, for a model without media or past the first stage."""
 
     def update(self, scheduler_output: SchedulerOutput) -> None:
         pass
@@ -63,16 +62,10 @@ class TextInputs:
 
 
 class MultimodalInputs(TextInputs):
-    """Runs the model's encoder for scheduled encoder inputs once per item, keeps
-    the outputs keyed by the item's hash until the scheduler frees them, and
-    builds the input embeddings of every pass (text, or text and encoder outputs).
-
-    Encoder passes are padded to a bucket of items per pass by repeating the
-    last item (its extra outputs are dropped); a dynamic-resolution tower's
-    passes to a bucket of images and patches (``vision_buckets.py``), a tiled
-    tower's to a bucket of tiles (``tile_buckets.py``). So the encoder sees
-    only the shapes :meth:`warm_up` ran.
-    """
+    """Runs the model's encoder once per scheduled item, keeps the outputs by the
+    item's hash until the scheduler frees them, and builds every pass's input
+    embeddings. Encoder passes are padded to a bucket (of items, of images and
+    patches, or of tiles), so the encoder sees only the shapes :meth:`warm_up` ran."""
 
     def __init__(
         self,
@@ -150,8 +143,7 @@ class MultimodalInputs(TextInputs):
             self.encoder_cache[hashes[i]] = output
 
     def encode(self, items: Sequence[EncoderItem]) -> list[torch.Tensor]:
-        """Encoder outputs of ``items`` (sorted by modality), in order, in
-        bucketed passes."""
+        """Encoder outputs of ``items`` (sorted by modality), in bucketed passes."""
         outputs: list[torch.Tensor] = []
         for (modality, layout), group in itertools.groupby(items, key=self._layout):
             run = list(group)
@@ -164,8 +156,7 @@ class MultimodalInputs(TextInputs):
         return outputs
 
     def _layout(self, item: EncoderItem) -> tuple[str, str]:
-        """(modality, how its passes are bucketed): by patch grids, by tiles,
-        or by items."""
+        """(modality, bucketing of its passes: by patch grids, tiles or items)."""
         modality = item[0]
         if modality in self.patch_buckets and is_grid_item(*item):
             return modality, "grid"
@@ -241,8 +232,7 @@ class MultimodalInputs(TextInputs):
         return outputs
 
     def warm_up(self) -> None:
-        """One encoder pass per bucket on vLLM's dummy item of each modality (at
-        its largest size), so serving meets no new encoder shape."""
+        """One encoder pass per bucket on vLLM's largest dummy item per modality."""
         for modality in self.budget.mm_max_items_per_batch:
             items = self.budget.get_dummy_encoder_profile_inputs(modality, 1)
             buckets = self.patch_buckets.get(modality)
@@ -281,15 +271,13 @@ class MultimodalInputs(TextInputs):
         logger.info("Warmed up encoder passes of %s tiles", buckets.warmup_shapes())
 
     def reset(self) -> None:
-        """Forget encoder outputs, as vLLM's scheduler forgets which it holds
-        (a pause that clears caches, sleep)."""
+        """Forget encoder outputs, as vLLM's scheduler does (pause, sleep)."""
         self.encoder_cache.clear()
 
     # ---- input embeddings ---------------------------------------------------
 
     def inputs(self, forward_pass: ForwardPass) -> dict[str, Any]:
-        """Input embeddings on every pass (encoder outputs merged in), so each
-        bucket compiles one graph."""
+        """Input embeddings on every pass, so each bucket compiles one graph."""
         with self.profiler.span("embed", bucket=forward_pass.bucket):
             embeds = self._embed(forward_pass)
         return {"input_ids": None, "inputs_embeds": embeds}
@@ -317,12 +305,10 @@ class MultimodalInputs(TextInputs):
         return inputs_embeds
 
     def _hold_deepstack_rows(self, num_tokens: int) -> None:
-        """Qwen3-VL's forward reads its deepstack buffer's first rows and zeroes
-        them only when a Python int says they hold features; torch.compile
-        specializes on that int, so a pass with image tokens and one without
-        would compile apart. Every pass says it holds ``num_tokens`` rows (zeros
-        where no image put features: adding them changes nothing), and the
-        buffer grows here, outside the graph: each bucket compiles once."""
+        """Qwen3-VL reads its deepstack buffer's first rows only when a Python int says
+        they hold features, and torch.compile specializes on that int: every pass says
+        ``num_tokens`` rows (zeros where no image put features), and the buffer grows
+        here, outside the graph, so each bucket compiles once."""
         buffers = getattr(self.model, "deepstack_input_embeds", None)
         if not buffers:
             return

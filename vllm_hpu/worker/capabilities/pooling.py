@@ -26,12 +26,8 @@ from vllm_hpu.worker.passes.forward_pass import ForwardPass
 def encoder_only_kv_cache_spec(
     layer: AttentionLayerBase, vllm_config: VllmConfig
 ) -> FullAttentionSpec | None:
-    """A decoder's cache spec for an encoder-only layer (vLLM gives it none).
-
-    Such layers keep no KV cache; claiming a decoder's anyway keeps the step
-    path one (block tables, slot mappings, buckets, warmup) at the price of KV
-    memory that stays unused: the attention backend never writes or reads it.
-    """
+    """A decoder's cache spec for an encoder-only layer (vLLM gives it none): one
+    step path (block tables, buckets, warmup) at the price of unused KV memory."""
     if getattr(layer, "attn_type", None) != AttentionType.ENCODER_ONLY:
         return None
     assert isinstance(layer, Attention)
@@ -56,8 +52,7 @@ def supported_pooling_tasks(model: Any) -> list[PoolingTask]:
 
 
 class Pooling:
-    """What the runner asks of a pooling model's pooler; a generating model's
-    (this class) is never asked to pool."""
+    """What the runner asks of a pooler; a generating model's never pools."""
 
     def prepare_new_requests(self, scheduler_output: SchedulerOutput) -> None:
         pass
@@ -87,8 +82,7 @@ class StepPooler(Pooling):
         self._num_scheduled: np.ndarray = np.zeros(0, dtype=np.int64)
 
     def prepare_new_requests(self, scheduler_output: SchedulerOutput) -> None:
-        """Let the pooler adjust each new request's parameters for its task
-        (e.g. ask for the prompt token ids), as vLLM's GPU runner does."""
+        """The pooler adjusts each new request's parameters, as on vLLM's GPU runner."""
         for new_req in scheduler_output.scheduled_new_reqs:
             params = new_req.pooling_params
             if params is None or params.task is None:

@@ -1,25 +1,15 @@
 """Sleep mode (``enable_sleep_mode=True``): give the device back between rollouts.
 
-``sleep(level=1)`` copies every parameter and buffer to host memory and frees
-the KV cache; ``sleep(level=2)`` frees both, keeping on the host only the
-buffers (computed at start-up, not in checkpoints: rotary tables) and the
-parameters named by ``sleep_preserve_parameter_names``: the weights must be
-reloaded or pushed after ``wake_up(tags=["weights"])``. ``wake_up(tags)``
-restores the weights and the KV cache separately (``None``: both); the KV cache
-comes back empty, its prefix cache already reset by the engine.
+``sleep(level=1)`` moves parameters and buffers to the host and frees the KV
+cache; ``level=2`` frees both, keeping on the host only buffers (rotary tables:
+not in checkpoints) and ``sleep_preserve_parameter_names``. ``wake_up(tags)``
+restores the weights and the (empty) KV cache separately.
 
-Each tensor object stays the one the model holds: its storage is swapped for an
-empty one while asleep and for a fresh allocation of the same shape, strides and
-dtype on wake. What was compiled or captured for the model therefore:
-
-- compiled mode (torch.compile, on Gaudi and in emulation): stays valid and is
-  reused without a new compilation, since dynamo takes parameters and caches as
-  graph inputs and guards on their shape, strides and dtype, which are kept.
-- HPU graphs (Gaudi lazy mode with graphs): a recorded graph replays fixed
-  device addresses, which change on wake, so the recorded graphs are dropped
-  (``device.reset_graphs``) and each bucket is recorded again on its next call;
-  the graph itself is unchanged, so the bridge finds its recipe in its cache.
-- lazy and eager modes record nothing across steps: nothing to do.
+Each tensor object stays the one the model holds; only its storage is swapped,
+with the same shape, strides and dtype on wake. So torch.compile graphs stay
+valid (dynamo guards on exactly these), while HPU graphs, which replay fixed
+device addresses, are dropped (``device.reset_graphs``) and recorded again on
+their next call (the bridge finds the recipe in its cache).
 """
 
 import fnmatch
@@ -123,8 +113,7 @@ class HpuSleepMode:
         self.asleep.discard("weights")
 
     def discard(self, tags: tuple[str, ...], release_kv_cache: Callable[[], None]):
-        """Free what ``tags`` name while the engine stays up (vLLM's
-        ``release_kv_cache_memory``): the KV cache only."""
+        """Free what ``tags`` name (``release_kv_cache_memory``): the KV cache only."""
         if set(tags) - {"kv_cache"}:
             raise ValueError(f"Only the KV cache can be discarded, not {tags}.")
         if "kv_cache" not in self.asleep:

@@ -1,20 +1,14 @@
 """Prefix caching of a hybrid model's states (vLLM's Mamba cache mode "align",
 docs/design_align.md).
 
-vLLM's KV cache manager gives each state KV cache group's requests a block per
-``block_size`` tokens and hands a prefix hit of ``h`` tokens the block that,
-once full, held the state after exactly ``h`` tokens; its scheduler ends every
-prefill chunk but a prompt's last on a block boundary. The live state stays in
-the request's slot (state_cache.py); each state layer also keeps a pool of
-checkpoints, one page per block id of its group:
-
-- a row whose pass ends on a block boundary saves its slot into the block
-  vLLM writes the running state to at that point (index ``end // bs - 1``);
-- a request that gets its slot this step (new or resumed) while vLLM resumes
-  it past token 0 (a prefix hit) restores the slot from its last hit block.
-
-Both run on the pass's stream, around its forward: a restore may read what the
-previous step saved. Whole pages are copied (conv and recurrent state).
+vLLM hands a prefix hit of ``h`` tokens the block that, once full, held the
+state after exactly ``h`` tokens, and ends every prefill chunk but a prompt's
+last on a block boundary. The live state stays in the request's slot
+(state_cache.py); each state layer keeps a pool of checkpoints, one page per
+block id of its group: a pass ending on a block boundary saves the slot into
+block ``end // bs - 1``; a request getting its slot past token 0 (a prefix hit)
+restores it from its last hit block. Both run on the pass's stream, around its
+forward, copying whole pages (conv and recurrent state).
 """
 
 from collections.abc import Mapping
@@ -108,10 +102,6 @@ class StateCheckpoints:
 
 
 def kv_cache_share(available: int, page_bytes: int, checkpoint_bytes: int) -> int:
-    """Of ``available`` bytes, what vLLM may size its KV cache blocks with when
-    each block also costs ``checkpoint_bytes`` (one page per state layer).
-
-    vLLM spends at least ``page_bytes`` per block (a hybrid model's pages are
-    padded to one size, at least a state page's); reporting ``available * P /
-    (P + S)`` keeps its blocks and the checkpoints within ``available``."""
+    """Of ``available`` bytes, what vLLM may size its KV blocks with when each block
+    also costs ``checkpoint_bytes``: ``available * P / (P + S)``, P the page bytes."""
     return available * page_bytes // (page_bytes + checkpoint_bytes)

@@ -1,14 +1,10 @@
 """Warm restarts: compiled graphs kept across processes in VLLM_HPU_CACHE_DIR.
 
-In emulation torch.compile's own caches (inductor's FX graph cache, AOT
-autograd's, the compiled C++ kernels) live in one folder per configuration while
-warmup compiles, so a restarted server loads its graphs instead of compiling
-them. The folder is named by a hash of everything the graphs depend on: vLLM's
-own graph hash (model, dtype, parallel sizes, cache and compilation settings,
-vLLM's version), the bucket sets, the KV cache's block count (the cache is a
-graph input), the backend and the plugin's and torch's versions. Any change names
-another folder, so a stale graph is never loaded. On Gaudi the bridge's recipe
-cache plays this part (device.py sets it up).
+In emulation torch.compile's own caches live in one folder per configuration,
+named by a hash of everything the graphs depend on (vLLM's graph hash, the
+bucket sets, the KV cache's block count, the backend, the plugin's and torch's
+versions), so a restarted server loads its graphs and a stale one is never
+loaded. On Gaudi the bridge's recipe cache plays this part (device.py).
 """
 
 import contextlib

@@ -70,10 +70,9 @@ class CompileOptions:
 
 
 def pack_linear_weights(model: Any, mode: ExecutionMode, keep_layout: bool) -> bool:
-    """In eager mode the linear weights are packed for the CPU once (Gaudi:
-    nothing to do); whether any was. Compilers lower the layers as vLLM defines
-    them (inductor cannot take oneDNN's packed weights as graph inputs), and
-    weights that may change or sleep (``keep_layout``) stay as vLLM loaded them."""
+    """Pack the linear weights for the CPU once in eager mode; whether any was.
+    Inductor cannot take oneDNN's packed weights as graph inputs, and weights that
+    may change or sleep (``keep_layout``) stay as vLLM loaded them."""
     if mode is not ExecutionMode.EAGER or keep_layout:
         return False
     return device.prepare_weights(model)
@@ -82,16 +81,10 @@ def pack_linear_weights(model: Any, mode: ExecutionMode, keep_layout: bool) -> b
 def compile_model(model: torch.nn.Module, options: CompileOptions) -> None:
     """Compile the whole model in place, one static-shape graph per bucket.
 
-    The whole model rather than each decoder layer: dynamo specialises a layer's
-    graph on its attention layer name, so per-layer compiling traced every layer
-    once per bucket (60 graphs per bucket pair on SmolLM2, against 1 per bucket).
-
-    Models of one architecture share one code object (their ``forward``) and its
-    cache entries, and dynamo counts that code object's compiles for the whole
-    process, freed models included: each model adds its own entries to both
-    caps, or a process that builds a second engine (RL loops, tests) silently
-    runs it eager.
-    """
+    Per decoder layer, dynamo specialised each layer's graph on its attention
+    layer name (60 graphs per bucket pair on SmolLM2, against 1). Dynamo counts a
+    code object's compiles process-wide, freed models included: each model adds
+    its entries to both caps, or a second engine silently runs eager."""
     dynamo_config: Any = torch._dynamo.config
     dynamo_config.recompile_limit += options.max_entries
     dynamo_config.accumulated_recompile_limit += options.max_entries
@@ -118,13 +111,11 @@ def graph_key(forward_pass: ForwardPass) -> GraphKey:
 
 
 class GraphedModel(torch.nn.Module):
-    """A model as a step runs it: ``forward`` takes every layer's attention and
-    state metadata as arguments and sets vLLM's forward context itself, so a
-    replayed graph reads this pass's metadata (the bridge copies only its
-    arguments' tensors; LoRA's punica buffers are rewritten in place, read as
-    weights are). Compiled or wrapped for graphs once (``prepare``), ``run``
-    replays a bucket's graph if it is in ``graphed`` (shared with a draft
-    model: warmup captures both at once), else runs eagerly."""
+    """A model as a step runs it: ``forward`` takes every layer's metadata as
+    arguments and sets vLLM's forward context itself, so a replayed graph reads
+    this pass's metadata (the bridge copies only its arguments' tensors). ``run``
+    replays a bucket's graph if it is in ``graphed`` (shared with a draft model),
+    else runs eagerly."""
 
     def __init__(self, model: Any, vllm_config: VllmConfig, graphed: set[GraphKey]):
         super().__init__()
@@ -146,8 +137,7 @@ class GraphedModel(torch.nn.Module):
         model_inputs: dict[str, Any],
         metadata: dict[str, Any],
     ) -> Any:
-        """``forward_pass`` on its ``model_inputs`` and each layer's
-        ``metadata`` (layers share their group's: each object goes once)."""
+        """Run ``forward_pass``; layers share their group's metadata object."""
         distinct = list({id(m): m for m in metadata.values()}.values())
         index = {id(m): i for i, m in enumerate(distinct)}
         output = self._call(

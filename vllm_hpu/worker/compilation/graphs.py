@@ -27,8 +27,7 @@ def unlimited() -> int:
 
 
 def capture_order(buckets: list[Bucket], strategy: str) -> list[Bucket]:
-    """``min_tokens``: fewest tokens first; ``max_bs``: largest batch first, then
-    the shortest sequence."""
+    """``min_tokens``: fewest tokens first; ``max_bs``: largest batch first."""
     if strategy == "min_tokens":
         return sorted(buckets, key=lambda b: (b.batch_size * b.query_len, *b[1:], b[0]))
     if strategy == "max_bs":
@@ -74,9 +73,8 @@ class PhaseCapture:
 def capture_within(
     state: PhaseCapture, budget: int, capture: CaptureFn, free: FreeFn
 ) -> int:
-    """Capture, in order, every bucket whose estimate fits both what is left of
-    ``budget`` and the device memory free right now; a bucket that does not fit
-    is left out (it runs uncaptured), later smaller ones may still fit. Returns
+    """Capture, in order, every bucket whose estimate fits what is left of ``budget``
+    and the free device memory (a bucket that does not runs uncaptured); returns
     the budget left."""
     for bucket in state.order:
         if bucket in state.captured:

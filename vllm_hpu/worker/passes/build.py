@@ -1,14 +1,11 @@
 """Step 3 of planning: a group of scheduled seqs as one padded forward pass.
 
-The pass is padded to the bucket the manager finds for its shape, so the device
-sees only pre-compiled shapes, and carries the attention metadata the builders
-in ``attention/`` make for it (they are called, never call back). Prompt row
-``i``'s token ``t`` sits at flat index ``i * query_len + t``; a merged pass
-packs its chunks one after another; decode row ``i`` sits at index ``i``, and
-a verification pass (decode with drafts) packs its rows' tokens into groups of
-``Q`` slots (``attention/verify.py``).
-Padding tokens are id 0 at position 0 and write their KV into the dummy block
-(see ``attention/metadata.py``).
+The pass is padded to the bucket the manager finds for its shape and carries the
+attention metadata ``attention/`` builds for it. Prompt row ``i``'s token ``t``
+sits at flat index ``i * query_len + t``; a merged pass packs its chunks one
+after another; decode row ``i`` sits at ``i``; a verification pass packs its
+rows' tokens into groups of ``Q`` slots (``attention/verify.py``). Padding tokens
+are id 0 at position 0 and write their KV into the dummy block.
 """
 
 from collections.abc import Callable
@@ -42,10 +39,8 @@ MetadataBuilder = Callable[[list[SeqLayout], CacheGeometry], HpuAttentionMetadat
 def group_metadata(
     seqs: list[ScheduledSeq], cache: CacheGeometry, build: MetadataBuilder
 ) -> tuple[HpuAttentionMetadata, ...]:
-    """The pass's metadata for each KV cache group: the same shapes (one
-    bucket), each group's own block tables and windows. A state group (no
-    attention layer reads it) repeats the first attention group's, so indices
-    stay those of the requests' block tables."""
+    """The pass's metadata per KV cache group: one bucket's shapes, each group's
+    block tables and windows; a state group repeats the first attention group's."""
     geometries = cache.group_geometries()
     built = {
         index: build([seq.group_layout(index) for seq in seqs], group)
@@ -65,8 +60,7 @@ def _forward_pass(
     first_token_indices: list[int],
     build: MetadataBuilder,
 ) -> ForwardPass:
-    """The pass on the device: its token ids and positions, and each KV cache
-    group's metadata from ``build``."""
+    """The pass on the device, with each KV cache group's metadata."""
     input_ids, positions = tokens
     return ForwardPass(
         is_prompt=is_prompt,
@@ -122,10 +116,8 @@ def build_decode_pass(
     cache: CacheGeometry,
     num_queries: int = 1,
 ) -> ForwardPass:
-    """A decode pass: one new token per seq attending over its paged blocks;
-    verifying drafts, each row's last token and its drafts (up to
-    ``num_queries`` tokens), causal among themselves, rows packed into groups
-    of ``num_queries`` slots (``attention/verify.py``)."""
+    """A decode pass: one token per seq, or verifying drafts each row's last token
+    and drafts, rows packed into groups of ``num_queries`` slots."""
     starts = pack_rows([s.layout.num_scheduled_tokens for s in seqs], num_queries)
     num_blocks = flat_blocks(seqs, cache.block_size)
     bucket = buckets.find_decode_bucket(
@@ -155,8 +147,7 @@ def flat_blocks(seqs: list[ScheduledSeq], block_size: int) -> int:
 def _placed_tokens(
     seqs: list[ScheduledSeq], token_ids: np.ndarray, starts: list[int], size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and positions of a pass of ``size`` tokens, each seq's from
-    flat index ``starts[i]`` on, zero-padded."""
+    """Token ids and positions of ``size`` tokens, seq i's from ``starts[i]``."""
     input_ids = np.zeros(size, dtype=np.int64)
     positions = np.zeros_like(input_ids)
     for seq, start in zip(seqs, starts, strict=True):

@@ -39,6 +39,11 @@ class ForwardPass:
         return self.input_ids.shape[0]
 
     @property
+    def num_real_tokens(self) -> int:
+        """The scheduled tokens in the pass; the rest is padding."""
+        return sum(seq.layout.num_scheduled_tokens for seq in self.seqs)
+
+    @property
     def attn_metadata(self) -> HpuAttentionMetadata:
         """The first KV cache group's metadata (the only one without groups)."""
         return self.group_metadata[0]

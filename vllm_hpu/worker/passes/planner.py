@@ -1,11 +1,7 @@
-"""Planning a step's forward passes, one way: the scheduler's output ->
-scheduled seqs (``seqs.py``) -> prompt groups (``split.py``) -> padded passes
-with their buckets and attention metadata (``build.py``).
-
-The planner also counts each pass's padding into the bucket manager's stats
-and, under ``VLLM_HPU_BUCKET_TRACE``, records the step's shape for the bucket
-planner (``python -m vllm_hpu.bucketing``).
-"""
+"""Planning a step's forward passes, one way: the scheduler's output -> scheduled
+seqs (``seqs.py``) -> prompt groups (``bucketing/prompt_passes.py``) -> padded
+passes with buckets and attention metadata (``build.py``); padding goes into
+the bucket stats and, under ``VLLM_HPU_BUCKET_TRACE``, the step into a trace."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -75,8 +71,7 @@ class PassPlanner:
         self.image_spans = ImageSpans.of_model(vllm_config.model_config)
 
     def start_trace(self, num_kv_blocks: int) -> None:
-        """Record step shapes from now on (after warmup), under the limits
-        this runner serves with, if asked to (VLLM_HPU_BUCKET_TRACE)."""
+        """Record step shapes from now on, if VLLM_HPU_BUCKET_TRACE asks to."""
         scheduler = self.vllm_config.scheduler_config
         self.step_trace.start(
             {
@@ -117,8 +112,7 @@ class PassPlanner:
         return forward_pass
 
     def _drafted_rows(self) -> frozenset[int]:
-        """Rows whose drafts this step verifies (spec decode's update put them
-        into the batch)."""
+        """Rows whose drafts this step verifies."""
         if self.verify_queries == 1:
             return frozenset()
         rows = self.input_batch.spec_token_ids[: self.input_batch.num_reqs]
@@ -127,8 +121,7 @@ class PassPlanner:
     def _decode_pass(
         self, decodes: list[ScheduledSeq], token_ids: np.ndarray, cache: CacheGeometry
     ) -> ForwardPass:
-        """One decode pass; a verification pass if some row has drafts (rows
-        without join it, one query each)."""
+        """One decode pass, a verification pass if some row has drafts."""
         num_blocks = flat_blocks(decodes, self.block_size)
         if max(s.layout.num_scheduled_tokens for s in decodes) > 1:
             forward_pass = build_decode_pass(

@@ -59,7 +59,7 @@ def make_proposer(runner: TargetRunner) -> Proposer:
     assert spec is not None and spec.method in SUPPORTED_METHODS
     if spec.method == "draft_model":
         return HpuDraftModelProposer(runner)
-    if spec.method == "eagle":
+    if spec.method in ("eagle", "mtp"):  # MTP layers read the states as EAGLE does
         return HpuEagleProposer(runner)
     if spec.method == "eagle3":
         return HpuEagle3Proposer(runner)
@@ -126,8 +126,7 @@ class SpecDecoding:
 
 
 class SpecDecoder(SpecDecoding):
-    """Per step: write the scheduled drafts into the batch, lay out the
-    positions to sample, verify them, and propose the next drafts."""
+    """Per step: drafts into the batch, verify them, propose the next ones."""
 
     def __init__(self, runner: TargetRunner, sampler: Sampler):
         super().__init__(runner.input_batch, sampler)
@@ -146,8 +145,7 @@ class SpecDecoder(SpecDecoding):
         scheduler_output: SchedulerOutput,
         requests: Mapping[str, CachedRequestState],
     ) -> None:
-        """Put each row's scheduled drafts after its tokens, where the pass
-        reads its input ids; a row without drafts gets none."""
+        """Put each row's scheduled drafts after its tokens (none: none)."""
         scheduled = scheduler_output.scheduled_spec_decode_tokens
         for req_id in self.input_batch.req_ids:
             self.input_batch.update_req_spec_token_ids(requests[req_id], scheduled)
@@ -180,8 +178,7 @@ class SpecDecoder(SpecDecoding):
     def propose(
         self, scheduler_output: SchedulerOutput, sampled: list[list[int]]
     ) -> None:
-        """Draft from the tokens so far (accepted ones included); rows that
-        sampled nothing (inside a prompt) get no drafts."""
+        """Draft from the tokens so far; rows that sampled nothing get none."""
         drafts = self.proposer.propose(
             scheduler_output.num_spec_tokens_to_schedule, sampled
         )

@@ -1,36 +1,21 @@
-"""The ``draft_model`` proposer on the HPU runner: a second, smaller model that
-shares the target's tokenizer, with its own KV cache in the target's blocks.
+"""The ``draft_model`` proposer: a smaller model sharing the target's tokenizer,
+with its own KV cache in the target's blocks.
 
-vLLM's ``DraftModelProposer`` (vllm/v1/spec_decode/draft_model.py) loads the
-draft under the prefix ``draft_model`` with the draft's model and parallel
-config; its attention layers land in the same static forward context as the
-target's, so the runner's ``get_kv_cache_spec`` lists them, vLLM sizes one KV
-cache config over both models and ``bind_kv_caches`` gives each draft layer its
-own cache. Both models index their caches with the same block tables: a
-position's draft KV sits in the same slot as its target KV, and prefix caching,
-preemption and freed blocks need nothing more. vLLM's proposer then drafts in
-CUDA-graph buffers with triton kernels; here the plugin's own passes do it:
+The draft loads under the prefix ``draft_model`` into the same forward context,
+so vLLM sizes one KV cache config over both models and both index their caches
+with the same block tables (prefix caching, preemption and freed blocks need
+nothing more). Instead of vLLM's CUDA-graph drafting, the plugin's own passes:
 
-1. After sampling, each row that sampled drafts ``k`` tokens in ``k`` decode
-   passes: its last sampled token at its position, then each draft after it,
-   greedily. A deterministic draft is verified as the n-gram's are
-   (``q = 1`` at the draft token), which keeps the target's distribution.
-   vLLM's scheduler reserves ``k`` lookahead slots for these writes
-   (``VllmConfig.num_lookahead_tokens``).
-2. Every target pass (prompt chunks, decodes, verification) whose tokens the
-   draft has not written yet runs through the draft too, with the same bucket
-   and attention metadata (``after_target_pass``), so the draft's KV holds
-   every token the target computed. A verification pass of the drafts just
-   proposed holds only tokens the decodes of 1. wrote, at the same positions,
-   but the last draft (no decode read it): it needs no second pass. Where
-   the target accepted every draft, the row's first decode of the next
-   proposal reads that last draft too (two queries, in a verification
-   bucket), instead of one more decode over every row. The KV of rejected
-   drafts is overwritten later, as the target's is.
+1. each row that sampled drafts ``k`` tokens greedily in ``k`` decode passes
+   (into the lookahead slots vLLM's scheduler reserves); a deterministic draft
+   is verified as the n-gram's are, which keeps the target's distribution;
+2. every target pass whose tokens the draft has not written yet runs through
+   the draft too (``after_target_pass``); where the target accepted every
+   draft, the last one is read by the next proposal's first decode instead of
+   one more decode over every row.
 
-Decode and prompt passes come from the plugin's builders and buckets, so
-warmup (which mirrors every bucket through the draft) compiles the draft's
-graphs too.
+Passes come from the plugin's builders and buckets, so warmup compiles the
+draft's graphs too.
 """
 
 from typing import Any
@@ -85,8 +70,7 @@ def attention_layer_names(vllm_config: VllmConfig) -> set[str]:
 
 
 class HpuDraftModelProposer(Proposer):
-    """Loads the draft beside the target, mirrors the target's passes into
-    the draft's KV cache, and drafts ``k`` tokens per row in decode passes."""
+    """The draft beside the target, mirroring its passes, drafting greedily."""
 
     # The first draft decode's position, counted back from the row's token
     # count: the draft model reads the last sampled token at its own position.
@@ -134,9 +118,10 @@ class HpuDraftModelProposer(Proposer):
 
     def _forward(
         self, forward_pass: ForwardPass, hidden_states: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(states to compute logits from, states the next decode reads:
-        None for a draft model, which reads only tokens)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(states to compute logits from, states the next decode reads): a
+        head returning one tensor reads it back (vLLM's rule for the MTP
+        layers that return no pair); a draft model reads only tokens."""
         inputs = {
             "input_ids": forward_pass.input_ids,
             "positions": forward_pass.positions,
@@ -145,13 +130,11 @@ class HpuDraftModelProposer(Proposer):
             inputs["hidden_states"] = hidden_states
         metadata = dict.fromkeys(self.layer_names, forward_pass.attn_metadata)
         output = self.graphed_model.run(forward_pass, inputs, metadata)
-        return output if isinstance(output, tuple) else (output, None)
+        return output if isinstance(output, tuple) else (output, output)
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
-        """Write the pass's tokens into the draft's KV cache, unless the
-        draft's decodes wrote them all (but perhaps the last draft of a row,
-        which the next proposal writes if the target accepted it); returns
-        the target's hidden states."""
+        """Write the pass's tokens into the draft's KV cache unless the draft's decodes
+        wrote them all; returns the target's hidden states."""
         if forward_pass.is_prompt or not self._wrote_all(forward_pass.seqs):
             self._forward(forward_pass)
             self._caught_up(forward_pass.seqs)
@@ -179,11 +162,9 @@ class HpuDraftModelProposer(Proposer):
         return None
 
     def _pass_starts(self, rows: list[int], first: np.ndarray) -> np.ndarray:
-        """Where each row's first pass starts: at ``first``, or where the
-        last proposal's decodes stopped writing, when the target accepted
-        every draft (the last one's KV is not written yet: a row catches up
-        in its first pass instead of the draft running one more decode over
-        every row's last draft)."""
+        """Where each row's first pass starts: ``first``, or where the last proposal's
+        decodes stopped when the target accepted every draft (the row catches up in
+        its first pass rather than one more decode over every row)."""
         req_ids = self.runner.input_batch.req_ids
         ends = [self._written.get(req_ids[row], (0, -1))[1] for row in rows]
         starts = np.minimum(first, np.where(np.array(ends) >= 0, ends, first))
@@ -244,10 +225,8 @@ class HpuDraftModelProposer(Proposer):
         tokens: torch.Tensor,
         carry: torch.Tensor | None,
     ) -> None:
-        """One pass of ``seqs``, rows ``index`` of ``tokens`` (and of
-        ``carry``, the states EAGLE reads): each reads its token (a row
-        catching up, its known tokens before it too) and leaves the next one
-        greedily there."""
+        """One pass of ``seqs``, rows ``index`` of ``tokens`` (and of ``carry``, EAGLE's
+        states): each reads its token and leaves the next one greedily there."""
         forward_pass = self._draft_pass(seqs)
         index = index.to(tokens.device)
         last = torch.tensor(forward_pass.last_token_indices, device=tokens.device)
@@ -259,7 +238,7 @@ class HpuDraftModelProposer(Proposer):
         hidden, next_carry = self._forward(forward_pass, hidden_in)
         logits = self.model.compute_logits(hidden[last])
         tokens[index] = logits.argmax(dim=-1)
-        if carry is not None and next_carry is not None:
+        if carry is not None:
             carry[index] = next_carry[last]
 
     def _draft_pass(self, seqs: list[ScheduledSeq]) -> ForwardPass:

@@ -1,23 +1,19 @@
-"""The ``eagle`` and ``eagle3`` proposers on the HPU runner: a draft head that
-reads the target's hidden states (EAGLE-1, e.g. vLLM's ``EagleLlamaForCausalLM``;
-EAGLE-3 heads read several of the target's layers, combined by their ``fc``).
+"""The ``eagle``, ``eagle3`` and ``mtp`` proposers: a draft head that reads the
+target's hidden states (EAGLE-3: several layers', combined by its ``fc``;
+``mtp``: the target's own multi-token-prediction layer, drafting as EAGLE-1).
 
-The head's KV at position ``p`` is computed from ``(token p + 1, target hidden
-state at p)`` and predicts token ``p + 2``, as in vLLM's ``EagleProposer``
-(vllm/v1/spec_decode/eagle.py and llm_base_proposer.py), whose CUDA-graph
-buffers and triton kernels are replaced by the plugin's passes, as for a draft
-model (``draft_model.py``):
+As in vLLM's ``EagleProposer``, the head's KV at position ``p`` comes from
+``(token p + 1, target hidden state at p)`` and predicts token ``p + 2``; the
+plugin's passes replace its CUDA-graph buffers, as for a draft model:
 
-1. Every target pass runs through the head with the same bucket and metadata,
-   its tokens shifted one to the left within each request and the target's
-   hidden states beside them. A request's last position waits for its next
-   token: known for a chunk inside a prompt, else sampled in this step.
-2. After sampling, each row's first decode runs at its last verified position
-   ``N - 2`` with the token sampled after it and the target's hidden state
-   there, then each draft with the head's own hidden state, greedily.
+1. every target pass runs through the head with the same bucket and metadata,
+   tokens shifted one to the left per request (a request's last position waits
+   for its next token: known inside a prompt, else sampled in this step);
+2. after sampling, each row's first decode runs at its last verified position
+   ``N - 2``, then each draft with the head's own hidden state, greedily.
 
-Every position the target computed and kept then holds the head's KV for the
-true next token, so prefix caching and preemption need nothing more.
+Every position the target kept then holds the head's KV for the true next
+token, so prefix caching and preemption need nothing more.
 """
 
 from dataclasses import replace
@@ -51,27 +47,20 @@ class HpuEagleProposer(HpuDraftModelProposer):
         self._target_hidden: dict[int, tuple[int, torch.Tensor]] = {}
 
     def _load(self) -> Any:
-        """vLLM's loading of an EAGLE head, then the target's embeddings and
-        LM head shared where the checkpoint has none."""
+        """vLLM's loading of an EAGLE head or of the target's MTP layers."""
         spec = self.vllm_config.speculative_config
         assert spec is not None
-        model: Any
         with set_current_vllm_config(self.vllm_config):
-            model = get_model(
+            self.model = get_model(
                 vllm_config=self.vllm_config,
                 model_config=spec.draft_model_config,
                 load_config=get_draft_load_config(self.vllm_config),
             )
-        target = self.runner.get_model()
-        if not model.has_own_embed_tokens:
-            model.model.embed_tokens = target.model.embed_tokens
-        if not model.has_own_lm_head:
-            model.lm_head = target.lm_head
-        return model
+        share_target_weights(self.model, self.runner.get_model())
+        return self.model
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
-        """Run the head over the pass's next tokens and the target's states;
-        keep each row's last states for its first decode."""
+        """Run the head over the pass; keep each row's last states."""
         for seq, last in zip(
             forward_pass.seqs, forward_pass.last_token_indices, strict=True
         ):
@@ -107,12 +96,29 @@ class HpuEagleProposer(HpuDraftModelProposer):
         return torch.stack(states)
 
 
+def share_target_weights(model: Any, target: Any) -> None:
+    """The target's embeddings and LM head in the head, as vLLM's proposer
+    shares them (``_maybe_share_embeddings``, ``_maybe_share_lm_head``): an
+    MTP model (no ``has_own_*`` flags) always, an EAGLE head where its
+    checkpoint has none; each MTP layer's ``shared_head.head`` too."""
+    if not getattr(model, "has_own_embed_tokens", False):
+        model.model.embed_tokens = target.model.embed_tokens
+    if getattr(model, "has_own_lm_head", False):
+        return
+    model.lm_head = target.lm_head
+    layers = getattr(model.model, "layers", ())
+    if isinstance(layers, torch.nn.ModuleDict):  # DeepSeekMTP's, by layer index
+        layers = layers.values()
+    for layer in layers:
+        shared_head = getattr(layer, "shared_head", None)
+        if shared_head is not None and hasattr(shared_head, "head"):
+            shared_head.head = target.lm_head
+
+
 class HpuEagle3Proposer(HpuEagleProposer):
-    """EAGLE-3: the head reads the target's states at several layers (vLLM's
-    ``Eagle3LlamaForCausalLM`` and kin), which the target returns beside its
-    output once asked (``set_aux_hidden_state_layers``), combined by the
-    head's ``fc``; its logits cover the target's vocabulary (a smaller draft
-    vocabulary is mapped by the head's ``compute_logits``)."""
+    """EAGLE-3: the head reads the target's states at several layers (returned once
+    asked, ``set_aux_hidden_state_layers``), combined by its ``fc``; a smaller
+    draft vocabulary is mapped by the head's ``compute_logits``."""
 
     def _load(self) -> Any:
         model = super()._load()

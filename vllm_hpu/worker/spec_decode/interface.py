@@ -55,8 +55,7 @@ class TargetRunner(Protocol):
 
 
 class Proposer:
-    """What the runner asks of a proposer; this one, without speculative
-    decoding, has no model and drafts nothing."""
+    """What the runner asks of a proposer; this one drafts nothing."""
 
     def load_model(self) -> None:
         pass
@@ -65,8 +64,7 @@ class Proposer:
         pass
 
     def after_target_pass(self, forward_pass: ForwardPass, hidden: Any) -> Any:
-        """Returns the target's hidden states (unwrapped where the target
-        returns more for the proposer)."""
+        """Returns the target's hidden states (unwrapped where it returns more)."""
         return hidden
 
     def propose(self, num_drafts: int, sampled: list[list[int]]) -> list[list[int]]:

@@ -8,13 +8,13 @@ from vllm.config import VllmConfig
 from vllm_hpu import compat
 
 # Proposers the HPU runner drafts with; the others are refused at start-up.
-SUPPORTED_METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+SUPPORTED_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+# The methods whose draft reads the target's hidden states (eagle.py).
+HIDDEN_STATE_METHODS = ("eagle", "eagle3", "mtp")
+# The MTP layers validated against transformers' (tests/e2e/test_eagle.py).
+VALIDATED_MTP_ARCHS = ("DeepSeekMTPModel",)
 # What a refused method needs on the HPU runner, where it is known.
 MISSING = {
-    "mtp": (
-        " (the target's own multi-token-prediction layers drafting as an "
-        "EAGLE-style head, which the HPU proposers do not load)"
-    ),
     "dflash": (
         " (DFlash's parallel drafts in one non-causal pass, and vLLM 0.33's "
         "XPress drafting, which refines them, need a proposer of their own)"
@@ -43,9 +43,11 @@ def check_speculative_config(vllm_config: VllmConfig) -> None:
             f"only, not rejection_sample_method '{spec.rejection_sample_method}'; "
             "drop it from --speculative-config."
         )
-    if spec.method in ("draft_model", "eagle", "eagle3"):
+    if spec.method in ("draft_model", *HIDDEN_STATE_METHODS):
         _check_draft_options(spec)
         _check_draft_target(vllm_config)
+    if spec.method == "mtp":
+        _check_mtp(spec)
     if spec.method == "draft_model":
         _check_draft_kv_shape(vllm_config)
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
@@ -73,6 +75,24 @@ def _check_draft_options(spec: Any) -> None:
                 f"The HPU plugin's {spec.method} proposer does not support {option}; "
                 "drop it from --speculative-config."
             )
+
+
+def _check_mtp(spec: Any) -> None:
+    """One MTP layer of a validated family drafts here."""
+    architectures = spec.draft_model_config.architectures or ["?"]
+    if architectures[0] not in VALIDATED_MTP_ARCHS:
+        raise ValueError(
+            f"The HPU plugin's mtp proposer runs the MTP layers of "
+            f"{list(VALIDATED_MTP_ARCHS)}, not yet this model's "
+            f"({architectures[0]}); use ngram or draft_model drafts, or start "
+            "vLLM without --speculative-config."
+        )
+    if spec.use_multi_module_mtp():
+        raise ValueError(
+            "The HPU plugin's mtp proposer drafts with one MTP layer (vLLM "
+            "chains several only in its GPU runner); set num_speculative_tokens "
+            "to 1 for a checkpoint with several MTP layers."
+        )
 
 
 def _check_draft_target(vllm_config: VllmConfig) -> None:

@@ -7,8 +7,7 @@ from vllm_hpu.worker.spec_decode.interface import Proposer
 
 
 class NgramDrafts(Proposer):
-    """vLLM's NgramProposer (numba, CPU) behind the proposer seams: it drafts
-    from the tokens so far, with no model of its own."""
+    """vLLM's NgramProposer (numba, CPU): drafts from the tokens so far."""
 
     def __init__(self, vllm_config: VllmConfig, input_batch: InputBatch):
         _use_workqueue_threads()
@@ -26,11 +25,9 @@ class NgramDrafts(Proposer):
 
 
 def _use_workqueue_threads() -> None:
-    """Run numba's parallel kernels on its own workqueue threads, unless the
-    user chose a layer (NUMBA_THREADING_LAYER). Its OpenMP layer, the default
-    where no TBB is installed, left torch's CPU ops behind it 100 to 2000 times
-    slower (scatter_reduce_ from 0.02 to 50 ms): n-gram speculation ran at a
-    fifth of the tokens/s of none. The proposer uses one numba thread anyway."""
+    """Run numba's parallel kernels on its workqueue threads unless the user chose
+    a layer (NUMBA_THREADING_LAYER): its default OpenMP layer left torch's CPU ops
+    100 to 2000 times slower, n-gram speculation at a fifth of the tokens/s."""
     import numba
 
     if numba.config.THREADING_LAYER == "default":

@@ -159,8 +159,7 @@ def _accepted_random(
     drafts: torch.Tensor,
     uniform: torch.Tensor,
 ) -> torch.Tensor:
-    """Accept draft x with probability min(1, p(x) / q(x)); an n-gram draft
-    has q(x) = 1."""
+    """Accept draft x with probability min(1, p(x) / q(x)); n-gram: q(x) = 1."""
     target_p = probs.gather(1, drafts.unsqueeze(1)).squeeze(1)
     if draft_probs is None:
         return target_p >= uniform

@@ -1,30 +1,24 @@
 """Async scheduling: step N's sampled tokens feed step N+1 on the device.
 
-Under vLLM's async scheduling the scheduler plans step N+1 before step N's tokens
-reach the host, so the runner keeps them on the device (``InFlightTokens``), puts
-them into the next decode pass's input ids there, and records them on the host
-later, before anything on the host reads them (sampling, resumed prompts).
+The scheduler plans step N+1 before step N's tokens reach the host, so the
+runner keeps them on the device (``InFlightTokens``), writes them into the next
+decode pass's input ids there, and records them on the host before anything on
+the host reads them.
 
-The step's device work (passes, logits, sampling) runs on the device stream
-(``vllm_hpu/emulation/device_stream.py``) while the host prepares the next step;
-who owns what meanwhile:
-- a step's inputs (input ids, positions, attention metadata with its block
-  tables and slot mappings) are fresh tensors per step: the host hands them to
-  the stream and never writes them again; in-flight tokens are written into
-  them on the stream, by queued work;
-- the KV cache and the weights: only queued work reads or writes them;
-- the InputBatch and the request states: the host's, but the queued sampling
-  reads the batch's sampling state, generators, logits processors and LoRA
-  mapping, so the host waits for the stream before it changes the batch
-  (``before_update``); a step that keeps the batch waits for nothing;
-- sampled tokens: the stream's; the host reads them only through the step's
-  future (``HpuAsyncOutput.get_output``, ``record_on_host``).
+The device work runs on the device stream (``emulation/device_stream.py``)
+while the host prepares the next step. Ownership meanwhile:
+- a step's input tensors are fresh per step: the host never writes them again;
+- the KV cache and the weights: only queued work touches them;
+- the InputBatch: the host's, but queued sampling reads its sampling state, so
+  the host waits for the stream before changing the batch (``before_update``);
+- sampled tokens: the stream's, read by the host only through the step's future.
 """
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -45,8 +39,7 @@ from vllm_hpu.worker.state.request_states import RequestStates
 
 @dataclass
 class StepLogits:
-    """A step's passes, run: the logits to sample and the prompt logprobs of
-    the prompts the step completed."""
+    """A step's logits to sample and the prompt logprobs it completed."""
 
     logits: torch.Tensor  # [num_sampled, vocab_size]
     prompt_logprobs: dict[str, LogprobsTensors | None]
@@ -135,8 +128,7 @@ def _put_tokens(
 
 
 class TokenFeed:
-    """How a step's sampled tokens reach the next step: under synchronous
-    scheduling (this class) through the host, in the step's output."""
+    """Synchronous scheduling (this class): tokens reach the next step via the host."""
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
         pass
@@ -152,9 +144,13 @@ class TokenFeed:
         sampled: "Future[SampledStep]",
         discard_rows: list[int],
         on_host: Callable[[], ModelRunnerOutput],
+        aux_output: dict[str, Any] | None,
     ) -> ModelRunnerOutput | HpuAsyncOutput:
-        """The step's output: here ``on_host()``, its tokens on the host."""
-        return on_host()
+        """The step's output: here ``on_host()``, its tokens on the host, with
+        ``aux_output`` (routed experts) where a capability made one."""
+        output = on_host()
+        output.aux_output_connector_output = aux_output
+        return output
 
 
 class AsyncTokenFeed(TokenFeed):
@@ -169,20 +165,18 @@ class AsyncTokenFeed(TokenFeed):
         self.in_flight: InFlightTokens | None = None
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
-        """Before the host applies a step that changes the batch: the queued
-        sampling reads the batch, and a request leaving it and coming back is
-        rebuilt from its host tokens, so wait for the stream and record the
-        tokens in flight. A step that keeps the batch waits for nothing, unless
-        a request still counts its tokens towards ``min_tokens``."""
+        """Before the host applies a step that changes the batch: wait for the stream
+        (queued sampling reads the batch) and record the tokens in flight (a request
+        coming back is rebuilt from them). A step keeping the batch waits for nothing,
+        unless a request still counts tokens towards ``min_tokens``."""
         if self._changes_batch(scheduler_output) or self._counts_min_tokens():
             self.record_on_host()
             self.stream.synchronize()
 
     def _counts_min_tokens(self) -> bool:
-        """vLLM's min-tokens processor counts each request's host tokens when
-        the batch is updated and swaps the stop-token mask the queued sampling
-        reads: while it holds requests, every step sees all tokens on the host
-        (the count a synchronous step sees) and no sampling in flight."""
+        """vLLM's min-tokens processor counts each request's host tokens and swaps the
+        stop-token mask the queued sampling reads: while it holds requests, steps see
+        every token on the host and no sampling in flight."""
         return any(
             isinstance(processor, MinTokensLogitsProcessor) and processor.min_toks
             for processor in self.input_batch.logitsprocs.all
@@ -247,6 +241,7 @@ class AsyncTokenFeed(TokenFeed):
         sampled: "Future[SampledStep]",
         discard_rows: list[int],
         on_host: Callable[[], ModelRunnerOutput],
+        aux_output: dict[str, Any] | None,
     ) -> HpuAsyncOutput:
         """The sampled tokens stay on the device for the next step and in
         flight; the output's host copy completes on demand (never with
@@ -254,6 +249,7 @@ class AsyncTokenFeed(TokenFeed):
         output = ModelRunnerOutput(
             req_ids=list(self.input_batch.req_ids),
             req_id_to_index=dict(self.input_batch.req_id_to_index),
+            aux_output_connector_output=aux_output,
         )
         discard = set(discard_rows)
         self.in_flight = InFlightTokens(

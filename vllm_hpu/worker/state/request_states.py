@@ -41,8 +41,7 @@ class RequestStates:
         self.num_prompt_logprobs: dict[str, int] = {}
 
     def update(self, scheduler_output: SchedulerOutput) -> None:
-        """Apply one step's scheduler output; afterwards the batch rows are
-        exactly the requests scheduled in this step."""
+        """Apply a step's scheduler output; the rows are then its scheduled requests."""
         batch = self.input_batch
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
@@ -127,10 +126,8 @@ class RequestStates:
 
     @staticmethod
     def _echoed_tokens(state: CachedRequestState, token_ids: list[int]) -> list[int]:
-        """Tokens sampled since this stage last saw the request. Pipeline stages
-        before the last never sample: the scheduler sends each request's
-        scheduled tokens with its step (none without a pipeline), of which the
-        tail may be new."""
+        """Tokens sampled since this stage last saw the request: stages before the last
+        never sample, so they take the tail of the scheduled tokens."""
         num_new = state.num_computed_tokens + len(token_ids) - state.num_tokens
         return token_ids[len(token_ids) - num_new :] if num_new > 0 else []
 

@@ -109,11 +109,9 @@ class HpuWarmup:
     def _prompt_rows(
         self, context: int, query_len: int, num_seqs: int
     ) -> list[FakeSeq] | None:
-        """``num_seqs`` rows of ``query_len`` tokens after ``context`` cached
-        ones, each on blocks of its own (rows sharing a block would run in
-        separate passes); where the KV cache is too small for that, the rows
-        after the first start without context (the first sets the bucket's
-        context blocks), or None if even those do not fit."""
+        """``num_seqs`` rows of ``query_len`` tokens after ``context`` cached ones, each
+        on its own blocks; where the KV cache is too small, rows after the first start
+        without context, or None if even those do not fit."""
         assert self.runner.cache is not None, "initialize_kv_cache() first"
         row = FakeSeq(context + query_len, context)
         first = cdiv(row.num_tokens, self.block_size)
@@ -125,10 +123,8 @@ class HpuWarmup:
         return None
 
     def _merged_prompt_seqs(self, bucket: Bucket) -> list[FakeSeq] | None:
-        """Requests packing into ``bucket``: its tokens, the most context first;
-        where more requests than a step holds would take them, as many tokens
-        as the first ``max_num_seqs`` take (they pad to the bucket if the check
-        below says so)."""
+        """Requests packing into ``bucket``, the most context first; at most as many
+        tokens as the first ``max_num_seqs`` requests take."""
         size, max_len = self.block_size, self.max_len
         for blocks in range(bucket.num_blocks, -1, -1):
             chunks = merged_fake_chunks(bucket, blocks, size, max_len)
@@ -180,8 +176,7 @@ class HpuWarmup:
         )
 
     def _request_params(self) -> tuple[SamplingParams | None, PoolingParams | None]:
-        """A warmup request samples one token, or pools with the model's first
-        task (a sequence task, embed or classify, where it has one)."""
+        """A warmup request samples one token, or pools with the model's first task."""
         tasks = sorted(supported_pooling_tasks(self.runner.get_model()))
         if not tasks:
             return SamplingParams(temperature=0.0, max_tokens=1), None
@@ -351,8 +346,7 @@ def warm_up_model(runner: HpuModelRunner, graph_mem: int) -> None:
 def kept_graphs(
     runner: HpuModelRunner, options: CompileOptions | None
 ) -> contextlib.AbstractContextManager[None]:
-    """Warmup compiles into this configuration's folder under VLLM_HPU_CACHE_DIR,
-    when that is set and torch.compile runs."""
+    """This configuration's folder under VLLM_HPU_CACHE_DIR, with torch.compile."""
     folder = get_envs().cache_dir
     if options is None or not folder or runner.cache is None:
         return contextlib.nullcontext()
