@@ -4,6 +4,7 @@ packages torch's own metadata requires pass, any other CUDA package still fails.
 import sys
 from pathlib import Path
 
+import packaging.requirements  # noqa: F401 (imported before sys.path is replaced)
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -34,12 +35,13 @@ def dist(site: Path, name: str, requires: tuple[str, ...] = ()) -> None:
 
 @pytest.fixture
 def site(tmp_path, monkeypatch):
-    """A CUDA torch's metadata and its CUDA packages, ahead of the real venv."""
+    """A CUDA torch's metadata and its CUDA packages."""
     dist(tmp_path, "torch", TORCH_REQUIRES)
     dist(tmp_path, "cuda-toolkit", CUDA_TOOLKIT_REQUIRES)
     for name in ("nvidia-cublas", "nvidia-cudnn-cu13", "nvidia-cufft"):
         dist(tmp_path, name)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    # Only these (the venv running the test may hold a CUDA torch's packages).
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
     monkeypatch.setattr(check_no_cuda, "torch_cuda_version", lambda: "13.0")
     return tmp_path
 
