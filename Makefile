@@ -40,7 +40,7 @@ $(VENV)/.installed: requirements-emulation.txt requirements-vllm.txt pyproject.t
 	$(PIP_INSTALL) --upgrade pip
 	$(PIP_INSTALL) -r requirements-emulation.txt -r requirements-vllm.txt
 	$(PIP_INSTALL) -qq --no-deps vllm==$(VLLM_PIN) -e .
-	$(PY) scripts/install_torchvision_hook.py
+	$(PY) scripts/install_start_hook.py
 	@$(PY) scripts/check_no_cuda.py
 	touch $@
 
@@ -61,7 +61,13 @@ $(MODELS)/.built: $(VENV)/.installed scripts/build_tiny_models.py scripts/tiny_*
 	$(PY) scripts/build_quant_checkpoints.py $(MODELS)
 	touch $@
 
-setup: $(VENV)/.installed $(MODELS)/.smollm2
+# The interpreter-start hook again where its script changed after the venv was
+# built (vllm_hpu/patches/interpreter_start.py).
+$(VENV)/.start-hook: $(VENV)/.installed scripts/install_start_hook.py
+	$(PY) scripts/install_start_hook.py
+	touch $@
+
+setup: $(VENV)/.installed $(VENV)/.start-hook $(MODELS)/.smollm2
 
 test-setup: setup $(VENV)/.test-installed $(MODELS)/.built
 
@@ -113,7 +119,7 @@ define A_VENV
 	$(1)/bin/python -m pip install --quiet -qq --no-compile --no-warn-conflicts -c $(2) --no-deps vllm==$(4) -e .
 	$(1)/bin/python -m pip install --quiet --no-compile --no-warn-conflicts -c $(2) -r requirements-test.txt
 	$(1)/bin/python -m pip install --quiet --no-compile --no-warn-conflicts -c $(2) --no-deps -r requirements-test-nodeps.txt
-	$(1)/bin/python scripts/install_torchvision_hook.py
+	$(1)/bin/python scripts/install_start_hook.py
 	@$(1)/bin/python scripts/check_no_cuda.py $(5)
 	touch $(1)/.installed
 endef
@@ -143,6 +149,13 @@ test-other-vllm-ci: $(OTHER_VENV)/.installed $(MODELS)/.smollm2 $(MODELS)/.built
 
 test-gaudi-torch: $(GAUDI_TORCH_VENV)/.installed $(MODELS)/.smollm2 $(MODELS)/.built
 	$(GAUDI_TORCH_VENV)/bin/python -m pytest -q $(XDIST) --durations=10 -m "$(FAST)" tests
+
+# The tests make test leaves out for their minutes (pyproject's addopts): the
+# 100,000-token prompts (long_context) and the warm restart (warm_restart);
+# README_GAUDI.md gives their last figures.
+.PHONY: test-long
+test-long: test-setup
+	$(PY) -m pytest -q -m "long_context or warm_restart" --durations=10 tests/e2e
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check vllm_hpu tests scripts benchmarks examples

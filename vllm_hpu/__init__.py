@@ -17,13 +17,22 @@ def register() -> str | None:
     since vLLM calls this as it is imported, before it builds any ``EngineArgs``.
     """
     from vllm_hpu import device
-    from vllm_hpu.patches import engine_args, log_records, nixl, torchvision_import
+    from vllm_hpu.patches import (
+        engine_args,
+        engine_failures,
+        engine_shutdown,
+        log_records,
+        nixl,
+        torchvision_import,
+    )
 
     engine_args.accept_device_option()
     torchvision_import.allow_torchvision_import()
     nixl.import_nixl_from_wheel()
     if device.hpu_available() or device.is_emulation():
         log_records.drop_harmless_log_records()
+        engine_failures.report_engine_failures()
+        engine_shutdown.give_engines_time_to_exit()
         return PLATFORM_CLS
     _say_why_inactive()
     return None

@@ -19,6 +19,8 @@ _TRUE = ("1", "true", "yes", "on")
 SLICE_THRESHOLD = 8192
 SLICE_CHUNK_MULTIPLE = 1024
 _FALSE = ("0", "false", "no", "off")
+# Where VLLM_HPU_FAIL_AT can make an engine fail (fail_if_injected).
+FAILURE_STAGES = ("config", "model_load", "kv_allocation", "warmup", "first_step")
 
 
 def _bad(name: str, raw: str, accepted: str) -> ValueError:
@@ -365,6 +367,24 @@ class HpuEnvs:
         None,
         "true: async scheduling on (vLLM's default), false: off; unset: vLLM decides",
     )
+    # A test hook (tests/e2e/test_failures.py): a failure at one stage of an
+    # engine's start or its first step, to check that every caller gets it.
+    fail_at: str | None = _var(
+        "VLLM_HPU_FAIL_AT",
+        _choice(*FAILURE_STAGES),
+        None,
+        "test hook: the engine fails at this stage (config: the engine core's "
+        "pass over the config; model_load, kv_allocation, warmup, first_step); "
+        "unset in normal use",
+    )
+    # Set by the plugin in the caller's process for the processes vLLM starts.
+    failure_notes: str | None = _var(
+        "VLLM_HPU_FAILURE_NOTES",
+        _text,
+        None,
+        "set by the plugin, not by users: the folder where an engine or worker "
+        "process that fails writes why, for the caller's exception",
+    )
     # Accepted from the reference Gaudi plugin; each logs once why it does nothing.
     handle_topk_duplicates: bool | None = _no_effect(
         "VLLM_HANDLE_TOPK_DUPLICATES",
@@ -494,6 +514,30 @@ def set_default(name: str, value: str) -> str:
     return os.environ.setdefault(name, value)
 
 
+def emulation_at_start() -> bool:
+    """VLLM_HPU_EMULATION as an interpreter starts, before the table is read (a
+    malformed value reads as off here; get_envs reports it at start-up)."""
+    try:
+        return _bool("VLLM_HPU_EMULATION", os.environ.get("VLLM_HPU_EMULATION", "0"))
+    except ValueError:
+        return False
+
+
+def set_environ(name: str, value: str) -> None:
+    """``name`` set to ``value`` for this process and those it starts (a
+    variable the plugin owns, such as VLLM_HPU_FAILURE_NOTES)."""
+    os.environ[name] = value
+
+
 def process_environ() -> Mapping[str, str]:
     """The live environment, for callers that must not read os.environ themselves."""
     return os.environ
+
+
+def fail_if_injected(stage: str) -> None:
+    """Raise at ``stage`` when VLLM_HPU_FAIL_AT names it (a test hook)."""
+    if get_envs().fail_at == stage:
+        raise RuntimeError(
+            f"VLLM_HPU_FAIL_AT={stage}: a failure injected at {stage} (a test "
+            "hook; unset the variable to run normally)."
+        )

@@ -20,7 +20,7 @@ from vllm_hpu.kv_transfer.connectors import (
     has_kv_connector,
     resolve_kv_transfer_config,
 )
-from vllm_hpu.patches import engine_args
+from vllm_hpu.patches import engine_args, engine_failures
 from vllm_hpu.quantization.checkpoints import (
     check_checkpoint_quantized,
     check_quant_config,
@@ -263,17 +263,26 @@ class HpuPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
+        """Runs on every pass of ``VllmConfig.__post_init__``: the caller's, and
+        the engine core's again on the config it was sent. Each step gives the
+        same config the second time: it reads what the user asked from the
+        config's record (``engine_args.requested_options``), not from fields an
+        earlier pass changed, and a decision taken once is marked there."""
+        requested = engine_args.requested_options(vllm_config)
         _check_envs()  # 0. a malformed variable stops start-up here
+        if engine_args.first_pass(vllm_config, "failure notes"):
+            engine_failures.prepare_failure_notes()  # the caller's: why its engine died
+        _fail_on_the_engine_cores_pass(vllm_config)  # a test hook
         _use_our_worker(vllm_config)  # 1.
         _set_block_size(vllm_config)  # 2.
         _disable_vllm_compilation(vllm_config)  # 3.
         check_checkpoint_quantized(vllm_config.model_config)  # 4. before weights load
         check_quant_config(vllm_config.quant_config)  # 4.
-        _use_fast_cpu_dtype(vllm_config)  # 4b. emulation's default dtype
-        _disable_unsupported_scheduling(vllm_config)  # 5.
+        _use_fast_cpu_dtype(vllm_config, requested)  # 4b. emulation's default dtype
+        _disable_unsupported_scheduling(vllm_config, requested)  # 5.
         refusals.reject_unsupported_features(vllm_config)  # 6.
         resolve_kv_transfer_config(vllm_config)  # 6b. KV connectors we run
-        _choose_kv_cache_manager(vllm_config)  # 6c. windows free their blocks
+        _choose_kv_cache_manager(vllm_config, requested)  # 6c. windows free blocks
         _spawn_processes()  # 7.
         _use_hpu_ray_executor(vllm_config)  # 8.
         refusals.reject_split_pooled_prompts(vllm_config)  # 9.
@@ -286,6 +295,16 @@ def _check_envs() -> None:
     """Parse every variable now; name the reference's ones that do nothing here."""
     for note in envs.no_effect_notes(envs.get_envs()):
         logger.info_once(note)
+
+
+def _fail_on_the_engine_cores_pass(vllm_config: "VllmConfig") -> None:
+    """VLLM_HPU_FAIL_AT=config: the engine core's pass over the config fails,
+    after the core has told the caller it is ready (the caller's pass marks
+    the config)."""
+    if envs.get_envs().fail_at != "config":
+        return
+    if not engine_args.first_pass(vllm_config, "injected config failure"):
+        envs.fail_if_injected("config")
 
 
 def _spawn_processes() -> None:
@@ -332,18 +351,22 @@ def _disable_vllm_compilation(vllm_config: "VllmConfig") -> None:
     compilation_config.custom_ops = ["all"]
 
 
-def _use_fast_cpu_dtype(vllm_config: "VllmConfig") -> None:
+def _use_fast_cpu_dtype(
+    vllm_config: "VllmConfig", requested: engine_args.RequestedOptions
+) -> None:
     """Emulation only: a dtype left to vLLM ("auto") becomes the one this CPU runs
     fast; an explicit --dtype is honoured (tests use float32). Unquantized models
     only: quantized checkpoints and INC's flow keep vLLM's choice, the 16-bit dtype
     their kernels were validated in."""
     model_config = vllm_config.model_config
-    if device.hpu_available() or engine_args.requested_dtype != "auto":
+    if device.hpu_available() or not requested.dtype_auto:
         return
     if model_config is None or model_config.quantization:
         return
     if envs.get_envs().quant_config:
         return
+    if not engine_args.first_pass(vllm_config, "emulation dtype"):
+        return  # chosen, and said, on the caller's pass
     fast, chosen = device.fast_dtype(), model_config.dtype
     logger.info_once(
         "Emulation runs the model in %s%s by default: this CPU %s bf16 "
@@ -366,17 +389,22 @@ def _use_fast_cpu_dtype(vllm_config: "VllmConfig") -> None:
         draft.dtype = fast
 
 
-def _disable_unsupported_scheduling(vllm_config: "VllmConfig") -> None:
+def _disable_unsupported_scheduling(
+    vllm_config: "VllmConfig", requested: engine_args.RequestedOptions
+) -> None:
     """Async scheduling where the runner supports it; the log says which is in
-    force and why (the CLI, VLLM_DELAYED_SAMPLING or vLLM's default)."""
+    force and why (the CLI, VLLM_DELAYED_SAMPLING or vLLM's default), once."""
     scheduler_config = vllm_config.scheduler_config
     why_not = _why_not_async(vllm_config)
+    first_pass = engine_args.first_pass(vllm_config, "async scheduling")
     if scheduler_config.async_scheduling and why_not:
         logger.info("Async scheduling disabled: %s.", why_not)
         scheduler_config.async_scheduling = False
         return
+    if not first_pass:
+        return
     state = "on" if scheduler_config.async_scheduling else "off"
-    logger.info("Async scheduling %s (%s).", state, engine_args.async_scheduling_source)
+    logger.info("Async scheduling %s (%s).", state, requested.async_scheduling_source)
 
 
 def _why_not_async(vllm_config: "VllmConfig") -> str | None:
@@ -392,7 +420,9 @@ def _why_not_async(vllm_config: "VllmConfig") -> str | None:
     return None
 
 
-def _choose_kv_cache_manager(vllm_config: "VllmConfig") -> None:
+def _choose_kv_cache_manager(
+    vllm_config: "VllmConfig", requested: engine_args.RequestedOptions
+) -> None:
     from vllm_hpu.attention.windows import choose_kv_cache_manager
 
-    choose_kv_cache_manager(vllm_config)
+    choose_kv_cache_manager(vllm_config, requested.disable_hybrid_kv_cache_manager)

@@ -42,10 +42,11 @@ def shared_server(request: pytest.FixtureRequest) -> ServerSpec:
 @pytest.fixture
 def llm(shared_engine: EngineSpec) -> Iterator[Any]:
     """The spec's shared engine with an empty prefix cache and the spec's
-    plugin variables set for the test."""
+    plugin variables set for the test (as while it started: also for the
+    reset, a call to the engine like any other)."""
     engine = ENGINE_POOL.get(shared_engine)
-    assert engine.reset_prefix_cache(), "a request was left running"
     with plugin_env(shared_engine.env):
+        assert engine.reset_prefix_cache(), "a request was left running"
         yield engine
 
 

@@ -35,12 +35,21 @@ from typing import Any
 
 import pytest
 import torch
+from config_passes import engine_core_pass
 
 from e2e.references import cached_tokens
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 KV_CACHE_BYTES = 64 << 20  # small, so tests never size a cache from host RAM
+# vLLM's default engine, the engine core in a process of its own (as LLM(...)
+# and vllm serve run it): a spec's or plugin_env's variables for tests of the
+# path a user takes, where the harness's engines otherwise run in-process.
+DEFAULT_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+# What a fresh default_engine adds: the callables a test sends to the engine's
+# process (apply_model, collective_rpc) travel pickled. Set for the engine's
+# whole life: its client and core must agree on it for every message.
+SENDS_CALLABLES = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
 
 def one_bucket(dimension: str, size: int) -> dict[str, str]:
@@ -138,6 +147,21 @@ def vllm_engine(model_dir: str, **kwargs: Any) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def default_engine(model_dir: str, **kwargs: Any) -> Iterator[Any]:
+    """A fresh engine as :func:`vllm_engine` starts it, but through vLLM's
+    default path: its core in a process of its own (DEFAULT_ENGINE, read as the
+    engine starts and set only then: a module's engine would otherwise put
+    the module's other engines in processes of their own), taking the test's
+    callables (SENDS_CALLABLES, for the engine's whole life)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(plugin_env(SENDS_CALLABLES.items()))
+        with plugin_env(DEFAULT_ENGINE.items()):
+            llm = stack.enter_context(vllm_engine(model_dir, **kwargs))
+        assert core_in_own_process(llm)
+        yield llm
+
+
+@contextlib.contextmanager
 def _engine(model_dir: str, kwargs: dict[str, Any]) -> Iterator[Any]:
     from vllm import LLM
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
@@ -147,13 +171,35 @@ def _engine(model_dir: str, kwargs: dict[str, Any]) -> Iterator[Any]:
     # counting compilations would depend on what ran before it on its worker.
     torch._dynamo.reset()
     with _heap_frozen():
-        llm = LLM(model=model_dir, **kwargs)
+        with _engine_core_pass_checked():
+            llm = LLM(model=model_dir, **kwargs)
         try:
             yield llm
         finally:
             llm.llm_engine.engine_core.shutdown()
             del llm
             cleanup_dist_env_and_memory()  # collects the engine's garbage
+
+
+@contextlib.contextmanager
+def _engine_core_pass_checked() -> Iterator[None]:
+    """The pass vLLM's default engine core runs over the config it is sent, run
+    on a copy of the config this engine is built from: an in-process engine
+    never runs it, and a config it would change or refuse fails the test
+    (tests/config_passes.py)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    create = EngineArgs.create_engine_config
+
+    def checked(self: EngineArgs, *args: Any, **kwargs: Any) -> Any:
+        config = create(self, *args, **kwargs)
+        changed = engine_core_pass(config)
+        assert not changed, f"the engine core's pass would change {changed}"
+        return config
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EngineArgs, "create_engine_config", checked)
+        yield
 
 
 @contextlib.contextmanager
@@ -183,6 +229,14 @@ def vllm_greedy(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[lis
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     return [list(r.outputs[0].token_ids) for r in results]
+
+
+def core_in_own_process(llm: Any) -> bool:
+    """Whether the engine runs as vLLM's default does: its core in a process
+    of its own (DEFAULT_ENGINE), not in this one."""
+    from vllm.v1.engine.core_client import MPClient
+
+    return isinstance(llm.llm_engine.engine_core, MPClient)
 
 
 def vllm_greedy_with_images(
@@ -261,19 +315,24 @@ def uses_engines(*specs: EngineSpec) -> pytest.MarkDecorator:
 
 @contextlib.contextmanager
 def plugin_env(values: Iterable[tuple[str, str]]) -> Iterator[None]:
-    """Plugin variables set inside the block, the plugin's cached reading
-    dropped on entry and exit."""
+    """Plugin (and vLLM) variables set inside the block, the plugin's and
+    vLLM's cached readings dropped on entry and exit (an engine's start turns
+    vLLM's cache on)."""
+    import vllm.envs
+
     from vllm_hpu import envs
 
     patch = pytest.MonkeyPatch()
     for name, value in values:
         patch.setenv(name, value)
     envs.get_envs.cache_clear()
+    vllm.envs.disable_envs_cache()
     try:
         yield
     finally:
         patch.undo()
         envs.get_envs.cache_clear()
+        vllm.envs.disable_envs_cache()
 
 
 class SharedPool:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from models import model_path as model_dir
 
-from e2e.harness import random_prompts, vllm_engine
+from e2e.harness import default_engine, random_prompts, vllm_engine
 from e2e.test_generate import counter, vocab_size
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,9 @@ def mixed_requests() -> tuple[list[list[int]], list]:
 
 def generate(async_scheduling: bool) -> tuple[list, float]:
     prompts, params = mixed_requests()
-    with vllm_engine(
+    # On, as vLLM's default engine runs it (its core in a process of its own).
+    engine = default_engine if async_scheduling else vllm_engine
+    with engine(
         model_dir(MODEL),
         block_size=16,
         max_model_len=352,

@@ -13,7 +13,13 @@ import torch
 from models import VARIANT_MODELS
 from models import model_path as model_dir
 
-from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
+from e2e.harness import (
+    default_engine,
+    hf_greedy,
+    random_prompts,
+    vllm_engine,
+    vllm_greedy,
+)
 from e2e.test_generate import counter, vocab_size
 
 pytestmark = pytest.mark.slow
@@ -30,6 +36,9 @@ PROMPT_SEED = 41
 # transformers' SDPA path cannot soft-cap; its eager Falcon adds ALiBi twice
 # (through the scores and again through the mask, transformers 5.19).
 HF_ATTENTION = {"tiny-gemma2": "eager"}
+# Through vLLM's default engine (its core in a process of its own): windows and
+# soft-capping, ALiBi, a head size other than 64; the others run in-process.
+DEFAULT_PATH = {"tiny-gemma2", "tiny-bloom", "tiny-llama-h40"}
 
 
 def _prompts(name: str) -> tuple[list[list[int]], list[list[int]]]:
@@ -52,7 +61,8 @@ def test_attention_variant_matches_hf(name: str) -> None:
         torch.float32,
         HF_ATTENTION.get(name),
     )
-    with vllm_engine(
+    engine = default_engine if name in DEFAULT_PATH else vllm_engine
+    with engine(
         model_dir(name),
         block_size=16,
         max_model_len=512,

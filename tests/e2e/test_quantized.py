@@ -9,12 +9,29 @@ import torch
 from models import model_path
 from quant_checkpoints import Scheme, write_checkpoints
 
-from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
+from e2e.harness import (
+    default_engine,
+    hf_greedy,
+    random_prompts,
+    vllm_engine,
+    vllm_greedy,
+)
+from e2e.test_quantized_checkpoints import (
+    METER_SHARE,
+    bf16_bytes,
+    compressed_path,
+    metered_load,
+)
 
 pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 12
 LENGTHS = [3, 17, 40]
+
+
+# Through vLLM's default engine (its core in a process of its own): one AWQ and
+# one GPTQ scheme; the others run in-process.
+DEFAULT_PATH = {("awq", 64), ("gptq", 32)}
 
 
 @pytest.mark.parametrize(
@@ -33,53 +50,26 @@ def test_quantized_generation_matches_hf_on_dequantized_weights(name, scheme, tm
     vocab = json.loads((quant_dir / "config.json").read_text())["vocab_size"]
     prompts = random_prompts(LENGTHS, vocab, seed=1)
     expected = hf_greedy(str(deq_dir), prompts, MAX_TOKENS, torch.float32)
-    with vllm_engine(str(quant_dir), enforce_eager=True) as llm:
+    default_path = (scheme.method, scheme.group_size) in DEFAULT_PATH
+    engine = default_engine if default_path else vllm_engine
+    with engine(str(quant_dir), enforce_eager=True) as llm:
         assert llm.llm_engine.model_config.quantization == scheme.method
         actual = vllm_greedy(llm, prompts, MAX_TOKENS)
     assert actual == expected
 
 
-def build_wide_llama(path: Path) -> int:
-    """A random Llama whose linear layers hold almost all its weights; returns
-    its parameter count."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=1024,
-        intermediate_size=2048,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(path)
-    return sum(p.numel() for p in model.parameters())
-
-
 def test_packed_checkpoint_holds_under_30_percent_of_bf16_weight_bytes(tmp_path):
-    params = build_wide_llama(tmp_path / "bf16")
-    quant_dir, _ = write_checkpoints(tmp_path / "bf16", tmp_path, Scheme("awq"))
-    with vllm_engine(
-        str(quant_dir),
-        dtype="bfloat16",
-        enforce_eager=True,
-        skip_tokenizer_init=True,
-        max_model_len=128,
-        max_num_seqs=4,
-    ) as llm:
-        held = llm.apply_model(tensor_bytes)[0]
-    # 4-bit linears with 16-bit scales and zeros, and 16-bit embeddings: about 27%.
-    # (The emulated device meter counts the process's resident memory, checkpoint
-    # pages and loader buffers included, so it cannot tell 27% from 30% here.)
-    assert 0.25 * 2 * params < held <= 0.3 * 2 * params
-
-
-def tensor_bytes(model: torch.nn.Module) -> int:
-    tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """The wide Llama of test_quantized_checkpoints in 4-bit AWQ against its bf16
+    checkpoint: on the device meter (engine processes of their own) and in the
+    tensors the loaded model holds (4-bit linears with 16-bit scales and zeros,
+    and 16-bit embeddings: about 27 %)."""
+    wide = compressed_path("wide-llama")
+    quant_dir, _ = write_checkpoints(wide, tmp_path, Scheme("awq"))
+    metered, held = metered_load(str(quant_dir))
+    bf16_metered, _ = metered_load(str(wide))
+    print(f"awq: meter {metered / bf16_metered:.1%} of bf16's")
+    assert metered <= METER_SHARE["awq"] * bf16_metered
+    assert 0.25 * bf16_bytes(wide) < held <= 0.3 * bf16_bytes(wide)
 
 
 def prompt_logprobs(llm, prompts: list[list[int]]) -> torch.Tensor:
@@ -102,7 +92,7 @@ def test_online_fp8_keeps_fp8_weights_and_close_logprobs():
     kwargs = {"dtype": "bfloat16", "enforce_eager": True, "max_model_len": 128}
     with vllm_engine(path, **kwargs) as llm:
         expected = prompt_logprobs(llm, prompts)
-    with vllm_engine(path, quantization="fp8", **kwargs) as llm:
+    with default_engine(path, quantization="fp8", **kwargs) as llm:
         actual = prompt_logprobs(llm, prompts)
         dtypes = llm.apply_model(linear_weight_dtypes)[0]
     assert dtypes == {torch.float8_e4m3fn}

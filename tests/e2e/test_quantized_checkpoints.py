@@ -7,22 +7,31 @@ compressed-tensors checkpoints are written by llm-compressor in the test set-up
 layout, per-tensor scales) by tests/quant_checkpoints.py.
 """
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from models import model_path
 from quant_checkpoints import (
     Fp8Scheme,
+    fp8_per_token,
     input_quantizer,
     quantize_inputs,
     write_checkpoints,
 )
 from safetensors.torch import load_file
 
-from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
+from e2e.harness import (
+    default_engine,
+    hf_greedy,
+    random_prompts,
+    vllm_engine,
+    vllm_greedy,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -76,12 +85,14 @@ def reference_greedy(
     return hf_greedy(str(deq_dir), prompts, MAX_TOKENS, torch.float32, prepare=prepare)
 
 
-def check_generation(quant_dir: Path, deq_dir: Path, method: str) -> set[torch.dtype]:
+def check_generation(
+    quant_dir: Path, deq_dir: Path, method: str, engine: Callable = vllm_engine
+) -> set[torch.dtype]:
     """Assert the greedy match; return the dtypes the linear weights kept."""
     vocab = json.loads((quant_dir / "config.json").read_text())["vocab_size"]
     prompts = random_prompts(LENGTHS, vocab, seed=1)
     expected = reference_greedy(quant_dir, deq_dir, prompts)
-    with vllm_engine(str(quant_dir), enforce_eager=True) as llm:
+    with engine(str(quant_dir), enforce_eager=True) as llm:
         assert llm.llm_engine.model_config.quantization == method
         actual = vllm_greedy(llm, prompts, MAX_TOKENS)
         dtypes = llm.apply_model(linear_weight_dtypes)[0]
@@ -186,13 +197,65 @@ def test_w8a8_int8_logprobs_match_hf_with_int8_activations():
     [
         ("tiny-llama", Fp8Scheme(block_size=(128, 128))),
         ("tiny-qwen2", Fp8Scheme(block_size=None, activation_scheme="static")),
-        ("tiny-llama", Fp8Scheme(block_size=None, activation_scheme="dynamic")),
     ],
-    ids=["block-128", "tensor-static", "tensor-dynamic"],
+    ids=["block-128", "tensor-static"],
 )
 def test_fp8_checkpoint_generation_matches_hf(name, scheme, tmp_path):
     quant_dir, deq_dir = write_checkpoints(Path(model_path(name)), tmp_path, scheme)
-    assert check_generation(quant_dir, deq_dir, "fp8") == {torch.float8_e4m3fn}
+    # Block scales through vLLM's default engine (its core in its own process).
+    engine = default_engine if scheme.block_size else vllm_engine
+    dtypes = check_generation(quant_dir, deq_dir, "fp8", engine)
+    assert dtypes == {torch.float8_e4m3fn}
+
+
+def test_fp8_dynamic_per_tensor_checkpoint_is_close_to_its_declared_inputs(tmp_path):
+    """``activation_scheme: dynamic`` with per-tensor weights declares one input
+    scale per tensor; the plugin quantizes per token (finer, and a sequence's
+    tokens then do not depend on its batch; vLLM does the same with CUTLASS,
+    and so does the reference Gaudi plugin). Over the log-probabilities of
+    prompt and greedy tokens: against transformers quantizing each input per
+    tensor, as declared, within DECLARED_RMS; against transformers quantizing
+    per token, exact to float32 noise; and quantized at all (float inputs
+    differ)."""
+    name = "tiny-llama"
+    scheme = Fp8Scheme(block_size=None, activation_scheme="dynamic")
+    quant_dir, deq_dir = write_checkpoints(Path(model_path(name)), tmp_path, scheme)
+    prompts = random_prompts(LENGTHS, 1024, seed=1)
+    with vllm_engine(str(quant_dir), enforce_eager=True) as llm:
+        sequences, actual = vllm_logprobs(llm, prompts)
+    declared = reference_logprobs(deq_dir, sequences, quantized_inputs(quant_dir))
+    per_token = reference_logprobs(deq_dir, sequences, inputs_per_token)
+    float_inputs = reference_logprobs(deq_dir, sequences, None)
+    plugin = torch.cat(actual)
+    off = {
+        label: (plugin - torch.cat(values)).abs()
+        for label, values in [
+            ("declared", declared),
+            ("per token", per_token),
+            ("float", float_inputs),
+        ]
+    }
+    print(
+        {
+            k: (f"{v.median():.2e}", f"{v.pow(2).mean().sqrt():.2e}")
+            for k, v in off.items()
+        }
+    )
+    assert off["declared"].pow(2).mean().sqrt() < DECLARED_RMS
+    assert off["per token"].median() < 1e-4
+    assert off["float"].median() > 1e-2
+
+
+# The log-probabilities of the plugin's per-token run against transformers
+# quantizing each input per tensor, as the checkpoint declares: root mean
+# square of the differences (measured 0.33, median 0.20). One scale per tensor
+# is the coarser rounding: float inputs are nearer the plugin (rms 0.22) than
+# the declared ones; per token, transformers and the plugin agree to 1.6e-4.
+DECLARED_RMS = 0.5
+
+
+def inputs_per_token(model: torch.nn.Module) -> None:
+    quantize_inputs(model, fp8_per_token, {})
 
 
 def tensor_bytes(model: torch.nn.Module) -> int:
@@ -204,6 +267,40 @@ def bf16_bytes(path: Path) -> int:
     return 2 * sum(t.numel() for t in load_file(path / "model.safetensors").values())
 
 
+def weights_memory(worker: Any) -> int:
+    """In the engine's process: what loading the model took on the device
+    meter (the runner reads it around load_model)."""
+    return worker.model_runner.weights_memory
+
+
+# A wide model, small otherwise: engines whose meter readings are compared.
+WIDE_ENGINE = {
+    "dtype": "bfloat16",
+    "enforce_eager": True,
+    "skip_tokenizer_init": True,
+    "max_model_len": 128,
+    "max_num_seqs": 4,
+}
+
+
+@functools.cache
+def metered_load(model_dir: str) -> tuple[int, int]:
+    """(device meter bytes, tensor bytes) of loading ``model_dir``, in an engine
+    process of its own (vLLM's default engine): the meter counts the growth of
+    the process's memory, so any copy of the weights kept anywhere shows."""
+    with default_engine(model_dir, **WIDE_ENGINE) as llm:
+        (metered,) = llm.collective_rpc(weights_memory)
+        held = llm.apply_model(tensor_bytes)[0]
+    return metered, held
+
+
+# On the meter, against the same model in bf16 (measured in two runs: fp8 block
+# 42-46 %, W4A16 29-32 %, MXFP4-A16 30-33 %, AWQ 29 %; the meter also sees the
+# loader's own growth, so these bounds sit above the tensors'); a bf16 copy kept
+# beside the quantized weights would read above 100 %.
+METER_SHARE = {"fp8-block": 0.6, "w4a16-g128": 0.4, "mxfp4a16": 0.4, "awq": 0.4}
+
+
 @pytest.mark.parametrize(
     ("scheme", "share"),
     [
@@ -213,23 +310,18 @@ def bf16_bytes(path: Path) -> int:
     ],
 )
 def test_quantized_weights_stay_small_in_device_memory(scheme, share, tmp_path):
-    """A Llama whose linear layers hold almost all its weights: the tensors the
-    loaded model holds against the bf16 model's (the emulated device meter
-    counts the process's resident memory, checkpoint pages and loader buffers
-    included: too coarse for these bounds). fp8 holds about 51 %, 4-bit with
-    its scales about 28 %; the lower bound shows the weights did load."""
+    """A Llama whose linear layers hold almost all its weights, loaded quantized
+    and in bf16, each in an engine process of its own: what the device meter
+    saw each load take, and the tensors the quantized model holds against the
+    bf16 model's (fp8 about 51 %, 4 bits with scales about 28 %; the lower
+    bound shows the weights did load)."""
     wide = compressed_path("wide-llama")
     if scheme == "fp8-block":
         quant_dir, _ = write_checkpoints(wide, tmp_path, Fp8Scheme((128, 128)))
     else:
         quant_dir = compressed_path(f"wide-llama-ct-{scheme}")
-    with vllm_engine(
-        str(quant_dir),
-        dtype="bfloat16",
-        enforce_eager=True,
-        skip_tokenizer_init=True,
-        max_model_len=128,
-        max_num_seqs=4,
-    ) as llm:
-        held = llm.apply_model(tensor_bytes)[0]
+    metered, held = metered_load(str(quant_dir))
+    bf16_metered, _ = metered_load(str(wide))
+    print(f"{scheme}: meter {metered / bf16_metered:.1%} of bf16's")
+    assert metered <= METER_SHARE[scheme] * bf16_metered
     assert share - 0.1 < held / bf16_bytes(wide) <= share

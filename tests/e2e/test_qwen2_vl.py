@@ -16,7 +16,12 @@ from PIL import Image
 from vllm import LLM, SamplingParams
 from vllm.exceptions import VLLMValidationError
 
-from e2e.harness import compiled_graphs, vllm_engine, vllm_greedy_with_images
+from e2e.harness import (
+    compiled_graphs,
+    default_engine,
+    vllm_engine,
+    vllm_greedy_with_images,
+)
 
 MODEL = "tiny-qwen2-vl"
 MAX_TOKENS = 8
@@ -71,8 +76,9 @@ def expected(requests: list[tuple[str, tuple[int, ...]]]) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[LLM]:
-    """Steps of at most CHUNK tokens: longer prompts run in chunks."""
-    with vllm_engine(
+    """Steps of at most CHUNK tokens: longer prompts run in chunks; vLLM's
+    default engine (its core in a process of its own)."""
+    with default_engine(
         str(model_path(MODEL)),
         max_model_len=256,
         enable_chunked_prefill=True,

@@ -5,7 +5,14 @@ import pytest
 import torch
 from models import model_path as model_dir
 
-from e2e.harness import hf_greedy, one_bucket, random_prompts, vllm_engine, vllm_greedy
+from e2e.harness import (
+    default_engine,
+    hf_greedy,
+    one_bucket,
+    random_prompts,
+    vllm_engine,
+    vllm_greedy,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +60,12 @@ def test_greedy_matches_hf_with_preemption_chunks_and_prefix_hits(
     # chunks.
     prompts = repetitive_prompts()
     expected = hf_greedy(model_dir("tiny-llama"), prompts, 24, torch.float32)
-    with vllm_engine(
+    # The draft model through vLLM's default engine (its core in a process of
+    # its own); n-gram in-process.
+    engine = (
+        default_engine if speculative_config["method"] == "draft_model" else vllm_engine
+    )
+    with engine(
         model_dir("tiny-llama"),
         block_size=16,
         max_model_len=256,

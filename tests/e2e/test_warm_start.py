@@ -34,7 +34,12 @@ RESTART_ARGS = [
 ]
 
 
-# Minutes even for four buckets (inductor's C++ compile): run with -m warm_restart.
+# A restart's warmup takes at most this share of the first one's (README_GAUDI.md,
+# "Warm restarts"; measured 18 %).
+RESTART_SHARE = 0.25
+
+
+# Minutes even for four buckets (inductor's C++ compile): make test-long runs it.
 @pytest.mark.warm_restart
 def test_a_restart_loads_every_graph_from_the_cache(tmp_path):
     args = startup.parse_args(RESTART_ARGS)
@@ -50,7 +55,7 @@ def test_a_restart_loads_every_graph_from_the_cache(tmp_path):
     assert first["graphs_reused"] == 0 and first["graphs_compiled"] > 0
     assert second["graphs_reused"] == first["graphs_compiled"]
     assert second["graphs_compiled"] == 0
-    assert second["warmup_s"] < first["warmup_s"] / 2
+    assert second["warmup_s"] <= first["warmup_s"] * RESTART_SHARE
     reused = f"{first['graphs_compiled']} of {first['graphs_compiled']} graphs came"
     assert any(reused in line for line in second["cache_log"])
     assert (tmp_path / "hpu").is_dir()

@@ -99,13 +99,22 @@ def _vllm_config(disable: bool | None, speculative: object = None) -> Any:
 
 def test_hybrid_manager_off_where_groups_cannot_run() -> None:
     plain = _vllm_config(None)
-    choose_kv_cache_manager(plain)
+    choose_kv_cache_manager(plain, None)
     assert plain.scheduler_config.disable_hybrid_kv_cache_manager is None
     speculative = _vllm_config(None, speculative=object())
-    choose_kv_cache_manager(speculative)
+    choose_kv_cache_manager(speculative, None)
     assert speculative.scheduler_config.disable_hybrid_kv_cache_manager is True
     with pytest.raises(ValueError, match="speculative decoding"):
-        choose_kv_cache_manager(_vllm_config(False, speculative=object()))
+        choose_kv_cache_manager(_vllm_config(False, speculative=object()), False)
+
+
+def test_hybrid_manager_choice_reads_the_users_not_the_field() -> None:
+    """vLLM writes its default (False) into the field after the first pass: the
+    engine core's pass must not take it for the user's
+    --no-disable-hybrid-kv-cache-manager."""
+    speculative = _vllm_config(False, speculative=object())
+    choose_kv_cache_manager(speculative, None)
+    assert speculative.scheduler_config.disable_hybrid_kv_cache_manager is True
 
 
 class _Layer:

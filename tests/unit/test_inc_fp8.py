@@ -18,6 +18,7 @@ from vllm_hpu.attention.inc_modules import (
 from vllm_hpu.device import _CpuFusedSDPA
 from vllm_hpu.quantization import inc_emulation as emulated
 from vllm_hpu.quantization.inc import apply_fp8_options
+from vllm_hpu.quantization.inc_config import HpuIncConfig
 from vllm_hpu.quantization.inc_flow import enable_inc
 
 FP8 = torch.float8_e4m3fn
@@ -168,6 +169,7 @@ def _vllm_config(cache_dtype="auto", quantization=None, dtype=torch.bfloat16):
     return SimpleNamespace(
         cache_config=SimpleNamespace(cache_dtype=cache_dtype),
         model_config=SimpleNamespace(quantization=quantization, dtype=dtype),
+        quant_config=None,  # vLLM makes it from the method named before our hook
     )
 
 
@@ -176,6 +178,8 @@ def test_quant_config_alone_selects_the_inc_flow(tmp_path, hpu_env) -> None:
     config = _vllm_config()
     apply_fp8_options(config)  # type: ignore[arg-type]
     assert config.model_config.quantization == "inc"
+    # As vLLM makes it from the name: the engine core's second pass would.
+    assert isinstance(config.quant_config, HpuIncConfig)
 
 
 def test_unit_scale_needs_no_measurements(tmp_path, hpu_env) -> None:

@@ -64,21 +64,22 @@ def groups_unsupported(vllm_config: VllmConfig) -> str | None:
     return None
 
 
-def choose_kv_cache_manager(vllm_config: VllmConfig) -> None:
+def choose_kv_cache_manager(vllm_config: VllmConfig, asked: bool | None) -> None:
     """Leave vLLM's hybrid KV cache manager on (its default) where the runner
-    runs KV cache groups; turn it off, or refuse an explicit request for it,
-    where it does not."""
-    scheduler_config = vllm_config.scheduler_config
+    runs KV cache groups; turn it off, or refuse an explicit request for it
+    (``asked``: --disable-hybrid-kv-cache-manager as the user gave it, None
+    when not given), where it does not. The same on every pass over a config:
+    the field itself holds vLLM's default or this choice after the first."""
     why_not = groups_unsupported(vllm_config)
-    if why_not is None or scheduler_config.disable_hybrid_kv_cache_manager:
+    if why_not is None or asked:
         return
-    if scheduler_config.disable_hybrid_kv_cache_manager is False:
+    if asked is False:
         raise ValueError(
             "The HPU plugin does not run the hybrid KV cache manager with "
             f"{why_not} yet; drop --no-disable-hybrid-kv-cache-manager "
             "(sliding-window layers then keep every block)."
         )
-    scheduler_config.disable_hybrid_kv_cache_manager = True
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
 
 
 def hybrid_kv_cache(vllm_config: VllmConfig) -> bool:

@@ -42,7 +42,7 @@ def _unsupported_features(vllm_config: "VllmConfig") -> dict[str, bool]:
 
     parallel = vllm_config.parallel_config
     cache_config = vllm_config.cache_config
-    asked = engine_args.requested_state_options
+    asked = engine_args.requested_options(vllm_config)
     return {
         "speculative decoding (--speculative-config)": (
             vllm_config.speculative_config is not None
@@ -55,11 +55,11 @@ def _unsupported_features(vllm_config: "VllmConfig") -> dict[str, bool]:
             is_conv_state_dim_first()
         ),
         "--disable-hybrid-kv-cache-manager": bool(
-            vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
+            asked.disable_hybrid_kv_cache_manager
         ),
         "tensor, pipeline or data parallelism": parallel.world_size_across_dp > 1,
         "--mamba-block-size (states are kept per KV cache block)": (
-            asked.get("mamba_block_size") is not None
+            asked.mamba_block_size is not None
         ),
         "--prefix-match-unit (prefix hits land on whole state blocks)": (
             cache_config.prefix_match_unit is not None

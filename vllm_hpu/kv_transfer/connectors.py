@@ -8,8 +8,11 @@ connector and offloading spec (``offloading.py``). Every other connector
 (LMCache, P2P NCCL, Mooncake, MultiConnector, ...) is refused, naming the option.
 
 vLLM derives the transfer config from ``--kv-offloading-size`` after the
-platform's ``check_and_update_config``, so this check also runs on the finished
-config (``patches.py``, in the caller's process) and in the worker before load.
+platform's ``check_and_update_config``, on every pass over a config (the
+caller's, and the engine core's after its handshake), so this check also runs on
+the finished config (``patches.py``, in the caller's process) and in the worker
+before load; once routed, ``kv_offloading_size`` is cleared so that the engine
+core's pass derives nothing again.
 """
 
 import importlib.util
@@ -52,6 +55,10 @@ def resolve_kv_transfer_config(vllm_config: "VllmConfig") -> None:
         _check_nixl(config)
     elif _is_offloading(config):
         _use_hpu_offloading(config)
+        # Its size is the connector's now (cpu_bytes_to_use): left set, vLLM
+        # would derive its own connector from it again on the engine core's
+        # pass over this config, after the platform's hook.
+        vllm_config.cache_config.kv_offloading_size = None
     else:
         raise ValueError(
             f"The HPU plugin does not run the KV connector {config.kv_connector!r} "

@@ -1,7 +1,9 @@
-"""vLLM's engine arguments: ``--device hpu``, the options a user set, and the
-KV transfer check on the finished config."""
+"""vLLM's engine arguments: ``--device hpu``, the options a user set (recorded
+on the config for every pass of the platform's hook), and the KV transfer check
+on the finished config."""
 
 import argparse
+import dataclasses
 import functools
 import importlib.abc
 import importlib.machinery
@@ -110,47 +112,101 @@ def _patch_engine_args(arg_utils: ModuleType) -> None:
 # Why: vLLM resolves some options before the platform sees them, keeping no trace of
 # whether the user set them: VLLM_DELAYED_SAMPLING must apply only when
 # --(no-)async-scheduling was not given, emulation picks the model's dtype only
-# when --dtype was left at "auto" (ModelConfig replaces "auto" by a dtype), and a
+# when --dtype was left at "auto" (ModelConfig replaces "auto" by a dtype), a
 # hybrid model's --mamba-block-size is refused only where the user set it (vLLM
-# fills it in from the block size or max_model_len).
-# How: EngineArgs still holds the user's values when create_engine_config starts.
-# The variable fills in an unset async_scheduling (None), and the source is recorded
-# for the start-up log; True stays None: vLLM's default is on, and it switches async
-# off itself (with its reason) where it cannot run. The asked dtype and state-cache
-# options are recorded for the platform's config hook, which runs inside that
-# call; outside it (a VllmConfig built directly, or rebuilt in the engine process)
-# they are None (empty): nothing to decide.
-# Upstream change that removes it: a platform hook before those options resolve.
-async_scheduling_source = "vLLM's default"
-requested_dtype: Any = None
-# What the user asked of a hybrid model's state cache (hybrid_config.py): option
-# name -> value, None where left to vLLM (mamba_block_size, which vLLM fills in
-# before the platform's hook); empty outside create_engine_config.
-requested_state_options: dict[str, Any] = {}
+# fills it in from the block size or max_model_len), and an explicit
+# --no-disable-hybrid-kv-cache-manager is refused where the runner cannot run KV
+# cache groups (vLLM writes its own default, False, into the same field after the
+# platform's hook). And the platform's hook runs more than once on one config: the
+# engine core runs ``VllmConfig.__post_init__`` again on the config it was sent
+# (``EngineCoreProc._perform_handshakes``), after the caller's pass changed those
+# fields; a decision re-derived from them there differs from the caller's.
+# How: EngineArgs still holds the user's values when create_engine_config starts:
+# they are recorded in the config's ``additional_config`` (which travels with it to
+# every process, and to the copies vLLM makes with ``dataclasses.replace``) before
+# vLLM builds it. Every pass of the platform's hook reads them there
+# (:func:`requested_options`); a config built without EngineArgs records what its
+# first pass sees. Decisions taken once (and logged once) are marked there too
+# (:func:`first_pass`).
+# Upstream change that removes it: a platform hook before those options resolve,
+# and a config that keeps which fields the user set.
+REQUESTED = "hpu_requested"
+DECIDED = "hpu_decided"
+DEFAULT_ASYNC_SOURCE = "vLLM's default"
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestedOptions:
+    """What the user asked of the options vLLM resolves before the platform's hook
+    (the defaults: nothing asked)."""
+
+    dtype_auto: bool = False  # --dtype left at "auto"
+    async_scheduling_source: str = DEFAULT_ASYNC_SOURCE
+    mamba_block_size: int | None = None
+    disable_hybrid_kv_cache_manager: bool | None = None
+
+
+def requested_options(vllm_config: Any) -> RequestedOptions:
+    """The options as the user gave them, recorded on the config (patch above); a
+    config built without EngineArgs records its scheduler's choice at the first
+    pass, before vLLM fills in its default."""
+    scheduler_choice = vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
+    extra = vllm_config.additional_config
+    if not isinstance(extra, dict):  # a user's own SupportsHash object
+        return RequestedOptions(disable_hybrid_kv_cache_manager=scheduler_choice)
+    asked = extra.setdefault(
+        REQUESTED, {"disable_hybrid_kv_cache_manager": scheduler_choice}
+    )
+    return RequestedOptions(**asked)
+
+
+def first_pass(vllm_config: Any, step: str) -> bool:
+    """True the first time the platform's hook takes ``step`` on this config (or
+    on copies sharing its ``additional_config``), False on every later pass."""
+    extra = vllm_config.additional_config
+    if not isinstance(extra, dict):
+        return True
+    decided = extra.setdefault(DECIDED, [])
+    if step in decided:
+        return False
+    decided.append(step)
+    return True
+
+
+def _apply_delayed_sampling(engine_args: Any) -> str:
+    """VLLM_DELAYED_SAMPLING=0 fills in an unset --async-scheduling (True stays
+    unset: vLLM's default is on, and it turns async off itself, saying why,
+    where it cannot run); returns which setting decides."""
+    from vllm_hpu.envs import get_envs
+
+    delayed_sampling = get_envs().delayed_sampling
+    if engine_args.async_scheduling is not None:
+        return "--async-scheduling / --no-async-scheduling"
+    if delayed_sampling is None:
+        return DEFAULT_ASYNC_SOURCE
+    if not delayed_sampling:
+        engine_args.async_scheduling = False
+    return f"VLLM_DELAYED_SAMPLING={delayed_sampling}"
+
+
+def _recorded_options(engine_args: Any) -> dict[str, Any]:
+    return {
+        "dtype_auto": engine_args.dtype == "auto",
+        "async_scheduling_source": _apply_delayed_sampling(engine_args),
+        "mamba_block_size": engine_args.mamba_block_size,
+        "disable_hybrid_kv_cache_manager": (
+            engine_args.disable_hybrid_kv_cache_manager
+        ),
+    }
 
 
 def _with_requested_options(create: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(create)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from vllm_hpu.envs import get_envs
-
-        global async_scheduling_source, requested_dtype, requested_state_options
-        delayed_sampling = get_envs().delayed_sampling
-        if self.async_scheduling is not None:
-            async_scheduling_source = "--async-scheduling / --no-async-scheduling"
-        elif delayed_sampling is not None:
-            async_scheduling_source = f"VLLM_DELAYED_SAMPLING={delayed_sampling}"
-            if not delayed_sampling:
-                self.async_scheduling = False
-        else:  # per engine: a process may create several
-            async_scheduling_source = "vLLM's default"
-        requested_dtype = self.dtype
-        requested_state_options = {"mamba_block_size": self.mamba_block_size}
-        try:
-            return create(self, *args, **kwargs)
-        finally:
-            requested_dtype = None
-            requested_state_options = {}
+        extra = self.additional_config
+        if isinstance(extra, dict):  # a copy: the user's dict stays theirs
+            self.additional_config = {**extra, REQUESTED: _recorded_options(self)}
+        return create(self, *args, **kwargs)
 
     return wrapped
 
@@ -162,7 +218,9 @@ def _with_requested_options(create: Callable[..., Any]) -> Callable[..., Any]:
 # How: once EngineArgs.create_engine_config has built the config, still in the
 # caller's process, the plugin checks it (kv_transfer/connectors.py): refuses the
 # connectors it does not run, routes offloading to its own connector and spec,
-# and turns async scheduling off for them. An offloading backend other than the
+# and turns async scheduling and the hybrid KV cache manager off for them (the
+# engine core's pass over the config would otherwise decide so, or refuse, after
+# the caller has started it). An offloading backend other than the
 # native one is refused before, since building the config imports its connector.
 # Upstream change that removes it: a platform hook after the transfer config is
 # derived (VllmConfig._post_init_kv_transfer_config).
@@ -183,12 +241,16 @@ def _with_kv_transfer_check(create: Callable[..., Any]) -> Callable[..., Any]:
         )
         config = create(self, *args, **kwargs)
         kv_transfer.resolve_finished_config(config)
+        from vllm_hpu.attention.windows import choose_kv_cache_manager
+
+        asked = requested_options(config).disable_hybrid_kv_cache_manager
+        choose_kv_cache_manager(config, asked)
         return config
 
     return wrapped
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
+class PatchAfterImport(importlib.abc.MetaPathFinder):
     """Applies ``patch`` to module ``name`` right after it has been executed."""
 
     def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
@@ -212,13 +274,23 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def patch_when_imported(name: str, patch: Callable[[ModuleType], None]) -> None:
+    """``patch`` applied to module ``name`` now if it is imported, else right
+    after its import."""
+    module = sys.modules.get(name)
+    if module is None:
+        sys.meta_path.insert(0, PatchAfterImport(name, patch))
+    else:
+        patch(module)
+
+
 def accept_device_option() -> None:
     """Idempotent; safe to call while vLLM is being imported. Called from the
     platform entry point, and again from the general plugin, which vLLM's CLI
     loads before building its parser (at import, ``arg_utils`` may be half-run)."""
     arg_utils = sys.modules.get(ARG_UTILS)
     if arg_utils is None:
-        if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
-            sys.meta_path.insert(0, _PatchAfterImport(ARG_UTILS, _patch_engine_args))
+        if not any(getattr(f, "name", None) == ARG_UTILS for f in sys.meta_path):
+            sys.meta_path.insert(0, PatchAfterImport(ARG_UTILS, _patch_engine_args))
     elif hasattr(arg_utils, "AsyncEngineArgs"):
         _patch_engine_args(arg_utils)

@@ -93,7 +93,18 @@ def apply_fp8_options(vllm_config: "VllmConfig") -> None:
     settings = inc_settings(vllm_config)
     if settings is not None:
         _check_inc_flow(vllm_config, settings)
-        vllm_config.model_config.quantization = "inc"
+        _name_inc(vllm_config)
+
+
+def _name_inc(vllm_config: "VllmConfig") -> None:
+    """QUANT_CONFIG alone runs ``--quantization inc``: the method named, and its
+    config made as vLLM makes it from the name (vLLM made the config before this
+    hook ran; the engine core's second pass would make it there alone)."""
+    from vllm_hpu.quantization.inc_config import HpuIncConfig
+
+    vllm_config.model_config.quantization = "inc"
+    if vllm_config.quant_config is None:
+        vllm_config.quant_config = HpuIncConfig()
 
 
 def inc_settings(vllm_config: "VllmConfig") -> IncSettings | None:

@@ -7,6 +7,8 @@ step to :class:`HpuModelRunner`.
 import atexit
 import gc
 import multiprocessing
+import signal
+import threading
 import time
 from typing import Any
 
@@ -29,7 +31,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_hpu import device
 from vllm_hpu.distributed.host_network import choose_gloo_interface
-from vllm_hpu.envs import get_envs
+from vllm_hpu.envs import fail_if_injected, get_envs
 from vllm_hpu.kv_transfer.connectors import check_worker_config
 from vllm_hpu.worker.capabilities import kv_connector, pipeline
 from vllm_hpu.worker.capabilities.pooling import supported_pooling_tasks
@@ -96,6 +98,7 @@ class HpuWorker(WorkerBase):
         self.model_runner = HpuModelRunner(self.vllm_config, self.device)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        fail_if_injected("model_load")
         if load_dummy_weights:
             self.load_config.load_format = "dummy"
         self.runner.load_model()
@@ -150,6 +153,7 @@ class HpuWorker(WorkerBase):
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         # The connector exists before the caches it registers (vLLM's order).
         kv_connector.initialize_kv_transfer(self.vllm_config, kv_cache_config)
+        fail_if_injected("kv_allocation")
         self.runner.initialize_kv_cache(kv_cache_config)
 
     def get_kv_connector_handshake_metadata(
@@ -159,6 +163,7 @@ class HpuWorker(WorkerBase):
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
         started = time.perf_counter()
+        fail_if_injected("warmup")
         warm_up_model(self.runner, self._graph_mem())
         self.runner.start_serving()
         # The seed is reset so that profiling does not shift seeded sampling.
@@ -189,6 +194,8 @@ class HpuWorker(WorkerBase):
             self.metrics = HpuMetrics(self.runner.buckets)
         received = None
         stage = self.runner.stage
+        if scheduler_output.total_num_scheduled_tokens:
+            fail_if_injected("first_step")
         if scheduler_output.total_num_scheduled_tokens and not stage.is_first:
             received = pipeline.receive()
         with self.compilations.step(), self.fallbacks.step():
@@ -318,17 +325,25 @@ class HpuWorker(WorkerBase):
         if self.metrics is not None:
             self.metrics.log()
         kv_connector.shutdown_kv_transfer()
-        _skip_collection_at_exit()
+        _exit_quickly()
 
 
-def _skip_collection_at_exit() -> None:
+def _exit_quickly() -> None:
     """In a process vLLM started for the engine (an engine core, a worker): the
     heap (vLLM, torch, the model; about a million objects) is kept out of the
     garbage collection Python runs as it exits. That collection took 3 to 5 s
     on a busy core, past vLLM's 5-second grace for an engine to stop ("force
     killing" in the log); the process's memory goes back to the system anyway,
     and what the engine held was released above. vLLM does the same on ROCm
-    after a clean shutdown. A caller's own process (an in-process engine) is
-    left alone."""
-    if multiprocessing.parent_process() is not None:
-        atexit.register(gc.freeze)
+    after a clean shutdown. And a second stop signal no longer interrupts the
+    exit: a terminal's Ctrl-C reaches every process of ``vllm serve``, whose
+    API server then sends the core another (vLLM's handler is gone by then),
+    and a core killed by it left its semaphores to Python's resource tracker
+    ("leaked semaphore objects"). A caller's own process (an in-process
+    engine) is left alone."""
+    if multiprocessing.parent_process() is None:
+        return
+    atexit.register(gc.freeze)
+    if threading.current_thread() is threading.main_thread():
+        for stop in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stop, signal.SIG_IGN)

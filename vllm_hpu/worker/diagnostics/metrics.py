@@ -13,6 +13,7 @@ import torch._dynamo.utils
 import vllm.envs
 from vllm.logger import init_logger
 
+from vllm_hpu import device
 from vllm_hpu.bucketing import HpuBucketManager
 
 logger = init_logger("vllm.hpu.metrics")
@@ -32,6 +33,7 @@ class _Collectors:
     misses: prometheus_client.Counter
     padding_ratio: prometheus_client.Gauge
     compilations: prometheus_client.Counter
+    device_memory: prometheus_client.Gauge
 
 
 @functools.cache
@@ -58,6 +60,12 @@ def _collectors() -> _Collectors:
         compilations=prometheus_client.Counter(
             "vllm_hpu:compilations_after_warmup",
             "Graph compilations after warmup (each one stalls a step).",
+        ),
+        device_memory=prometheus_client.Gauge(
+            "vllm_hpu:device_memory_used_bytes",
+            "Device memory in use (the emulated meter in CPU emulation), read "
+            "every VLLM_LOG_STATS_INTERVAL seconds.",
+            multiprocess_mode="mostrecent",
         ),
     )
     for phase in PHASES:  # children exist from the start, so they read 0
@@ -121,6 +129,7 @@ class HpuMetrics:
         """Publish the counts of the step that just ran; log on the stats period."""
         self.publish()
         if time.monotonic() - self._last_log >= vllm.envs.VLLM_LOG_STATS_INTERVAL:
+            self.collectors.device_memory.set(device.memory_used())
             self.log()
 
     def publish(self) -> None:
