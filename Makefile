@@ -4,8 +4,10 @@
 #        plugin, SmolLM2.                                            make run
 #   test (requirements-test.txt, on top): pytest, lint tools, the optional
 #        features' packages, the tiny test models.                   make test, make lint
-# The other vLLM the plugin runs on has a venv of its own, .venv-other (both layers,
-# requirements-vllm-0.33.txt): make test-other-vllm.
+# Two more lanes have a venv each (both layers): the other vLLM the plugin runs on,
+# .venv-other (requirements-vllm-0.33.txt), make test-other-vllm; vLLM 0.32.0 on the
+# Gaudi software's torch 2.11, .venv-gaudi-torch (requirements-gaudi-torch.txt),
+# make test-gaudi-torch.
 # Models are cached under .cache/ (ignored).
 
 PYTHON ?= python3.11
@@ -19,8 +21,6 @@ PIP_INSTALL := $(PY) -m pip install --quiet --no-compile --no-warn-conflicts
 # (README_GAUDI.md, "vLLM versions"); each has its requirements-vllm*.txt.
 VLLM_PIN := 0.32.0
 OTHER_VLLM_PIN := 0.33.0
-OTHER_VENV := .venv-other
-OTHER_PY := $(OTHER_VENV)/bin/python
 MODELS := .cache/models
 export VLLM_HPU_EMULATION ?= 1
 # Python writes each module's bytecode the first time it imports it (pip is told
@@ -106,28 +106,62 @@ test-e2e: test-setup
 
 # The edit-test loop (under 3 minutes on 2 cores): tests not marked slow, and
 # the slow ones marked smoke (tiny-llama against transformers, sampling).
+FAST := not slow or smoke
 .PHONY: test-fast
 test-fast: test-setup
-	$(PY) -m pytest -q $(XDIST) -m "not slow or smoke" tests
+	$(PY) -m pytest -q $(XDIST) -m "$(FAST)" tests
 
-# The plugin on the other vLLM (0.33.0, on the same CPU torch): both set-up layers
-# in .venv-other, then what make test-fast runs plus the tests marked other_vllm
-# (generation, serving, tensor parallelism, multi-node Ray). .ci/run runs it.
-OTHER_PIP_INSTALL := $(OTHER_PY) -m pip install --quiet --no-compile --no-warn-conflicts
-$(OTHER_VENV)/.installed: requirements-emulation.txt requirements-vllm-0.33.txt requirements-test.txt requirements-test-nodeps.txt pyproject.toml
-	$(PYTHON) -m venv $(OTHER_VENV)
-	$(OTHER_PIP_INSTALL) --upgrade pip
-	$(OTHER_PIP_INSTALL) -r requirements-emulation.txt -r requirements-vllm-0.33.txt
-	$(OTHER_PIP_INSTALL) -qq --no-deps vllm==$(OTHER_VLLM_PIN) -e .
-	$(OTHER_PIP_INSTALL) -r requirements-test.txt
-	$(OTHER_PIP_INSTALL) --no-deps -r requirements-test-nodeps.txt
-	$(OTHER_PY) scripts/install_start_hook.py
-	@$(OTHER_PY) scripts/check_no_cuda.py
-	touch $@
+# The other lanes, each in a venv of its own with both set-up layers (A_VENV below):
+#   make test-other-vllm   vLLM 0.33.0 on the same CPU torch 2.13.0    (.venv-other)
+#   make test-gaudi-torch  vLLM 0.32.0 on torch 2.11.0, the torch of   (.venv-gaudi-torch)
+#                          the newest Gaudi software (README_GAUDI.md, "Versions")
+# Each runs what make test-fast runs; test-other-vllm adds the tests marked other_vllm
+# (serving, tensor parallelism over mp and Ray, multi-node Ray, start-up refusals).
+# .ci/run builds both venvs while make test runs, then runs make test-gaudi-torch
+# and, on vLLM 0.33, mypy and only the tests marked smoke or other_vllm
+# (test-other-vllm-ci).
+OTHER_VENV := .venv-other
+GAUDI_TORCH_VENV := .venv-gaudi-torch
+# $(1) the venv, $(2) its torch (a requirements file, also a constraint on every later
+# step, so that no test package moves torch), $(3) its vLLM's requirements, $(4) the
+# vLLM, $(5) check_no_cuda's flags.
+define A_VENV
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --no-compile --upgrade pip
+	$(1)/bin/python -m pip install --quiet --no-compile --no-warn-conflicts -c $(2) -r $(2) -r $(3)
+	$(1)/bin/python -m pip install --quiet -qq --no-compile --no-warn-conflicts -c $(2) --no-deps vllm==$(4) -e .
+	$(1)/bin/python -m pip install --quiet --no-compile --no-warn-conflicts -c $(2) -r requirements-test.txt
+	$(1)/bin/python -m pip install --quiet --no-compile --no-warn-conflicts -c $(2) --no-deps -r requirements-test-nodeps.txt
+	$(1)/bin/python scripts/install_start_hook.py
+	@$(1)/bin/python scripts/check_no_cuda.py $(5)
+	touch $(1)/.installed
+endef
+LANE_TESTS := requirements-test.txt requirements-test-nodeps.txt pyproject.toml
 
-.PHONY: test-other-vllm
+$(OTHER_VENV)/.installed: requirements-emulation.txt requirements-vllm-0.33.txt $(LANE_TESTS)
+	$(call A_VENV,$(OTHER_VENV),requirements-emulation.txt,requirements-vllm-0.33.txt,$(OTHER_VLLM_PIN),)
+
+# PyPI's only torch 2.11.0 is a CUDA build (its NVIDIA packages, 4.5 GB, come with it):
+# check_no_cuda.py allows those and nothing else.
+$(GAUDI_TORCH_VENV)/.installed: requirements-gaudi-torch.txt requirements-vllm.txt $(LANE_TESTS)
+	$(call A_VENV,$(GAUDI_TORCH_VENV),requirements-gaudi-torch.txt,requirements-vllm.txt,$(VLLM_PIN),--allow-torch-cuda)
+
+.PHONY: lane-venvs test-other-vllm test-other-vllm-ci test-gaudi-torch
+lane-venvs: $(OTHER_VENV)/.installed $(GAUDI_TORCH_VENV)/.installed
+
+# mypy against vLLM 0.33 first: it checks every override of a vLLM class (0.33
+# changed MLAAttentionImpl.do_kv_cache_update and WeightSource, which no test on 0.33
+# reached).
 test-other-vllm: $(OTHER_VENV)/.installed $(MODELS)/.smollm2 $(MODELS)/.built
-	$(OTHER_PY) -m pytest -q $(XDIST) --durations=10 -m "not slow or smoke or other_vllm" tests
+	$(OTHER_VENV)/bin/mypy --cache-dir $(OTHER_VENV)/.mypy_cache
+	$(OTHER_VENV)/bin/python -m pytest -q $(XDIST) --durations=10 -m "$(FAST) or other_vllm" tests
+
+test-other-vllm-ci: $(OTHER_VENV)/.installed $(MODELS)/.smollm2 $(MODELS)/.built
+	$(OTHER_VENV)/bin/mypy --cache-dir $(OTHER_VENV)/.mypy_cache
+	$(OTHER_VENV)/bin/python -m pytest -q $(XDIST) --durations=10 -m "smoke or other_vllm" tests
+
+test-gaudi-torch: $(GAUDI_TORCH_VENV)/.installed $(MODELS)/.smollm2 $(MODELS)/.built
+	$(GAUDI_TORCH_VENV)/bin/python -m pytest -q $(XDIST) --durations=10 -m "$(FAST)" tests
 
 # The tests make test leaves out for their minutes (pyproject's addopts): the
 # 100,000-token prompts (long_context) and the warm restart (warm_restart);
@@ -142,4 +176,4 @@ lint: $(VENV)/.test-installed
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(OTHER_VENV) .cache
+	rm -rf $(VENV) $(OTHER_VENV) $(GAUDI_TORCH_VENV) .cache

@@ -59,10 +59,18 @@ def filters():
     log_records.drop_harmless_log_records()
 
 
-def test_torchao_cuda_kernels_are_dropped_other_failures_kept():
+def test_torchao_cuda_kernels_are_dropped_other_failures_kept(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)
     assert not shown("torchao", TORCHAO_KERNEL)
     assert shown("torchao", "Failed to load /venv/site-packages/other/_C.so: x")
     assert shown("torchao", "Skipping import of cpp extensions due to x")
+
+
+def test_torchao_cuda_kernels_show_under_a_cuda_torch(monkeypatch):
+    """Under a CUDA build of torch (make test-gaudi-torch's 2.11) those kernels
+    should load: a failure to is news, kept."""
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert shown("torchao", TORCHAO_KERNEL)
 
 
 def test_only_torchaos_enum_registrations_are_dropped():

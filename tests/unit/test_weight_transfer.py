@@ -82,3 +82,37 @@ def test_a_round_sends_the_source_in_chunks(tmp_path) -> None:
     for name, param in model.named_parameters():
         assert torch.equal(client.received[name], param.detach())
     assert os.listdir(tmp_path) == []  # the chunk file is gone
+
+
+class _CountingSource(ModuleSource):
+    """Counts the pairs a pass yields: by iteration on vLLM 0.32, by
+    ``iter_full()`` on 0.33 (compat.weight_source_tensors)."""
+
+    yielded = 0
+
+    def _count(self, pairs: Any) -> Any:
+        for pair in pairs:
+            self.yielded += 1
+            yield pair
+
+    def __iter__(self) -> Any:
+        return self._count(super().__iter__())  # type: ignore[misc]
+
+    def iter_full(self) -> Any:
+        return self._count(super().iter_full())  # type: ignore[misc]
+
+
+def test_a_rank_that_does_not_send_iterates_its_source_only(tmp_path) -> None:
+    """Another trainer rank runs its source's collectives (an FSDP all-gather)
+    in step with the sender, and drives no RPC."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    client = _Client()
+    source = _CountingSource(model)
+    engine = WeightTransferTrainerFactory.trainer_init(
+        HpuTrainerInitInfo(rank=1, directory=str(tmp_path)),
+        client=client,
+        source=source,
+    )
+    engine.send_weights()
+    assert client.calls == []
+    assert source.yielded == 4

@@ -182,6 +182,7 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
         slot_mapping: torch.Tensor,
         kv_cache_dtype: str,
         k_scale: torch.Tensor,
+        skip_scale: bool = False,  # vLLM 0.33 passes it; the latent is not scaled
     ) -> None:
         write_latent_to_cache(kv_cache, slot_mapping, kv_c_normed, k_pe)
 

@@ -309,7 +309,7 @@ class HpuTrainerWeightTransferEngine(TrainerWeightTransferEngine[HpuTrainerInitI
         """One round; other ranks only iterate the source (it may gather shards)."""
         assert self.source is not None
         if not self.is_sender:
-            for _ in self.source:
+            for _ in compat.weight_source_tensors(self.source):
                 pass
             return
         self.client.start_weight_update()
