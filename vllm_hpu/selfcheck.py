@@ -1,13 +1,10 @@
 """``python -m vllm_hpu.selfcheck``: the first thing to run on a Gaudi.
 
-It runs each Gaudi kernel the plugin uses once, on the device with small
-shapes, through the plugin's own call, and compares the result with the
-plugin's CPU implementation of it (what emulation runs); it checks the
+Runs each Gaudi kernel the plugin uses once, with small shapes, through the
+plugin's own call, against the CPU implementation emulation runs; checks the
 versions against README_GAUDI's table and the environment (lazy or eager mode,
-recipe cache, visible cards). One table, a verdict per line (ok, warn, FAIL),
-the fix for each line that is not ok; exit status 1 when a line failed,
-including when there is no Gaudi at all.
-"""
+recipe cache, visible cards). One line per check (ok, warn, FAIL) with its fix;
+exit status 1 when a line failed, including without a Gaudi."""
 
 import copy
 import dataclasses

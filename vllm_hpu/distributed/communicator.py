@@ -1,10 +1,7 @@
-"""HpuCommunicator: vLLM's collectives for tensor, pipeline and expert parallel
-groups.
+"""HpuCommunicator: vLLM's collectives for TP, PP and EP groups.
 
-HCCL on Gaudi, gloo on CPU processes in emulation; both are torch.distributed
-backends, so the collectives are torch's own. Lazy mode must close the pending
-graph before a collective reads its input, hence ``mark_step`` first.
-"""
+HCCL on Gaudi, gloo in emulation, both torch.distributed backends. Lazy mode
+must close the pending graph before a collective reads its input (``mark_step``)."""
 
 import torch
 import torch.nn.functional as F
@@ -97,21 +94,17 @@ class HpuCommunicator(DeviceCommunicatorBase):
     def combine(
         self, hidden_states: torch.Tensor, is_sequence_parallel: bool = False
     ) -> torch.Tensor:
-        """hidden_states: [group_size * max_num_tokens, hidden_size], this rank's
-        part for every rank's tokens -> [num_tokens, hidden_size], the sum over
-        ranks for this rank's tokens: a reduce-scatter, so each rank receives
-        only its own rows' sums (as the reference's HCCL communicator does)."""
+        """[group_size * max_num_tokens, hidden] -> [num_tokens, hidden]: a
+        reduce-scatter, each rank getting its own rows' sums (as the reference)."""
         group, sizes = _exchange(is_sequence_parallel)
         mine = group.reduce_scatter(hidden_states, dim=0)
         return mine[: sizes[group.rank_in_group]]
 
 
 def _exchange(is_sequence_parallel: bool) -> tuple[GroupCoordinator, list[int]]:
-    """The group a MoE layer exchanges tokens over and each member's token
-    count: the data-parallel ranks' passes (the forward context's, agreed
-    among the ranks as the pass started), or with sequence-parallel experts
-    each expert-parallel rank's share (vLLM's local sizes, data-parallel rank
-    major as the expert group's ranks)."""
+    """The group a MoE layer exchanges tokens over and each member's token count: the
+    DP ranks' agreed passes, or with sequence-parallel experts each EP rank's share
+    (vLLM's local sizes, DP rank major)."""
     dp_metadata = get_forward_context().dp_metadata
     assert dp_metadata is not None, "a MoE pass with data parallelism"
     if is_sequence_parallel:

@@ -1,9 +1,6 @@
 """Out-of-tree overrides of vLLM's RMSNorm, RotaryEmbedding, Llama 4's vision
-rotary embedding, SiluAndMul and MMEncoderAttention.
-
-With an out-of-tree platform and custom_ops=["all"], vLLM constructs these
-subclasses and calls forward_oot: Gaudi's fused kernel, or forward_native without it.
-"""
+rotary, SiluAndMul and MMEncoderAttention: with custom_ops=["all"] vLLM calls
+forward_oot, Gaudi's fused kernel or else forward_native."""
 
 from collections.abc import Callable
 
@@ -139,14 +136,11 @@ class HpuSiluAndMul(SiluAndMul):
 
 
 class HpuMMEncoderAttention(MMEncoderAttention):
-    """One masked attention over the whole encoder pass instead of vLLM's
-    attention per image, so a bucketed pass keeps one shape on Gaudi.
-
-    Takes both layouts of MMEncoderAttention.forward: [batch, seq_len, hidden]
-    (CLIP, no cu_seqlens) and [batch, seq_len, heads, head_size] (Qwen2-VL, with
-    cu_seqlens). The classmethods vLLM forwards to us (maybe_compute_seq_lens,
-    maybe_recompute_cu_seqlens) stay vLLM's: with the torch SDPA backend our
-    platform reports, they only move cu_seqlens to the device."""
+    """One masked attention over the whole encoder pass instead of one per image, so
+    a bucketed pass keeps one shape on Gaudi. Takes [batch, seq, hidden] (CLIP) and
+    [batch, seq, heads, head_size] (Qwen2-VL, with cu_seqlens). vLLM's classmethods
+    (maybe_compute_seq_lens, maybe_recompute_cu_seqlens) stay: with the torch SDPA
+    backend they only move cu_seqlens to the device."""
 
     def __init__(
         self,

@@ -1,8 +1,5 @@
-"""HpuWorker: the process-level half of the plugin, driven by vLLM's engine core.
-
-It owns the device, the distributed group and the memory split, and hands every
-step to :class:`HpuModelRunner`.
-"""
+"""HpuWorker: the process-level half of the plugin, driven by vLLM's engine core:
+the device, the distributed group and the memory split; steps go to the runner."""
 
 import atexit
 import gc
@@ -121,9 +118,8 @@ class HpuWorker(WorkerBase):
         return self.runner.take_draft_token_ids()
 
     def determine_available_memory(self) -> int:
-        """Bytes for the KV cache: an explicit size, or the documented split;
-        less a hybrid model's state slots and checkpoints, which the runner
-        allocates itself."""
+        """Bytes for the KV cache: an explicit size, or the documented split, less a
+        hybrid model's state slots and checkpoints (the runner allocates those)."""
         return self.runner.kv_cache_share(self._kv_cache_bytes())
 
     def _kv_cache_bytes(self) -> int:
@@ -329,18 +325,12 @@ class HpuWorker(WorkerBase):
 
 
 def _exit_quickly() -> None:
-    """In a process vLLM started for the engine (an engine core, a worker): the
-    heap (vLLM, torch, the model; about a million objects) is kept out of the
-    garbage collection Python runs as it exits. That collection took 3 to 5 s
-    on a busy core, past vLLM's 5-second grace for an engine to stop ("force
-    killing" in the log); the process's memory goes back to the system anyway,
-    and what the engine held was released above. vLLM does the same on ROCm
-    after a clean shutdown. And a second stop signal no longer interrupts the
-    exit: a terminal's Ctrl-C reaches every process of ``vllm serve``, whose
-    API server then sends the core another (vLLM's handler is gone by then),
-    and a core killed by it left its semaphores to Python's resource tracker
-    ("leaked semaphore objects"). A caller's own process (an in-process
-    engine) is left alone."""
+    """In an engine process vLLM started, the heap (~a million objects) is kept out
+    of Python's exit-time collection: it took 3-5 s on a busy core, past vLLM's 5 s
+    grace ("force killing"); vLLM does the same on ROCm. A second stop signal no
+    longer interrupts the exit: Ctrl-C reaches every ``vllm serve`` process and the
+    API server sends the core another, which left "leaked semaphore objects". A
+    caller's own process (an in-process engine) is left alone."""
     if multiprocessing.parent_process() is None:
         return
     atexit.register(gc.freeze)
