@@ -1,12 +1,9 @@
-"""A user's vLLM compilation settings (``-O``, ``--compilation-config``) on the HPU
-runner, which compiles and captures graphs per bucket itself
-(``worker/compilation/execution.py``).
+"""A user's compilation settings (``-O``, ``--compilation-config``) on the HPU
+runner, which compiles and captures graphs per bucket itself.
 
-Read before vLLM fills in its defaults, so only what the user set is seen. Each
-setting is honoured where the runner has its equivalent; otherwise start-up stops
-naming the fix, or logs what runs instead and why. The platform then turns vLLM's
-own compilation off (``platform._disable_vllm_compilation``).
-"""
+Read before vLLM fills in defaults, so only what the user set is seen; each is
+honoured where the runner has an equivalent, else refused naming the fix or
+logged. The platform then turns vLLM's own compilation off."""
 
 from typing import TYPE_CHECKING
 
