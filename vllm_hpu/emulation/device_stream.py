@@ -1,13 +1,10 @@
-"""A device stream: device work runs in submission order while the host goes on
-to the next step.
+"""A device stream: device work runs in submission order while the host goes on.
 
 On Gaudi the bridge queues device work itself, so a submitted function runs at
-once on the host thread, only enqueueing. In emulation one worker thread runs
-the functions in order, so the CPU computes step N while the host prepares step
-N+1 (torch releases the GIL in its kernels), and a host write to something
-queued work still reads shows up as a wrong token here, not first on hardware.
-What a submitted function reads belongs to the stream until its future is done.
-"""
+once, only enqueueing. In emulation one worker thread runs them in order, so
+the CPU computes step N while the host prepares N+1, and a host write to what
+queued work reads shows up as a wrong token here, not first on hardware. What
+a submitted function reads belongs to the stream until its future is done."""
 
 import contextvars
 import queue

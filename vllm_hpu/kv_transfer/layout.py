@@ -1,13 +1,11 @@
 """Block-major views of the flat KV caches: what vLLM's KV connectors address.
 
-A layer's cache ``(2, (num_blocks + 1) * block_size, num_kv_heads, head_size)``
-(keys then values, slot-major, dummy block last) viewed as ``(num_blocks + 1, 2,
-block_size, num_kv_heads * head_size)``: no copy, and within each block the keys
-and the values are each one contiguous run (NIXL's two "segments"; vLLM's NIXL
-host buffer on Gaudi takes 4-D caches). Connectors are told of ``num_blocks + 1``
-blocks so both segments have the same length; the scheduler never hands out the
-dummy block. An MLA latent cache is block-major already.
-"""
+A layer's cache ``(2, (num_blocks + 1) * block_size, kv_heads, head_size)``
+(keys then values, dummy block last) viewed as ``(num_blocks + 1, 2,
+block_size, kv_heads * head_size)``: no copy, keys and values of a block each
+one contiguous run (NIXL's two "segments"; vLLM's Gaudi host buffer takes 4-D
+caches). Connectors see ``num_blocks + 1`` blocks so segments match; the
+dummy block is never handed out. An MLA latent cache is block-major already."""
 
 import dataclasses
 from typing import Any

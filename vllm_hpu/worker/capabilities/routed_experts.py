@@ -1,13 +1,11 @@
-"""Routed experts returned with the output (``enable_return_routed_experts``,
-for RL frameworks that replay the routing), through vLLM's own auxiliary-output
-connector.
+"""Routed experts returned with the output (``enable_return_routed_experts``, for
+RL replay), through vLLM's auxiliary-output connector.
 
-vLLM's GPU runner captures one flat batch per step; the plugin runs padded
-passes (with data parallelism, every rank's tokens gathered). So each MoE
-layer's routing (logical ids, before EPLB) lands in a pass buffer, this rank's
-real tokens are copied into the step's rows in vLLM's order, and at the end of
-the step the rows go to vLLM's capturer, layer by layer.
-"""
+vLLM's GPU runner captures one flat batch per step; the plugin's passes are
+padded (with DP, every rank's tokens gathered). So each MoE layer's routing
+(logical ids, before EPLB) lands in a pass buffer, this rank's real tokens are
+copied into the step's rows in vLLM's order, and at step end go to vLLM's
+capturer, layer by layer."""
 
 import functools
 from concurrent.futures import Future

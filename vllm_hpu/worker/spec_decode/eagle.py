@@ -1,20 +1,19 @@
-"""The ``eagle``, ``eagle3`` and ``mtp`` proposers: a draft head that reads the
-target's hidden states (EAGLE-3: several layers', combined by its ``fc``;
-``mtp``: the target's own multi-token-prediction layer, drafting as EAGLE-1).
+"""The ``eagle``, ``eagle3`` and ``mtp`` proposers: a draft head reading the
+target's hidden states (EAGLE-3: several layers' through its ``fc``; ``mtp``:
+the target's own MTP layer, drafting as EAGLE-1).
 
-As in vLLM's ``EagleProposer``, the head's KV at position ``p`` comes from
-``(token p + 1, target hidden state at p)`` and predicts token ``p + 2``; the
-plugin's passes replace its CUDA-graph buffers, as for a draft model:
+As in vLLM's ``EagleProposer``, the head's KV at ``p`` comes from (token p + 1,
+target hidden state at p) and predicts token p + 2; the plugin's passes replace
+its CUDA-graph buffers:
 
 1. every target pass runs through the head with the same bucket and metadata,
-   tokens shifted one to the left per request (a request's last position waits
-   for its next token: known inside a prompt, else sampled in this step);
+   tokens shifted one left per request (the last position waits for its next
+   token: known inside a prompt, else sampled this step);
 2. after sampling, each row's first decode runs at its last verified position
    ``N - 2``, then each draft with the head's own hidden state, greedily.
 
-Every position the target kept then holds the head's KV for the true next
-token, so prefix caching and preemption need nothing more.
-"""
+Every kept position then holds the head's KV for the true next token, so
+prefix caching and preemption need nothing more."""
 
 from dataclasses import replace
 from typing import Any
