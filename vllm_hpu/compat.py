@@ -2,8 +2,7 @@
 which vLLM runs. Everything else calls the functions here and runs on both.
 
 The plugin runs on vLLM 0.32.0 and 0.33.0 (README_GAUDI.md, "vLLM versions").
-Each function names what changed; when 0.32 is dropped, each keeps its 0.33 side.
-"""
+Each function names what changed; when 0.32 is dropped, each keeps its 0.33 side."""
 
 import importlib.metadata
 from collections.abc import Iterator

@@ -2,8 +2,7 @@
 
 Only this module imports ``habana_frameworks`` or touches ``torch.hpu``. Every
 function has a CPU-emulation counterpart, so the rest of the plugin runs the same
-code paths on Gaudi and on a ``cpu`` torch device.
-"""
+code paths on Gaudi and on a ``cpu`` torch device."""
 
 import functools
 import importlib

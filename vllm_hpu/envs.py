@@ -2,8 +2,7 @@
 
 This is the only module that reads ``os.environ``. Values are parsed once into a
 frozen :class:`HpuEnvs`; a malformed value raises a ``ValueError`` that names the
-variable and what it accepts, before any engine is built.
-"""
+variable and what it accepts, before any engine is built."""
 
 import dataclasses
 import functools

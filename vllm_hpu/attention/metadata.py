@@ -2,8 +2,7 @@
 
 vLLM's Attention.forward calls unified_attention_with_output in Python (our platform
 keeps opaque_attention_op() False; no vllm._C needed), which reads
-forward_context.attn_metadata[layer_name]: the runner maps every layer to one object.
-"""
+forward_context.attn_metadata[layer_name]: the runner maps every layer to one object."""
 
 import itertools
 from dataclasses import dataclass, field, replace

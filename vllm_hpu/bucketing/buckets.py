@@ -1,8 +1,7 @@
 """The bucket sets: every ``(batch_size, query_len, num_blocks)`` worth compiling.
 
 A bucket is kept only if some request within vLLM's limits is padded to it, so
-the filters look at the smallest such request (one above the previous value).
-"""
+the filters look at the smallest such request (one above the previous value)."""
 
 import math
 from typing import NamedTuple

@@ -1,8 +1,7 @@
 """The bucket sets the model runner pads to, with a per-step lookup.
 
 Lookup bisects sorted per-dimension values (it runs every step); a shape beyond
-every bucket still gets one, rounded up past the range, with a one-time warning.
-"""
+every bucket still gets one, rounded up past the range, with a one-time warning."""
 
 import bisect
 import itertools

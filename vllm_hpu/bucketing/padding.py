@@ -1,8 +1,7 @@
 """How much compute padding to buckets wastes: live counters and trace replay.
 
 Padding ratio = padded / (real + padded): the share of the computed shape that was
-padding. Decode reports batch padding (sequences) and block padding separately.
-"""
+padding. Decode reports batch padding (sequences) and block padding separately."""
 
 import dataclasses
 from collections.abc import Iterable

@@ -1,7 +1,6 @@
 """The values one bucket dimension takes, from a ``(min, step, max)`` triple.
 
-Pure integer functions: linear with a doubling ramp-up, and exponential spacing.
-"""
+Pure integer functions: linear with a doubling ramp-up, and exponential spacing."""
 
 import bisect
 import math

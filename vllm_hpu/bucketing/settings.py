@@ -2,8 +2,7 @@
 
 Prompt context (prefix caching / chunked prefill only): 0, then 1, 2, 4, ... blocks,
 then every 1024 tokens, up to ceil((max_model_len - 1) / block_size) blocks.
-Decode blocks: 1, 2, 4, ... blocks, then every 2048 tokens' worth of blocks.
-"""
+Decode blocks: 1, 2, 4, ... blocks, then every 2048 tokens' worth of blocks."""
 
 import dataclasses
 import math

@@ -1,8 +1,7 @@
 """Step-shape traces: the real (unpadded) shapes of every engine step, as JSON lines.
 
 The runner writes one when ``VLLM_HPU_BUCKET_TRACE`` names a file; the benchmark
-writes one per configuration. Replays and the bucket planner read them.
-"""
+writes one per configuration. Replays and the bucket planner read them."""
 
 import dataclasses
 import json

@@ -1,6 +1,5 @@
 """Ray for HPU engines: the emulated cards declared, too few cards named at once
-(vLLM alone starts Ray declaring none, then waits 30 minutes for ``HPU`` bundles).
-"""
+(vLLM alone starts Ray declaring none, then waits 30 minutes for ``HPU`` bundles)."""
 
 from typing import TYPE_CHECKING, Any
 

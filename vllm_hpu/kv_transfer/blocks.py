@@ -3,8 +3,7 @@
 The platform's ``insert_blocks_to_device`` / ``swap_out_blocks_to_host`` (NIXL's
 host buffer on Gaudi) and the offloading worker both copy whole blocks along dim
 0 of block-major tensors (``layout.py``). All source blocks are gathered before
-any destination is written, so overlapping id sets copy as one parallel copy.
-"""
+any destination is written, so overlapping id sets copy as one parallel copy."""
 
 import torch
 

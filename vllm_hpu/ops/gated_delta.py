@@ -56,8 +56,7 @@ def _chunk_step(
     cumulative log decay. The chunk's sequential writes are folded into one unit
     lower-triangular solve (the UT transform): ``(I + A) [u | w] = [beta v |
     beta exp(cum) k]`` with ``A = strictly_lower(beta k k^T * exp(cum_i - cum_j))``;
-    the values actually written are then ``u - w memory``.
-    """
+    the values actually written are then ``u - w memory``."""
     size = cum.shape[-1]
     upper = torch.ones(size, size, dtype=torch.bool, device=cum.device).triu(1)
     decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, -torch.inf).exp()

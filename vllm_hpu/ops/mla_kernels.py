@@ -3,8 +3,7 @@
 A cache row is ``[kv_c (kv_lora_rank) ; k_pe (qk_rope_head_dim)]`` of a token.
 Decode, and a prompt pass's cached context, attend in latent space (MQA: one
 head, the latent is also the value); a prompt pass's own tokens are expanded
-through ``kv_b_proj`` into per-head keys and values.
-"""
+through ``kv_b_proj`` into per-head keys and values."""
 
 from collections.abc import Callable
 from dataclasses import dataclass

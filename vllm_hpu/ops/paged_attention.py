@@ -4,8 +4,7 @@ A long and a short sequence in one batch do not pad each other: shapes depend
 only on (batch_size, num_blocks P, block_size), which is what Gaudi graphs need.
 A batch of many blocks may be read a slice of blocks at a time, the slices
 merged through each row's log-sum-exp (VLLM_HPU_DECODE_BLOCK_SLICE): a layer
-then holds the keys and values of one slice, not a copy of the batch's whole KV.
-"""
+then holds the keys and values of one slice, not a copy of the batch's whole KV."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace

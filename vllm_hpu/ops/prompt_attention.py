@@ -3,8 +3,7 @@ cached context of each row (prefix-cache hits, later chunks of a chunked prompt)
 
 Keys are ``[context blocks from the cache ; current tokens]``; the layer's
 ``PromptBias`` (``ops/prompt_mask.py``) does the rest. A pass over at least
-``PromptSlicing.threshold`` keys is cut into tiles (``ops/sliced_attention.py``).
-"""
+``PromptSlicing.threshold`` keys is cut into tiles (``ops/sliced_attention.py``)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -4,8 +4,7 @@ compressed-tensors W8A8-FP8): per-tensor or per-channel weight scales with stati
 or dynamic activation scales, and block scales (DeepSeek's ``weight_scale_inv``).
 
 The fp8 values stay in device memory. Gaudi multiplies them with its fp8 matmul;
-emulation upcasts them (exact: e4m3 fits in bf16) and applies the scales.
-"""
+emulation upcasts them (exact: e4m3 fits in bf16) and applies the scales."""
 
 import functools
 from typing import Any

@@ -9,8 +9,7 @@ or one computed per tensor (per token for compressed-tensors' dynamic tokens).
 Per-tensor ones run on Gaudi's fp8 MoE kernel, which also rounds the
 intermediate through fp8 (with the down projection's static input scale, or per
 token); emulation rounds input and intermediate alike around the dequantized
-experts. With per-token inputs the intermediate stays in the model dtype.
-"""
+experts. With per-token inputs the intermediate stays in the model dtype."""
 
 from dataclasses import replace
 from typing import Any

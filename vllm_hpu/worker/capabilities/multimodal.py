@@ -1,6 +1,5 @@
 """Multimodal inputs: vision encoder passes, vLLM's encoder cache, and the input
-embeddings of each forward pass with the encoder outputs merged in.
-"""
+embeddings of each forward pass with the encoder outputs merged in."""
 
 import itertools
 from collections.abc import Sequence

@@ -3,8 +3,7 @@
 A step runs as one or more padded forward passes (prompt batches, then decodes),
 and every stage plans the same passes from the same scheduler output. So a stage
 sends one message per step: each intermediate tensor of every pass, joined along
-the token axis; the next stage splits it back by the passes' padded sizes.
-"""
+the token axis; the next stage splits it back by the passes' padded sizes."""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass

@@ -1,8 +1,7 @@
 """Pooling models (``--runner pooling``): embeddings and scores from prompt passes.
 
 The model's own pooler (vLLM's) wants a step's scheduled tokens packed in batch-row
-order; our passes are padded to buckets, so the real tokens are gathered first.
-"""
+order; our passes are padded to buckets, so the real tokens are gathered first."""
 
 from collections.abc import Iterable
 from typing import Any

@@ -3,8 +3,7 @@
 On Gaudi ``PT_HPU_LAZY_MODE`` x ``enforce_eager`` picks the mode. In emulation
 torch.compile runs only when VLLM_HPU_COMPILE_BACKEND names a backend (a dynamo
 trace of SmolLM2 costs about 10 s per bucket on a CPU, an inductor compile 35 to 75 s),
-else the model runs eagerly.
-"""
+else the model runs eagerly."""
 
 import dataclasses
 import enum

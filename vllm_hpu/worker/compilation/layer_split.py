@@ -2,8 +2,7 @@
 
 In lazy mode a forward pass is one graph unless ``mark_step`` closes it earlier;
 closing it every N decoder layers bounds the graph size the compiler sees, as the
-reference Gaudi plugin does. Elsewhere ``device.mark_step`` does nothing.
-"""
+reference Gaudi plugin does. Elsewhere ``device.mark_step`` does nothing."""
 
 import torch
 from vllm.logger import init_logger

@@ -2,8 +2,7 @@
 (VLLM_HPU_LOG_STEP_CPU_FALLBACKS[_ALL]), from the bridge's counters via ``device.py``.
 
 In emulation every operator runs on the host, so there is nothing to count: that
-is said once instead of logging empty steps.
-"""
+is said once instead of logging empty steps."""
 
 import contextlib
 from collections.abc import Iterator

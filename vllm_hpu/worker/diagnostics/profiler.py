@@ -2,8 +2,7 @@
 
 Spans (prepare, forward, sample) are kept in memory and written at shutdown to
 ``VLLM_HPU_PROFILE_DIR/trace_rank<N>_<pid>.json``; Perfetto and chrome://tracing
-open it.
-"""
+open it."""
 
 import contextlib
 import json

@@ -15,8 +15,7 @@ nothing more). Instead of vLLM's CUDA-graph drafting, the plugin's own passes:
    one more decode over every row.
 
 Passes come from the plugin's builders and buckets, so warmup compiles the
-draft's graphs too.
-"""
+draft's graphs too."""
 
 from typing import Any
 

@@ -2,8 +2,7 @@
 
 Same interface and algorithm (Leviathan et al., arXiv 2211.17192): vLLM's bonus
 sampling, logits processors and logprobs are reused; only the per-token kernels
-(expand, greedy and random acceptance, recovered tokens) are written here.
-"""
+(expand, greedy and random acceptance, recovered tokens) are written here."""
 
 from dataclasses import replace
 

@@ -11,8 +11,7 @@ while the host prepares the next step. Ownership meanwhile:
 - the KV cache and the weights: only queued work touches them;
 - the InputBatch: the host's, but queued sampling reads its sampling state, so
   the host waits for the stream before changing the batch (``before_update``);
-- sampled tokens: the stream's, read by the host only through the step's future.
-"""
+- sampled tokens: the stream's, read by the host only through the step's future."""
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future

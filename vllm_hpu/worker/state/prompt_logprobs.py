@@ -1,8 +1,7 @@
 """Prompt logprobs, gathered chunk by chunk as a prompt is prefilled.
 
 Position ``p`` of a prompt scores the prompt's token ``p + 1``; a request's
-tensors are handed back once its last prompt chunk has run.
-"""
+tensors are handed back once its last prompt chunk has run."""
 
 from collections.abc import Callable
 

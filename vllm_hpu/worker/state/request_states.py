@@ -2,8 +2,7 @@
 
 The scheduler sends only what changed each step (new, resumed, preempted and
 finished requests, new block ids, computed-token counts); this module applies it.
-vLLM's ``InputBatch`` holds the batch rows and builds the full sampling metadata.
-"""
+vLLM's ``InputBatch`` holds the batch rows and builds the full sampling metadata."""
 
 import torch
 from vllm.config import VllmConfig

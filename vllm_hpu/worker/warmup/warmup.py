@@ -2,8 +2,7 @@
 
 Synthetic scheduler outputs land exactly on each bucket (hpu-algorithms.md
 section 5), so every shape a served request can take is compiled here; then, where
-graphs are in use, the capture budget picks which buckets get graphs (section 6).
-"""
+graphs are in use, the capture budget picks which buckets get graphs (section 6)."""
 
 import contextlib
 import time
