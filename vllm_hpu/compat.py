@@ -1,8 +1,6 @@
-"""Where vLLM 0.32 and 0.33 differ for the plugin: the only module that asks
-which vLLM runs. Everything else calls the functions here and runs on both.
-
-The plugin runs on vLLM 0.32.0 and 0.33.0 (README_GAUDI.md, "vLLM versions").
-Each function names what changed; when 0.32 is dropped, each keeps its 0.33 side."""
+"""Where vLLM 0.32 and 0.33 differ: the only module that asks which vLLM runs
+(README_GAUDI.md, "vLLM versions"). Each function names what changed; when
+0.32 is dropped, each keeps its 0.33 side."""
 
 import importlib.metadata
 from collections.abc import Iterator

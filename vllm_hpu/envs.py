@@ -1,8 +1,7 @@
-"""Every environment variable the plugin reads, in one typed table.
-
-This is the only module that reads ``os.environ``. Values are parsed once into a
-frozen :class:`HpuEnvs`; a malformed value raises a ``ValueError`` that names the
-variable and what it accepts, before any engine is built."""
+"""Every environment variable the plugin reads, in one typed table: the only
+module reading ``os.environ``. Values are parsed once into a frozen
+:class:`HpuEnvs`; a malformed one raises a ``ValueError`` naming the variable
+and what it accepts, before any engine is built."""
 
 import dataclasses
 import functools

@@ -1,8 +1,7 @@
-"""The pieces of attention Intel Neural Compressor measures and quantizes, as
-modules with the Gaudi reference's class names: INC patches modules by class
-name, and measurement files name them by path
-(``model.layers.N.self_attn.attn.impl.matmul_qk``), so files made here and on
-Gaudi are interchangeable. Each forward is the plain op; the math is in ops/."""
+"""Attention pieces INC measures and quantizes, as modules with the Gaudi
+reference's class names (INC patches by class name; measurement files name
+paths like ``model.layers.N.self_attn.attn.impl.matmul_qk``), so files made
+here and on Gaudi are interchangeable. The math is in ops/."""
 
 from typing import Any
 

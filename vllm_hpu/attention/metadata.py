@@ -1,8 +1,6 @@
 """Attention metadata: the contract between our model runner and HpuAttentionImpl.
-
-vLLM's Attention.forward calls unified_attention_with_output in Python (our platform
-keeps opaque_attention_op() False; no vllm._C needed), which reads
-forward_context.attn_metadata[layer_name]: the runner maps every layer to one object."""
+vLLM's Attention.forward calls unified_attention_with_output in Python
+(opaque_attention_op() False), which reads forward_context.attn_metadata[layer]."""
 
 import itertools
 from dataclasses import dataclass, field, replace

@@ -1,9 +1,7 @@
 """DeepSeek-V3.2's sparse MLA: ``mla.py``'s cache and kernels, each query
-attending only the ``index_topk`` keys its layer's indexer chose.
-
-Our indexer replaces vLLM's (whose fp8 CUDA kernels would also change which
-keys win): it keeps its keys in its own flat cache in the model's dtype and
-hands its choice to the layer's impl, which masks the rest out."""
+attending only the ``index_topk`` keys its layer's indexer chose. Our indexer
+replaces vLLM's (whose fp8 CUDA kernels would change which keys win), keeps
+its keys in its own flat cache in the model's dtype and masks the rest out."""
 
 from dataclasses import replace
 from typing import Any, ClassVar

@@ -1,7 +1,5 @@
-"""The bucket sets: every ``(batch_size, query_len, num_blocks)`` worth compiling.
-
-A bucket is kept only if some request within vLLM's limits is padded to it, so
-the filters look at the smallest such request (one above the previous value)."""
+"""The bucket sets: every ``(batch_size, query_len, num_blocks)`` worth compiling;
+kept only if the smallest request within vLLM's limits is padded to it."""
 
 import math
 from typing import NamedTuple

@@ -1,10 +1,7 @@
 """The default ``compact`` buckets: few graphs, spent where a workload pads.
-
-Prompts get a short query ladder and few batch sizes, context buckets only
-where a context chunk runs. Decode block counts are a ladder per sequence, and
-for the largest batch size one growing to the KV cache: a batch of long
-sequences pads rows (cheap: a decode streams the weights once), not blocks.
-docs/bucketing.md has the numbers."""
+Prompts: a short query ladder, few batch sizes, context only where a context
+chunk runs. Decode: a block ladder per sequence, and for the largest batch one
+up to the KV cache (padding rows is cheap, blocks not). See docs/bucketing.md."""
 
 import dataclasses
 import math

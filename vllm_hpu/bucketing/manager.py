@@ -1,7 +1,5 @@
-"""The bucket sets the model runner pads to, with a per-step lookup.
-
-Lookup bisects sorted per-dimension values (it runs every step); a shape beyond
-every bucket still gets one, rounded up past the range, with a one-time warning."""
+"""The bucket sets the runner pads to, with a per-step bisecting lookup; a shape
+beyond every bucket is rounded up past the range, with a one-time warning."""
 
 import bisect
 import itertools

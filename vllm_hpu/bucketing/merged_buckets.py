@@ -1,9 +1,7 @@
-"""Prompt buckets of merged prefill: ``(1, total tokens, total context blocks)``:
-a token ladder up to the step budget, and context 0 or the most one request holds.
-
-Below ``COMPUTE_BOUND_TOKENS`` a pass takes about the time of streaming the
-weights once on Gaudi, so coarse values pad cheaply; above, every padded token
-is compute, so values are three per doubling."""
+"""Merged prefill buckets ``(1, total tokens, total context blocks)``: a token
+ladder up to the step budget; context 0 or the most one request holds. Below
+``COMPUTE_BOUND_TOKENS`` a pass costs about one weight stream on Gaudi, so
+coarse values pad cheaply; above, three values per doubling."""
 
 import math
 

@@ -1,7 +1,5 @@
-"""How much compute padding to buckets wastes: live counters and trace replay.
-
-Padding ratio = padded / (real + padded): the share of the computed shape that was
-padding. Decode reports batch padding (sequences) and block padding separately."""
+"""Padding waste: live counters and trace replay. Ratio = padded / (real +
+padded); decode reports batch (sequence) and block padding separately."""
 
 import dataclasses
 from collections.abc import Iterable

@@ -1,8 +1,7 @@
 """Bucket ranges from vLLM's limits and VLLM_*_BUCKET_*; bad combinations raise.
-
-Prompt context (prefix caching / chunked prefill only): 0, then 1, 2, 4, ... blocks,
+Prompt context (prefix caching / chunked prefill): 0, 1, 2, 4, ... blocks,
 then every 1024 tokens, up to ceil((max_model_len - 1) / block_size) blocks.
-Decode blocks: 1, 2, 4, ... blocks, then every 2048 tokens' worth of blocks."""
+Decode blocks: 1, 2, 4, ... blocks, then every 2048 tokens' worth."""
 
 import dataclasses
 import math

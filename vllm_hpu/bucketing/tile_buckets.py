@@ -1,8 +1,6 @@
-"""Encoder passes of tiled vision towers (Llama 4), bucketed by tiles per pass.
-
-Each image is a grid of tiles plus a global tile, each encoded on its own, so a
-pass of ``T`` tiles is padded to ``B >= T`` with one synthetic image of zero
-tiles, whose output is dropped."""
+"""Encoder passes of tiled vision towers (Llama 4), bucketed by tiles per pass:
+``T`` tiles (grid plus global tile per image) padded to ``B >= T`` with one
+synthetic zero-tile image, whose output is dropped."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass

@@ -1,7 +1,6 @@
-"""Device memory in CPU emulation, over this process's host memory: a meter of
-what the process allocated since its device started (``VLLM_HPU_EMULATION_MEMORY_GB``
-in all), and host memory pooled as a device allocator pools its blocks.
-``device.py``'s memory functions use it when no Gaudi is present."""
+"""Device memory in CPU emulation: a meter of what the process allocated since its
+device started (``VLLM_HPU_EMULATION_MEMORY_GB`` in all), and host memory
+pooled as a device allocator pools blocks."""
 
 import ctypes
 import functools

@@ -1,8 +1,6 @@
-"""Linear layers on the CPU: oneDNN matmuls on weights packed once, at load.
-
-MKL's sgemm (``F.linear`` in float32) is 3 to 4x slower than a packed oneDNN
-weight for a decode step's rows on some CPUs (docs/benchmarks.md), as vLLM's
-CPU backend knows; Gaudi runs linear layers as they are: only emulation packs."""
+"""Linear layers on the CPU: oneDNN matmuls on weights packed once, at load. MKL's
+float32 sgemm is 3-4x slower for a decode step's rows on some CPUs
+(docs/benchmarks.md), as vLLM's CPU backend knows; only emulation packs."""
 
 import functools
 from typing import Any

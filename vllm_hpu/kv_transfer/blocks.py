@@ -1,9 +1,7 @@
-"""Block copies between a device cache and a host buffer, by block id.
-
-The platform's ``insert_blocks_to_device`` / ``swap_out_blocks_to_host`` (NIXL's
-host buffer on Gaudi) and the offloading worker both copy whole blocks along dim
-0 of block-major tensors (``layout.py``). All source blocks are gathered before
-any destination is written, so overlapping id sets copy as one parallel copy."""
+"""Block copies between a device cache and a host buffer, by block id, along dim
+0 of block-major tensors (``layout.py``), for ``insert_blocks_to_device`` /
+``swap_out_blocks_to_host`` and the offloading worker. All sources are gathered
+before any destination is written, so overlapping id sets are safe."""
 
 import torch
 

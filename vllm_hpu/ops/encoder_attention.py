@@ -1,8 +1,6 @@
-"""Attention of multimodal encoders (vision towers) over a whole padded pass.
-
-vLLM attends image by image, so on Gaudi each image size would be a graph.
-Here one attention covers the pass with a block-diagonal mask, so the shapes
-follow only the pass's (images, patches) bucket."""
+"""Attention of multimodal encoders over a whole padded pass: vLLM attends image
+by image (a graph per image size on Gaudi); one block-diagonal mask makes the
+shapes follow only the pass's (images, patches) bucket."""
 
 import torch
 

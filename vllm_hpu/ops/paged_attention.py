@@ -1,10 +1,8 @@
-"""Decode attention over all blocks of a batch laid on one padded axis ("flat").
-
-A long and a short sequence in one batch do not pad each other: shapes depend
-only on (batch_size, num_blocks P, block_size), which is what Gaudi graphs need.
-A batch of many blocks may be read a slice of blocks at a time, the slices
-merged through each row's log-sum-exp (VLLM_HPU_DECODE_BLOCK_SLICE): a layer
-then holds the keys and values of one slice, not a copy of the batch's whole KV."""
+"""Decode attention over all blocks of a batch laid on one padded axis ("flat"):
+sequences do not pad each other, and shapes depend only on (batch_size,
+num_blocks P, block_size), as Gaudi graphs need. Many blocks may be read a slice
+at a time, merged by each row's log-sum-exp (VLLM_HPU_DECODE_BLOCK_SLICE), so a
+layer holds one slice's KV, not a copy of the batch's."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace

@@ -1,9 +1,7 @@
-"""Prompt (prefill) attention on a padded ``[bs, q]`` batch, optionally with the
-cached context of each row (prefix-cache hits, later chunks of a chunked prompt).
-
-Keys are ``[context blocks from the cache ; current tokens]``; the layer's
-``PromptBias`` (``ops/prompt_mask.py``) does the rest. A pass over at least
-``PromptSlicing.threshold`` keys is cut into tiles (``ops/sliced_attention.py``)."""
+"""Prompt attention on a padded ``[bs, q]`` batch, optionally with each row's
+cached context. Keys are ``[context blocks ; current tokens]``; ``PromptBias``
+(``ops/prompt_mask.py``) does the rest. A pass over at least
+``PromptSlicing.threshold`` keys runs in tiles (``ops/sliced_attention.py``)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -1,9 +1,7 @@
 """The mask of a prompt pass, kept per token ([bs, q] queries, [bs, K] keys) and
-made per tile, so no pass holds a [q, K] mask at once.
-
-One form serves padded batches, merged passes (block-diagonal) and encoder
-rows (bidirectional). Padding has owner -1 and sees only itself, so padded rows
-come out finite."""
+made per tile, never [q, K] at once. One form serves padded batches, merged
+passes (block-diagonal) and encoder rows (bidirectional); padding has owner -1
+and sees only itself, so padded rows come out finite."""
 
 from dataclasses import dataclass
 

@@ -1,10 +1,9 @@
-"""FP8 linear layers on HPU: vLLM's online per-tensor FP8 (``--quantization fp8``),
-and the kernels vLLM's linear methods select for fp8 checkpoints (``fp8`` and
-compressed-tensors W8A8-FP8): per-tensor or per-channel weight scales with static
-or dynamic activation scales, and block scales (DeepSeek's ``weight_scale_inv``).
-
-The fp8 values stay in device memory. Gaudi multiplies them with its fp8 matmul;
-emulation upcasts them (exact: e4m3 fits in bf16) and applies the scales."""
+"""FP8 linear layers on HPU: vLLM's online per-tensor FP8 (``--quantization
+fp8``) and the kernels vLLM selects for ``fp8`` and compressed-tensors
+W8A8-FP8 checkpoints: per-tensor or per-channel weight scales with static or
+dynamic activation scales, and block scales (DeepSeek's ``weight_scale_inv``).
+The fp8 values stay on the device: Gaudi's fp8 matmul, or in emulation upcast
+(exact: e4m3 fits in bf16) with the scales applied."""
 
 import functools
 from typing import Any

@@ -1,10 +1,9 @@
 """Intel Neural Compressor's Gaudi FP8 path on the CPU, for emulation only.
-
-Why: INC has no CPU backend for its Gaudi path. How (docs/fp8.md): the Gaudi
-module entries in INC's CPU table, torch stand-ins for the fp8 ops (the fused
-MoE measuring op as a ``torch.ops.hpu`` op) and a config parser that takes the
-real path with Gaudi 3 scales, set by ``inc_flow.enable_inc`` before the first
-``prepare``/``convert``. Removed by: an INC whose CPU accelerator takes that path."""
+Why: INC has no CPU backend for it. How (docs/fp8.md): Gaudi module entries in
+INC's CPU table, torch stand-ins for the fp8 ops (the fused MoE measuring op as
+a ``torch.ops.hpu`` op) and a config parser taking the real path with Gaudi 3
+scales, set by ``inc_flow.enable_inc``. Removed by: an INC CPU accelerator
+that takes that path."""
 
 import functools
 from collections.abc import Callable

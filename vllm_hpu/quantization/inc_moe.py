@@ -1,8 +1,7 @@
-"""The routed experts as Intel Neural Compressor measures and quantizes them:
-modules with the Gaudi reference's class names (INC patches by class name),
-one ``MoeMatmul`` per expert projection, so each expert gets its own scale and
-the measurement files name ``<layer>.moe_op.w13_list.<expert>`` as on Gaudi.
-The stacked weights stay the storage until INC has made its fp8 copies."""
+"""Routed experts as INC measures and quantizes them: Gaudi reference class names,
+one ``MoeMatmul`` per expert projection, so each expert has its own scale and
+files name ``<layer>.moe_op.w13_list.<expert>`` as on Gaudi. The stacked
+weights stay the storage until INC has made its fp8 copies."""
 
 import re
 from collections import Counter

@@ -1,9 +1,7 @@
-"""Experts whose weights are packed integers or MXFP4, weight-only (activations in
-the model dtype): compressed-tensors WNA16 (``pack-quantized``, 4 or 8 bits,
-groups or channels, symmetric or with zero points), MXFP4A16 and gpt-oss's own
-MXFP4 as vLLM's methods load them, and AutoAWQ / GPTQ checkpoints in their own
-layouts. Each forward dequantizes a group of experts with quantization/dequant.py (see
-``HpuQuantizedMoE``)."""
+"""Weight-only experts packed as integers or MXFP4: compressed-tensors WNA16 (4 or
+8 bits, groups or channels, zero points or not), MXFP4A16, gpt-oss's MXFP4 and
+AutoAWQ / GPTQ layouts. Each forward dequantizes a group of experts with
+quantization/dequant.py (see ``HpuQuantizedMoE``)."""
 
 import abc
 from fractions import Fraction

@@ -1,9 +1,6 @@
-"""Pipeline stages: what one rank hands the next when a step runs several passes.
-
-A step runs as one or more padded forward passes (prompt batches, then decodes),
-and every stage plans the same passes from the same scheduler output. So a stage
-sends one message per step: each intermediate tensor of every pass, joined along
-the token axis; the next stage splits it back by the passes' padded sizes."""
+"""Pipeline stages: every stage plans the same padded passes from the same
+scheduler output, so a stage sends one message per step, each pass's
+intermediate tensors joined along the token axis, split back by padded sizes."""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass

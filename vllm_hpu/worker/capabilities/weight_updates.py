@@ -1,8 +1,7 @@
-"""Weight updates from a trainer (``weight_transfer_config``): vLLM's session of
+"""Weight updates from a trainer (``weight_transfer_config``): vLLM's
 ``init_weight_transfer_engine``, then per round ``start_weight_update``,
-``update_weights`` (one or more chunks) and ``finish_weight_update``, each
-handed to the engine vLLM's factory builds for the configured backend (on Gaudi
-and in emulation: ``"hpu"``, see ``vllm_hpu/distributed/weight_transfer.py``)."""
+``update_weights`` (chunks) and ``finish_weight_update``, handed to the engine
+vLLM builds for backend ``"hpu"`` (``distributed/weight_transfer.py``)."""
 
 from collections.abc import Iterable
 from typing import Any

@@ -1,9 +1,7 @@
-"""How the model runs: torch.compile, eager, HPU graphs or lazy mode.
-
-On Gaudi ``PT_HPU_LAZY_MODE`` x ``enforce_eager`` picks the mode. In emulation
-torch.compile runs only when VLLM_HPU_COMPILE_BACKEND names a backend (a dynamo
-trace of SmolLM2 costs about 10 s per bucket on a CPU, an inductor compile 35 to 75 s),
-else the model runs eagerly."""
+"""How the model runs: torch.compile, eager, HPU graphs or lazy mode. On Gaudi
+``PT_HPU_LAZY_MODE`` x ``enforce_eager`` picks; in emulation torch.compile runs
+only if VLLM_HPU_COMPILE_BACKEND names a backend (a dynamo trace of SmolLM2
+costs ~10 s per bucket on a CPU, inductor 35-75 s), else eager."""
 
 import dataclasses
 import enum

@@ -1,7 +1,5 @@
-"""The graph capture budget (hpu-algorithms.md section 6): which buckets get graphs.
-
-Pure arithmetic over a bucket list and a ``capture(phase, bucket) -> bytes`` meter,
-so it is tested with a fake meter; the warmup passes the real one."""
+"""The graph capture budget (hpu-algorithms.md section 6): pure arithmetic over
+buckets and a ``capture(phase, bucket) -> bytes`` meter (faked in tests)."""
 
 import sys
 from collections.abc import Callable

@@ -1,8 +1,6 @@
-"""Graph splits between decoder layers (VLLM_CONFIG_HIDDEN_LAYERS).
-
-In lazy mode a forward pass is one graph unless ``mark_step`` closes it earlier;
-closing it every N decoder layers bounds the graph size the compiler sees, as the
-reference Gaudi plugin does. Elsewhere ``device.mark_step`` does nothing."""
+"""Graph splits between decoder layers (VLLM_CONFIG_HIDDEN_LAYERS): in lazy mode
+``mark_step`` every N layers bounds the graph the compiler sees, as the
+reference plugin does; elsewhere it does nothing."""
 
 import torch
 from vllm.logger import init_logger

@@ -1,21 +1,17 @@
-"""The ``draft_model`` proposer: a smaller model sharing the target's tokenizer,
-with its own KV cache in the target's blocks.
+"""The ``draft_model`` proposer: a smaller model with the target's tokenizer and
+its own KV cache in the target's blocks.
 
-The draft loads under the prefix ``draft_model`` into the same forward context,
-so vLLM sizes one KV cache config over both models and both index their caches
-with the same block tables (prefix caching, preemption and freed blocks need
-nothing more). Instead of vLLM's CUDA-graph drafting, the plugin's own passes:
+Loaded under prefix ``draft_model`` into the same forward context, so vLLM
+sizes one KV cache config over both, indexed by the same block tables. Instead
+of vLLM's CUDA-graph drafting, the plugin's own passes:
 
-1. each row that sampled drafts ``k`` tokens greedily in ``k`` decode passes
-   (into the lookahead slots vLLM's scheduler reserves); a deterministic draft
-   is verified as the n-gram's are, which keeps the target's distribution;
-2. every target pass whose tokens the draft has not written yet runs through
-   the draft too (``after_target_pass``); where the target accepted every
-   draft, the last one is read by the next proposal's first decode instead of
-   one more decode over every row.
+1. each sampling row drafts ``k`` tokens greedily in ``k`` decode passes (into
+   the scheduler's lookahead slots), verified as n-gram drafts are;
+2. every target pass the draft has not seen runs through it too
+   (``after_target_pass``); where every draft was accepted, the next
+   proposal's first decode reads the last one, saving a decode over all rows.
 
-Passes come from the plugin's builders and buckets, so warmup compiles the
-draft's graphs too."""
+Passes use the plugin's builders and buckets, so warmup compiles them too."""
 
 from typing import Any
 

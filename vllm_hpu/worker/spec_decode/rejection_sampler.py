@@ -1,8 +1,6 @@
-"""vLLM's RejectionSampler with its triton kernels replaced by plain torch.
-
-Same interface and algorithm (Leviathan et al., arXiv 2211.17192): vLLM's bonus
-sampling, logits processors and logprobs are reused; only the per-token kernels
-(expand, greedy and random acceptance, recovered tokens) are written here."""
+"""vLLM's RejectionSampler with its triton kernels in plain torch (Leviathan et
+al., arXiv 2211.17192): bonus sampling, logits processors and logprobs are
+vLLM's; only expand, acceptance and recovered-token kernels are here."""
 
 from dataclasses import replace
 

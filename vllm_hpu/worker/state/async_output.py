@@ -1,17 +1,14 @@
 """Async scheduling: step N's sampled tokens feed step N+1 on the device.
 
-The scheduler plans step N+1 before step N's tokens reach the host, so the
-runner keeps them on the device (``InFlightTokens``), writes them into the next
-decode pass's input ids there, and records them on the host before anything on
-the host reads them.
-
-The device work runs on the device stream (``emulation/device_stream.py``)
-while the host prepares the next step. Ownership meanwhile:
+The scheduler plans N+1 before N's tokens reach the host, so the runner keeps
+them on the device (``InFlightTokens``), writes them into the next decode's
+input ids, and records them on the host before the host reads them. Device
+work runs on the device stream while the host prepares. Ownership meanwhile:
 - a step's input tensors are fresh per step: the host never writes them again;
 - the KV cache and the weights: only queued work touches them;
-- the InputBatch: the host's, but queued sampling reads its sampling state, so
-  the host waits for the stream before changing the batch (``before_update``);
-- sampled tokens: the stream's, read by the host only through the step's future."""
+- the InputBatch: the host's, but queued sampling reads it, so the host waits
+  for the stream before changing the batch (``before_update``);
+- sampled tokens: the stream's, read by the host only through the future."""
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future

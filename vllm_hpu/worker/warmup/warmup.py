@@ -1,8 +1,7 @@
 """Warmup: one engine step per bucket through the real step path, before serving.
-
-Synthetic scheduler outputs land exactly on each bucket (hpu-algorithms.md
-section 5), so every shape a served request can take is compiled here; then, where
-graphs are in use, the capture budget picks which buckets get graphs (section 6)."""
+Synthetic scheduler outputs land on each bucket (hpu-algorithms.md section 5),
+so every served shape compiles here; with graphs, the capture budget picks
+which buckets get them (section 6)."""
 
 import contextlib
 import time
