@@ -2,7 +2,8 @@
 before any start: counts, the warmup time they cost, and with ``--trace`` the
 padding they give a recorded trace; ``--plan-out`` plans buckets for the trace.
 
-The VLLM_*_BUCKET_* variables apply as in the server; nothing is loaded or run."""
+The VLLM_*_BUCKET_* variables apply as in the server; nothing is loaded or run.
+"""
 
 import argparse
 import dataclasses
