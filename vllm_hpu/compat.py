@@ -43,11 +43,9 @@ def legacy_ray_executor_requested() -> bool:
 
 
 def register_fp8_block_kernel(kernel: type) -> None:
-    """Make ``kernel`` the platform's block-scaled fp8 linear kernel (idempotent).
-
-    vLLM 0.33's ``register_linear_kernel`` takes the kind ``"fp8_block"``; 0.32's
-    has none (a block-fp8 layer found no kernel out of tree), so there the kernel
-    goes straight into its ``_POSSIBLE_FP8_BLOCK_KERNELS`` table."""
+    """Make ``kernel`` the platform's block-scaled fp8 linear kernel (idempotent):
+    vLLM 0.33 registers kind ``"fp8_block"``; 0.32 has no kind, so the kernel goes
+    into its ``_POSSIBLE_FP8_BLOCK_KERNELS`` table."""
     from vllm.model_executor.kernels import linear
     from vllm.platforms import PlatformEnum
 

@@ -26,10 +26,8 @@ class Softmax(torch.nn.Module):
 
 
 class VLLMKVCache(torch.nn.Module):
-    """Writes a step's keys (or values) into a flat cache; reads blocks back.
-
-    Returns what it wrote, not the whole cache as the reference does: INC
-    measures or dequantizes that result on every call, which a CPU would do in full."""
+    """Writes a step's keys (or values) into a flat cache; reads blocks back. Returns
+    what it wrote, not the whole cache as the reference does (INC would process it)."""
 
     def forward(
         self, input: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor

@@ -299,11 +299,10 @@ def _flat_layout(
     chunk: int | None,
     block_size: int,
 ) -> dict[str, np.ndarray]:
-    """Per flat block: physical id, query group, key offset (ALiBi), and per slot of
-    its group the visible key range [start, usage) (empty for other rows' slots).
-    A row's blocks run from its first query's first visible key to its last
-    query's own; slot ``j`` queries at the row's ``j``-th token (past its tokens:
-    the last)."""
+    """Per flat block: physical id, query group, key offset (ALiBi), and per slot the
+    visible key range [start, usage) (empty for other rows' slots). A row's blocks
+    span its first query's first visible key to its last query's own; slot ``j``
+    queries at the row's ``j``-th token (past its tokens: the last)."""
     slot0 = rows.starts % num_queries
     slot = np.arange(num_queries)[None, :] - slot0[:, None]  # [R, Q]: the row's j
     is_owned = (slot >= 0) & (slot < owned[:, None])
@@ -379,11 +378,10 @@ def build_decode_metadata(
     starts: list[int] | None = None,
     num_queries: int = 1,
 ) -> HpuAttentionMetadata:
-    """Metadata of a decode pass of ``batch_size`` query groups of ``num_queries``
-    (Q) slots over ``num_blocks`` (P) flat blocks: one token per row at flat
-    index ``i``, or, verifying drafts, row ``i``'s tokens from ``starts[i]`` on,
-    causal within the row. One layout per sliding window and attention chunk
-    size (and one for full attention), so a layer reads only the blocks it attends."""
+    """A decode pass of ``batch_size`` groups of ``num_queries`` (Q) slots over
+    ``num_blocks`` (P) flat blocks: one token per row at ``i``, or when verifying,
+    row ``i``'s tokens from ``starts[i]`` on, causal in the row. One layout per
+    sliding window and chunk size (and full), so a layer reads only its blocks."""
     rows = PassRows.of(seqs, list(range(len(seqs))) if starts is None else starts)
     owned = _owned_slots(rows, batch_size, num_queries)
     windows: list[int | None] = [None] if cache.full_attention else []

@@ -89,10 +89,9 @@ def padded_value(needed: int, values: list[int], bucket_range: BucketRange) -> i
 def verification_batch_rungs(
     decode: list[Bucket], max_groups: int
 ) -> dict[int, list[int]]:
-    """Each decode batch size's block counts, plus a rung halfway between batch
-    sizes more than one apart: a verification pass's query groups come in any
-    number, and on a doubling ladder three groups would pad to four (each padding
-    group is Q tokens)."""
+    """Each decode batch size's block counts, plus a rung halfway between sizes more
+    than one apart: verification groups come in any number, and three groups
+    would pad to four on a doubling ladder (Q tokens each)."""
     blocks: dict[int, set[int]] = {}
     for bucket in decode:
         blocks.setdefault(bucket.batch_size, set()).add(bucket.num_blocks)

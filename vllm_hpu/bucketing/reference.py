@@ -25,12 +25,10 @@ MERGED_CONTEXT_STEP = 4
 def reference_range(
     low: int, step: int, high: int, limit: int, exact_last: bool = False
 ) -> list[int]:
-    """Its ``(min, step, max, limit)`` generator: ``limit`` geometric points from
-    ``min`` (from ``step`` when ``min`` is 0 or 1, which stays a value of its own)
-    to ``max``, each rounded up to a multiple of ``step`` (the last one exactly
-    ``max`` with ``exact_last``, as contiguous PA has it), the largest capped at
-    ``max``. Its own float arithmetic, so values agree to the last rounding:
-    ``(128, 128, 2048, 10)`` -> 128, 256, 384, 512, 640, 896, 1152, 1536, 2048."""
+    """Its ``(min, step, max, limit)`` generator: as ``ranges.geometric_range``, but
+    the last point exactly ``max`` with ``exact_last`` (contiguous PA), in its own
+    float arithmetic so values agree to the last rounding: ``(128, 128, 2048,
+    10)`` -> 128, 256, 384, 512, 640, 896, 1152, 1536, 2048."""
     if limit < 1 or step < 1:
         raise ValueError(f"invalid reference range {(low, step, high, limit)}")
     if limit == 1:

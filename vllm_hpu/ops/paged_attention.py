@@ -23,10 +23,8 @@ EXP_FLOOR = -80.0
 
 @dataclass
 class DecodeBlocks:
-    """The flat block layout of a decode batch of ``bs`` rows and ``P`` blocks.
-
-    Padding blocks read the dummy block for the sink row ``bs`` with one valid
-    token, so every block has a finite maximum score."""
+    """Flat block layout of ``bs`` rows and ``P`` blocks; padding blocks read the
+    dummy block for sink row ``bs`` with one valid token (finite maxima)."""
 
     block_list: torch.Tensor  # [P] long: physical block id
     block_groups: torch.Tensor  # [P] long: owning batch row; padding -> bs
@@ -94,12 +92,10 @@ def paged_attention(
     kernels: AttentionKernels = PLAIN,
     block_slice: int = ALL_BLOCKS,
 ) -> torch.Tensor:
-    """One query token per row (or ``Q``, verifying drafts, causal among them)
-    against its cached blocks, ``block_slice`` blocks at a time.
-
-    query: [bs * Q, num_heads, head_size]; caches: [slots, num_kv_heads,
-    head_size] -> [bs * Q, num_heads, head_size]. Grouped-query heads share a K/V
-    block through the head-group axis, never by repeating K/V."""
+    """One query per row (or ``Q`` causal drafts) against its cached blocks,
+    ``block_slice`` at a time. query [bs * Q, heads, head_size]; caches [slots,
+    kv_heads, head_size] -> [bs * Q, heads, head_size]. GQA heads share K/V
+    through the head-group axis, never by repeating K/V."""
     block_size = blocks.block_bias.shape[-1]
 
     def gather(part: DecodeBlocks) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,12 +166,10 @@ def flat_block_attention_lse(
     scoring: Scoring,
     kernels: AttentionKernels = PLAIN,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`flat_block_attention` and each row's log-sum-exp [bs, num_heads] (fp32
-    for 16-bit models; a row without blocks: output 0, lse at the dtype's min).
-
-    With ``Q`` queries per row (verification) ``block_bias`` is [P, Q, 1 or
-    num_heads, block_size] and a block's queries ride along its heads (group
-    ``G`` becomes ``Q * G``), so the kernel is unchanged."""
+    """:func:`flat_block_attention` and each row's lse [bs, num_heads] (fp32 for
+    16-bit models; a row without blocks: output 0, lse at the dtype's min). With
+    ``Q`` queries per row ``block_bias`` is [P, Q, 1 or num_heads, block_size] and
+    queries ride along the heads (``G`` becomes ``Q * G``): the kernel is unchanged."""
     bs = blocks.block_mapping.shape[1]
     num_queries = query.shape[0] // bs
     num_heads, head_size = query.shape[1:]

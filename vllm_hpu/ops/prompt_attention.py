@@ -108,13 +108,10 @@ def prompt_attention(
     kernels: AttentionKernels = PLAIN,
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """query: [bs, q, num_heads, head_size]; keys: the pass's K keys and values
+    """query [bs, q, num_heads, head_size]; keys: the pass's keys and values
     (:class:`PassKeys`, or MLA's expanded latents) -> [bs, q, num_heads,
-    value_size].
-
-    Every query row may see at least itself, so padded rows come out finite. A
-    layer with attention sinks runs the kernels that return their statistics,
-    never a quantizer's replacement of the fused one."""
+    value_size]. Each query sees at least itself, so padded rows are finite. With
+    attention sinks, the statistics kernels run, never a quantizer's replacement."""
     if slicing.applies(keys.num_keys):
         grid = TileGrid(query.shape[1], keys.past_len, slicing.chunk_size, bias.causal)
         attend = tile_attention(scoring, kernels)

@@ -51,11 +51,9 @@ class PromptMask:
         sliding_window: int | None = None,
         attention_chunk: int | None = None,
     ) -> torch.Tensor:
-        """[bs, len(queries), len(keys)] bool: which keys each query sees.
-
-        Every key gets one code, ``owner * OWNER_STRIDE + position`` (hidden keys a
-        negative one), so a query's visible keys are one range of codes: two
-        comparisons per score, where owners, positions and the diagonal took five."""
+        """[bs, len(queries), len(keys)] bool: which keys each query sees. Each key's
+        code ``owner * OWNER_STRIDE + position`` (hidden: negative) makes a query's
+        visible keys one range: two comparisons per score instead of five."""
         first, last = self._visible_codes(queries, sliding_window, attention_chunk)
         code = _key_codes(self.key_owner, self.key_position, keys)[:, None, :]
         return (code >= first[:, :, None]) & (code <= last[:, :, None])
@@ -120,10 +118,10 @@ class PromptBias:
         return self.mask.causal and self.mask.query_span_end is None
 
     def tile(self, queries: slice, keys: slice) -> torch.Tensor:
-        """The bias of one tile: [bs, 1 or num_heads, len(queries), len(keys)]. A named
-        method: Dynamo 2.11 (Gaudi 1.24's torch) cannot trace ``__call__`` of a
-        dataclass made in a compiled region. Hidden keys get the dtype's most negative
-        finite value, so a tile where a query sees nothing merges finitely."""
+        """One tile's bias [bs, 1 or num_heads, len(queries), len(keys)]. A named
+        method: Dynamo 2.11 (Gaudi 1.24's torch) cannot trace a dataclass's
+        ``__call__`` made in a compiled region. Hidden keys get the dtype's most
+        negative finite value, so a tile where a query sees nothing merges finitely."""
         allowed = self.mask.allowed(
             queries, keys, self.sliding_window, self.attention_chunk
         )
@@ -165,10 +163,8 @@ def padded_rows_mask(
     causal: bool = True,
     query_span_end: torch.Tensor | None = None,
 ) -> PromptMask:
-    """The mask of a padded batch of one prompt per row: row i has
-    ``context_lens[i]`` cached tokens (of keys 0 .. past_len - 1) and
-    ``query_lens[i]`` of its ``query_len`` queries real ([bs] long, on the mask's
-    device)."""
+    """Mask of one prompt per row: row i has ``context_lens[i]`` cached tokens (keys
+    0 .. past_len - 1) and ``query_lens[i]`` real queries ([bs] long, mask device)."""
     device = query_lens.device
     offsets = torch.arange(query_len, device=device)
     past = torch.arange(past_len, device=device)

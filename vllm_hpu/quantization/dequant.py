@@ -117,10 +117,10 @@ def dequantize_pack_quantized(
     weight_zero_point: torch.Tensor | None = None,
     g_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """compressed-tensors' ``pack-quantized`` layout: values offset by
-    2**(num_bits-1), weight_packed ``[..., N, K/pack]``, weight_scale ``[..., N,
-    G]``, weight_zero_point ``[..., N/pack, G]`` (None: symmetric), g_idx ``[K]``
-    (None: consecutive groups); the weight ``[..., N, K]`` in the scale's dtype."""
+    """compressed-tensors' ``pack-quantized``: values offset by 2**(num_bits-1),
+    weight_packed ``[..., N, K/pack]``, weight_scale ``[..., N, G]``,
+    weight_zero_point ``[..., N/pack, G]`` (None: symmetric), g_idx ``[K]`` (None:
+    consecutive); the weight ``[..., N, K]`` in the scale's dtype."""
     values = unpack_int32(weight_packed, num_bits, dim=-1)
     zeros = None
     if weight_zero_point is not None:

@@ -41,12 +41,10 @@ _MIN_SCALE = 1e-12  # an all-zero tensor still gets a usable scale
 
 
 def fit_card_range(weight: torch.Tensor, *scales: torch.Tensor | None) -> None:
-    """Checkpoint fp8 values (up to e4m3fn's 448) on a card with a smaller e4m3
-    range (Gaudi2: 240), in place: halved, their scales (weight and static input
-    scales) doubled, as the reference plugin loads them (vllm-gaudi
-    extension/ops.py:968-993). The same numbers but for the smallest subnormals;
-    halved on the host, since the card reads values past its range as NaN.
-    Nothing on other devices."""
+    """Checkpoint fp8 values (up to 448) on a card with a smaller e4m3 range
+    (Gaudi2: 240), in place: halved on the host (the card reads values past its
+    range as NaN), their weight and static input scales doubled, as vllm-gaudi
+    loads them (extension/ops.py:968-993). Nothing on other devices."""
     if torch.finfo(FP8_DTYPE).max <= FP8_MAX:
         return
     halved = (weight.detach().cpu().float() * 0.5).to(FP8_DTYPE)
@@ -132,10 +130,9 @@ class HpuFp8PerTensorOnlineLinearMethod(OnlineLinearBase):
 
 
 class HpuFp8Config(Fp8Config):
-    """vLLM's config of ``fp8`` checkpoints, which also runs float32 activations
-    here (vLLM allows only 16-bit ones: its CUDA kernels' limit, not ours). The
-    registered config is its subclass that also gives experts the plugin's
-    method (quantization/moe_configs.py)."""
+    """vLLM's ``fp8`` checkpoint config, also running float32 activations (vLLM's
+    16-bit limit is its CUDA kernels'). Registered via its MoE-aware subclass
+    (quantization/moe_configs.py)."""
 
     @classmethod
     def get_supported_act_dtypes(cls) -> list[torch.dtype]:
@@ -143,11 +140,10 @@ class HpuFp8Config(Fp8Config):
 
 
 class HpuFp8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
-    """Per-tensor or per-channel fp8 weights ([K, N] once vLLM's method has
-    processed them) times fp8 activations: a static per-tensor scale from the
-    checkpoint, or dynamic scales, which are per token here whatever vLLM asks
-    (as Gaudi's reference path does): finer than one scale for the batch, and a
-    sequence's output then does not depend on the others in its batch."""
+    """Per-tensor or per-channel fp8 weights ([K, N] after vLLM's processing) times
+    fp8 activations: a static checkpoint scale, or dynamic scales, per token here
+    whatever vLLM asks (as Gaudi's reference): a sequence's output then does not
+    depend on its batch."""
 
     def __init__(self, c: FP8ScaledMMLinearLayerConfig, layer_param_names: Any):
         super().__init__(c, layer_param_names)
@@ -222,10 +218,9 @@ class HpuFp8BlockScaledMMLinearKernel(Fp8BlockScaledMMLinearKernel):
 
 @functools.cache
 def register() -> None:
-    """The checkpoint kernels through vLLM's registry (the block kernel through
-    patches/fp8_kernels.py: the registry has no kind for it); vLLM builds its
-    online config itself and looks its linear methods up in a module-level table,
-    with no registration hook: the per-tensor entry is ours."""
+    """Checkpoint kernels through vLLM's registry (the block kernel through
+    patches/fp8_kernels.py); vLLM's online config looks its linear methods up in a
+    module-level table with no hook: the per-tensor entry is ours."""
     register_linear_kernel(HpuFp8ScaledMMLinearKernel, PlatformEnum.OOT, "fp8")
     methods: dict[Any, type] = online_base._ONLINE_LINEAR_METHODS
     methods[kFp8StaticTensorSym] = HpuFp8PerTensorOnlineLinearMethod

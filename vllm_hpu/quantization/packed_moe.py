@@ -90,9 +90,8 @@ class HpuCompressedTensorsMxfp4MoEMethod(
 
 
 class HpuGptOssMxfp4MoEMethod(HpuQuantizedMoE, GptOssMxfp4MoEMethod):
-    """gpt-oss's own MXFP4 experts (quant_method ``mxfp4``) as vLLM's gpt-oss
-    loader fills them: e2m1 pairs ``w13_weight`` uint8 [E, 2 * I, H / 2], gate
-    and up rows interleaved (the clamped SwiGLU's order), e8m0
+    """gpt-oss's MXFP4 experts (``mxfp4``) as vLLM's loader fills them: e2m1 pairs
+    ``w13_weight`` uint8 [E, 2 * I, H / 2] (gate/up interleaved), e8m0
     ``w13_weight_scale`` [E, 2 * I, H / 32], ``w2_*`` alike, bf16 biases."""
 
     def __init__(self, moe: FusedMoEConfig) -> None:

@@ -61,10 +61,9 @@ class TextInputs:
 
 
 class MultimodalInputs(TextInputs):
-    """Runs the model's encoder once per scheduled item, keeps the outputs by the
-    item's hash until the scheduler frees them, and builds every pass's input
-    embeddings. Encoder passes are padded to a bucket (of items, of images and
-    patches, or of tiles), so the encoder sees only the shapes :meth:`warm_up` ran."""
+    """Runs the encoder once per scheduled item, keeps outputs by the item's hash
+    until freed, and builds every pass's input embeddings. Encoder passes are
+    padded to buckets (items; images and patches; tiles) that :meth:`warm_up` ran."""
 
     def __init__(
         self,
@@ -304,10 +303,9 @@ class MultimodalInputs(TextInputs):
         return inputs_embeds
 
     def _hold_deepstack_rows(self, num_tokens: int) -> None:
-        """Qwen3-VL reads its deepstack buffer's first rows only when a Python int says
-        they hold features, and torch.compile specializes on that int: every pass says
-        ``num_tokens`` rows (zeros where no image put features), and the buffer grows
-        here, outside the graph, so each bucket compiles once."""
+        """Qwen3-VL reads its deepstack rows only when a Python int says so, and
+        torch.compile specializes on it: every pass says ``num_tokens`` rows (zeros
+        without images), and the buffer grows here, outside the graph."""
         buffers = getattr(self.model, "deepstack_input_embeds", None)
         if not buffers:
             return

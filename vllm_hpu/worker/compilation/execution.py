@@ -76,12 +76,10 @@ def pack_linear_weights(model: Any, mode: ExecutionMode, keep_layout: bool) -> b
 
 
 def compile_model(model: torch.nn.Module, options: CompileOptions) -> None:
-    """Compile the whole model in place, one static-shape graph per bucket.
-
-    Per decoder layer, dynamo specialised each layer's graph on its attention
-    layer name (60 graphs per bucket pair on SmolLM2, against 1). Dynamo counts a
-    code object's compiles process-wide, freed models included: each model adds
-    its entries to both caps, or a second engine silently runs eager."""
+    """Compile the whole model in place, one static-shape graph per bucket. Per
+    layer, dynamo specialised on each attention layer name (60 graphs per bucket
+    pair on SmolLM2, against 1). Dynamo counts compiles process-wide, freed models
+    included: each model adds to both caps, or a second engine silently runs eager."""
     dynamo_config: Any = torch._dynamo.config
     dynamo_config.recompile_limit += options.max_entries
     dynamo_config.accumulated_recompile_limit += options.max_entries
@@ -109,10 +107,9 @@ def graph_key(forward_pass: ForwardPass) -> GraphKey:
 
 class GraphedModel(torch.nn.Module):
     """A model as a step runs it: ``forward`` takes every layer's metadata as
-    arguments and sets vLLM's forward context itself, so a replayed graph reads
-    this pass's metadata (the bridge copies only its arguments' tensors). ``run``
-    replays a bucket's graph if it is in ``graphed`` (shared with a draft model),
-    else runs eagerly."""
+    arguments and sets vLLM's forward context, so a replayed graph reads this
+    pass's metadata (the bridge copies only argument tensors). ``run`` replays a
+    bucket's graph if in ``graphed`` (shared with a draft), else runs eagerly."""
 
     def __init__(self, model: Any, vllm_config: VllmConfig, graphed: set[GraphKey]):
         super().__init__()

@@ -42,10 +42,9 @@ class ScheduledSeq:
 
 @dataclass(frozen=True)
 class ImageSpans:
-    """vLLM's PrefixLM ranges (``ModelConfig.is_mm_prefix_lm``: Gemma 3): the
-    embedding tokens of each image or video item see each other both ways.
-    As vLLM's GPU runner does, a span longer than ``max_length`` (the text
-    model's sliding window) stays causal."""
+    """vLLM's PrefixLM ranges (``is_mm_prefix_lm``: Gemma 3): an item's embedding
+    tokens see each other both ways; as vLLM's GPU runner, a span longer than
+    ``max_length`` (the sliding window) stays causal."""
 
     max_length: int | None
 

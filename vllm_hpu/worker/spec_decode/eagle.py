@@ -96,10 +96,9 @@ class HpuEagleProposer(HpuDraftModelProposer):
 
 
 def share_target_weights(model: Any, target: Any) -> None:
-    """The target's embeddings and LM head in the head, as vLLM's proposer
-    shares them (``_maybe_share_embeddings``, ``_maybe_share_lm_head``): an
-    MTP model (no ``has_own_*`` flags) always, an EAGLE head where its
-    checkpoint has none; each MTP layer's ``shared_head.head`` too."""
+    """The target's embeddings and LM head shared with the head as vLLM does
+    (``_maybe_share_embeddings``/``_maybe_share_lm_head``): always for MTP, for
+    EAGLE where the checkpoint has none; each MTP layer's ``shared_head.head`` too."""
     if not getattr(model, "has_own_embed_tokens", False):
         model.model.embed_tokens = target.model.embed_tokens
     if getattr(model, "has_own_lm_head", False):

@@ -161,10 +161,9 @@ class AsyncTokenFeed(TokenFeed):
         self.in_flight: InFlightTokens | None = None
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
-        """Before the host applies a step that changes the batch: wait for the stream
-        (queued sampling reads the batch) and record the tokens in flight (a request
-        coming back is rebuilt from them). A step keeping the batch waits for nothing,
-        unless a request still counts tokens towards ``min_tokens``."""
+        """Before applying a batch-changing step: wait for the stream (queued sampling
+        reads the batch) and record tokens in flight (returning requests are rebuilt
+        from them). Otherwise wait only while a request counts ``min_tokens``."""
         if self._changes_batch(scheduler_output) or self._counts_min_tokens():
             self.record_on_host()
             self.stream.synchronize()
