@@ -431,9 +431,8 @@ def _hpu_sdpa_stats(
     attn_mask: torch.Tensor,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FusedSDPA forward keeping row maxima m and inverse sums 1/l: lse =
-    m - log(1/l). Args: dropout, scale, causal, keep stats, softmax mode, valid
-    lengths, padding side."""
+    """FusedSDPA forward keeping row maxima m and inverse sums 1/l: lse = m - log(1/l).
+    Args: dropout, scale, causal, keep stats, softmax mode, valid lengths, padding."""
     out, row_max, inverse_sum = torch.ops.hpu.sdpa_recomp_fwd(
         query, key, value, attn_mask, 0.0, scale, False, True, "None", None, "right"
     )[:3]

@@ -133,9 +133,8 @@ class HpuPlatform(Platform):
 
     @classmethod
     def import_kernels(cls) -> None:
-        """None of vLLM's compiled kernels: ``vllm._C`` is CUDA's (or absent) and the
-        plugin runs its own ops; vLLM's default warns "Failed to import from
-        vllm._C"."""
+        """None of vLLM's compiled kernels (``vllm._C``: CUDA's, or absent); the
+        plugin runs its own. vLLM's default warns "Failed to import from vllm._C"."""
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:

@@ -259,9 +259,8 @@ def first_visible_position(
 def window_capacity(
     num_blocks: int, batch_size: int, sliding_window: int | None, block_size: int
 ) -> int:
-    """Padded block count of a layout: the bucket's P, or for a window (or chunk) of
-    W positions at most cdiv(W - 1, B) + 1 blocks per row, fixed per bucket so
-    graph shapes stay static."""
+    """Padded block count: the bucket's P, or for a window (or chunk) of W positions
+    at most cdiv(W - 1, B) + 1 blocks per row, fixed per bucket (static shapes)."""
     if sliding_window is None:
         return num_blocks
     per_row = cdiv(sliding_window - 1, block_size) + 1

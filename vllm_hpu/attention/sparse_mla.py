@@ -167,9 +167,8 @@ class HpuMultiHeadLatentAttention(MultiHeadLatentAttentionWrapper):
 def index_cache_spec(
     spec: MLAAttentionSpec, vllm_config: VllmConfig
 ) -> MLAAttentionSpec:
-    """The indexer's key cache: vLLM sizes DeepGEMM's fp8 layout (bytes of
-    keys and scales); the plugin keeps ``index_head_dim`` keys in the model's
-    dtype."""
+    """The indexer's key cache: vLLM sizes DeepGEMM's fp8 layout; the plugin keeps
+    ``index_head_dim`` keys in the model's dtype."""
     if spec.cache_role != SparseCacheRole.INDEXER:
         return spec
     config = vllm_config.model_config

@@ -108,9 +108,8 @@ def verification_batch_rungs(
 def verification_buckets(
     decode: list[Bucket], num_queries: int, max_groups: int
 ) -> list[Bucket]:
-    """Per batch size rung its block counts, and rungs of one and two blocks per
-    query group below its lowest: each block is read by Q queries, so padding
-    blocks cost Q times what they cost in decode."""
+    """Per batch size rung its block counts, plus rungs of one and two blocks per
+    query group below: each block is read by Q queries, so padding costs Q times."""
     buckets: set[Bucket] = set()
     for size, counts in verification_batch_rungs(decode, max_groups).items():
         buckets.update(Bucket(size, num_queries, count) for count in counts)
@@ -242,9 +241,8 @@ class HpuBucketManager:
     def find_decode_bucket(
         self, batch_size: int, num_blocks: int, query_len: int = 1
     ) -> Bucket:
-        """The smallest decode bucket for ``batch_size`` rows holding ``num_blocks``
-        in all (a warned miss if none); with ``query_len`` > 1, a verification bucket.
-        """
+        """The smallest decode bucket for ``batch_size`` rows and ``num_blocks`` (a
+        warned miss if none); with ``query_len`` > 1, a verification bucket."""
         if self.exact_shapes:
             return Bucket(batch_size, query_len, num_blocks)
         index = self._decode if query_len == 1 else self._verify

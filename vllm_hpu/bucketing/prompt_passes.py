@@ -59,9 +59,8 @@ def split_prompt_passes(
 def split_merged(
     seqs: list[Chunk], buckets: HpuBucketManager, block_size: int
 ) -> list[list[Chunk]]:
-    """Packs, first fit: a chunk joins the first pack still having a warmed-up
-    bucket with it. A chunk may read blocks another chunk of its pack writes:
-    every layer writes the pass's KV before it gathers context."""
+    """Packs, first fit, into the first pack with a warmed-up bucket. A chunk may read
+    blocks its pack writes: every layer writes KV before it gathers context."""
     packs: list[list[Chunk]] = []
     for seq in seqs:
         for pack in packs:

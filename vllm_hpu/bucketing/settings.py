@@ -188,9 +188,8 @@ def phase_strategy(envs: HpuEnvs, phase: str, strategy: str) -> str:
 
 
 def resolve_merged_prefill(envs: HpuEnvs, prompt_strategy: str) -> bool:
-    """VLLM_HPU_MERGED_PREFILL, else what the prompt buckets were made for: a
-    reference strategy its own mode; a user's prompt batch-size range one row per
-    prompt; everything else packed."""
+    """VLLM_HPU_MERGED_PREFILL, else by what the prompt buckets were made for: a
+    reference strategy its own mode; a user's batch-size range unpacked; else packed."""
     chosen = envs.merged_prefill
     fixed = REFERENCE_MERGED_PREFILL.get(prompt_strategy)
     if fixed is not None:

@@ -76,9 +76,8 @@ def _placement_group_given(parallel_config: "ParallelConfig") -> bool:
 
 
 class _HpuRay:
-    """Runs the checks above before vLLM's Ray start-up; at shutdown removes the
-    placement group vLLM made (it would hold the HPUs from the process's next
-    engine for 30 minutes) and Ray itself if this engine started it."""
+    """Runs the checks above before vLLM's Ray start-up; at shutdown removes vLLM's
+    placement group (it would hold the HPUs 30 minutes) and Ray if we started it."""
 
     parallel_config: "ParallelConfig"
     owns_ray = False

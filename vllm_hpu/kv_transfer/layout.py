@@ -15,9 +15,8 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 
 
 def block_major_view(kv_cache: Any, block_size: int) -> torch.Tensor:
-    """``(num_blocks + 1, 2, block_size, num_kv_heads * head_size)`` over a
-    layer's ``(key_cache, value_cache)``, or ``(num_blocks + 1, block_size,
-    latent_size)`` over an MLA latent cache."""
+    """``(num_blocks + 1, 2, block_size, kv_heads * head_size)`` over a layer's K/V
+    caches, or ``(num_blocks + 1, block_size, latent_size)`` over an MLA cache."""
     if isinstance(kv_cache, torch.Tensor):
         return kv_cache.unflatten(0, (-1, block_size))
     key_cache, value_cache = kv_cache
@@ -33,9 +32,8 @@ def block_major_view(kv_cache: Any, block_size: int) -> torch.Tensor:
 
 
 def block_pages(view: torch.Tensor) -> list[torch.Tensor]:
-    """The contiguous runs of every block of a :func:`block_major_view`, each as
-    bytes ``[num_blocks + 1, run_bytes]`` (int8, vLLM's offloading convention):
-    keys and values, or the latent."""
+    """Each block's contiguous runs (K and V, or the latent) as int8 bytes
+    ``[num_blocks + 1, run_bytes]``, vLLM's offloading convention."""
     runs = view.unbind(1) if view.ndim == 4 else (view,)
     return [run.flatten(1).view(torch.int8) for run in runs]
 

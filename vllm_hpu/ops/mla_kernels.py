@@ -192,9 +192,8 @@ def latent_prompt_attention(
     scale: float,
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """Prompt attention of a pass without cached context over its expanded
-    latents. query: [bs, q, N, P + R]; bias over [bs, q] x [bs, q]. Returns
-    [bs, q, N, V]."""
+    """Prompt attention of a pass without cached context over its expanded latents.
+    query [bs, q, N, P + R]; bias over [bs, q] x [bs, q] -> [bs, q, N, V]."""
     out = prompt_attention(
         _pad_head(query, keys.head_size),
         keys,

@@ -102,9 +102,8 @@ def select_experts(
 def weights_on_input(
     hidden_states: torch.Tensor, topk_weights: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Llama 4's routing scales the expert's input, not its output. Top-1 only
-    (as vLLM's kernels): hidden_states [num_tokens, hidden], topk_weights
-    [num_tokens, 1]."""
+    """Llama 4's routing scales the expert's input, not its output; top-1 only (as
+    vLLM). hidden_states [num_tokens, hidden], topk_weights [num_tokens, 1]."""
     scaled = hidden_states * topk_weights.to(hidden_states.dtype)
     return scaled, torch.ones_like(topk_weights)
 

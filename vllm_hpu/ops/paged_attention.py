@@ -116,9 +116,8 @@ def sliced_block_attention(
     kernels: AttentionKernels,
     block_slice: int,
 ) -> torch.Tensor:
-    """:func:`flat_block_attention` over slices of at most ``block_slice`` blocks,
-    read by ``gather``, merged per row by log-sum-exp; attention sinks join each
-    row's softmax once, after the merge."""
+    """:func:`flat_block_attention` over ``gather``ed slices of <= ``block_slice``
+    blocks merged by lse; sinks join each row's softmax once, after the merge."""
     if blocks.block_list.shape[0] <= block_slice:
         if scoring.sinks is None:
             return flat_block_attention(
@@ -152,9 +151,8 @@ def flat_block_attention(
     scoring: Scoring,
     kernels: AttentionKernels = PLAIN,
 ) -> torch.Tensor:
-    """The flat kernel on gathered blocks. keys: [P, num_kv_heads, block_size,
-    head_size]; values: [P, num_kv_heads, block_size, value_size] (MLA: a slice
-    of the key) -> [bs, num_heads, value_size]."""
+    """The flat kernel on gathered blocks. keys [P, kv_heads, block_size, head_size],
+    values [P, kv_heads, block_size, V] (MLA: a key slice) -> [bs, heads, V]."""
     return flat_block_attention_lse(query, keys, values, blocks, scoring, kernels)[0]
 
 

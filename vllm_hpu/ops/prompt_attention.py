@@ -137,9 +137,8 @@ def _grouped_scores(
     scoring: Scoring,
     kernels: AttentionKernels,
 ) -> torch.Tensor:
-    """Scaled, soft-capped, biased scores [bs, KVH, G, q, K] (fp32 for 16-bit
-    models), grouped-query heads folded into the query axis so the K of a kv
-    head serves its group without being repeated."""
+    """Scaled, soft-capped, biased scores [bs, KVH, G, q, K] (fp32 for 16-bit), GQA
+    heads folded into the query axis so a kv head's K serves its group unrepeated."""
     bs, q_len, num_heads, head_size = query.shape
     num_keys, num_kv_heads = key.shape[1], key.shape[2]
     group = num_heads // num_kv_heads

@@ -64,9 +64,8 @@ class PromptMask:
         sliding_window: int | None,
         attention_chunk: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per query [bs, len(queries)]: the first and last key code it sees. A padding
-        query sees only its own (negative) code; a chunked layer's query sees from
-        the start of its chunk."""
+        """Per query [bs, len(queries)]: first and last key code it sees; padding sees
+        only its own (negative) code, a chunked layer's query from its chunk start."""
         owner = self.query_owner[:, queries]
         position = self.query_position[:, queries]
         base = owner * OWNER_STRIDE
@@ -100,9 +99,8 @@ class PromptMask:
 
 @dataclass(frozen=True)
 class PromptBias:
-    """A layer's additive score bias over a pass, made per tile: the mask (with
-    the layer's window or chunk, and the keys a sparse layer's indexer chose),
-    plus ALiBi when the layer has slopes."""
+    """A layer's additive score bias, made per tile: the mask (window or chunk, a
+    sparse layer's chosen keys) plus ALiBi when the layer has slopes."""
 
     mask: PromptMask
     dtype: torch.dtype  # of the bias; ALiBi's is always fp32

@@ -38,9 +38,8 @@ def method_refusal(method: str) -> str | None:
 
 
 def check_checkpoint_quantized(model_config: Any) -> None:
-    """Refuse ``gpt_oss_mxfp4`` on a checkpoint whose config.json has no
-    quantization_config: the method only reads experts stored as MXFP4, and
-    bf16 ones do not fit its parameters."""
+    """Refuse ``gpt_oss_mxfp4`` on a checkpoint without quantization_config: the
+    method reads only MXFP4 experts; bf16 ones do not fit its parameters."""
     if getattr(model_config, "quantization", None) != "gpt_oss_mxfp4":
         return
     if getattr(model_config.hf_config, "quantization_config", None) is None:
