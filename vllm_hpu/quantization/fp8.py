@@ -130,9 +130,8 @@ class HpuFp8PerTensorOnlineLinearMethod(OnlineLinearBase):
 
 
 class HpuFp8Config(Fp8Config):
-    """vLLM's ``fp8`` checkpoint config, also running float32 activations (vLLM's
-    16-bit limit is its CUDA kernels'). Registered via its MoE-aware subclass
-    (quantization/moe_configs.py)."""
+    """vLLM's ``fp8`` checkpoint config, also running float32 activations (the 16-bit
+    limit is CUDA's); registered via quantization/moe_configs.py's subclass."""
 
     @classmethod
     def get_supported_act_dtypes(cls) -> list[torch.dtype]:
@@ -218,9 +217,8 @@ class HpuFp8BlockScaledMMLinearKernel(Fp8BlockScaledMMLinearKernel):
 
 @functools.cache
 def register() -> None:
-    """Checkpoint kernels through vLLM's registry (the block kernel through
-    patches/fp8_kernels.py); vLLM's online config looks its linear methods up in a
-    module-level table with no hook: the per-tensor entry is ours."""
+    """Checkpoint kernels via vLLM's registry (block: patches/fp8_kernels.py); the
+    online config's hookless module-level table gets our per-tensor entry."""
     register_linear_kernel(HpuFp8ScaledMMLinearKernel, PlatformEnum.OOT, "fp8")
     methods: dict[Any, type] = online_base._ONLINE_LINEAR_METHODS
     methods[kFp8StaticTensorSym] = HpuFp8PerTensorOnlineLinearMethod

@@ -289,9 +289,8 @@ def _add_op_wrappers() -> None:
 
 
 def _define_moe_measurement() -> None:
-    """2b. INC's MoE measurement calls the Gaudi op itself, not through its op
-    table: the stand-in is defined as that ``torch.ops.hpu`` op (the namespace
-    is free without Gaudi's bridge; emulation only)."""
+    """2b. INC's MoE measurement calls the Gaudi op directly, so the stand-in is that
+    ``torch.ops.hpu`` op (free without the bridge; emulation only)."""
     library = torch.library.Library("hpu", "FRAGMENT")
     library.define(MOE_MEASUREMENT_OP + MOE_MEASUREMENT_SCHEMA)
     library.impl(MOE_MEASUREMENT_OP, moe_measurement, "CompositeExplicitAutograd")

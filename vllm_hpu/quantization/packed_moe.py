@@ -36,9 +36,8 @@ MXFP4_GROUP_SIZE = dequant.MXFP4_GROUP_SIZE
 class HpuCompressedTensorsWNA16MoEMethod(
     HpuQuantizedMoE, CompressedTensorsWNA16MoEMethod
 ):
-    """compressed-tensors ``pack-quantized`` experts: ``w13_weight_packed`` int32
-    [E, N, K / pack], ``w13_weight_scale`` [E, N, groups], zero points
-    [E, N / pack, groups] when asymmetric."""
+    """compressed-tensors ``pack-quantized`` experts: ``w13_weight_packed`` int32 [E,
+    N, K / pack], ``w13_weight_scale`` [E, N, groups], zeros [E, N / pack, groups]."""
 
     def __init__(self, weight_quant: Any, moe: FusedMoEConfig) -> None:
         # vLLM's __init__ asks its oracle for a CUDA or CPU kernel; these are the
@@ -125,9 +124,8 @@ def mxfp4_experts(
 
 
 class HpuInt4CheckpointMoEMethod(HpuQuantizedMoE, FusedMoEMethodBase):
-    """AutoAWQ or GPTQ experts stacked as the checkpoint has them (input dimension
-    first: ``is_transposed``), scales [E, groups, N]; a subclass names the
-    tensors and dequantizes."""
+    """AutoAWQ or GPTQ experts as stacked in the checkpoint (input first:
+    ``is_transposed``), scales [E, groups, N]; subclasses name and dequantize."""
 
     def __init__(self, quant_config: Any, moe: FusedMoEConfig) -> None:
         super().__init__(moe)

@@ -27,9 +27,8 @@ def stage_inputs(
     received: IntermediateTensors | None,
     make_empty: Callable[[int], IntermediateTensors],
 ) -> Sequence[IntermediateTensors | None]:
-    """Per pass of ``sizes`` tokens, what this stage starts from: nothing on the
-    first stage, the previous stage's tensors (or ``make_empty`` zeros, when
-    warming up) on the others."""
+    """Per pass of ``sizes`` tokens, this stage's input: nothing on the first stage,
+    else the previous stage's tensors (``make_empty`` zeros in warmup)."""
     if stage.is_first:
         return [None] * len(sizes)
     if received is None:

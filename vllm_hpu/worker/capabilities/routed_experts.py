@@ -35,9 +35,8 @@ class _LayerSink(torch.nn.Module):
 
 
 class StepBatch:
-    """The step's rows as vLLM's connector reads a GPU input batch: the
-    scheduled requests in batch order, where each one's rows start, and the
-    tokens each had computed before the step."""
+    """The step's rows as vLLM's connector reads a GPU batch: scheduled requests in
+    batch order, where each one's rows start, and its tokens computed before."""
 
     def __init__(self, scheduler_output: SchedulerOutput, batch: InputBatch) -> None:
         scheduled = scheduler_output.num_scheduled_tokens
