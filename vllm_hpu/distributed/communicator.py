@@ -59,14 +59,11 @@ class HpuCommunicator(DeviceCommunicatorBase):
         return super().reduce_scatter(input_, dim)
 
     # ---- MoE layers with data parallelism (called on the expert group) ----
-    # vLLM's naive dispatch: every data-parallel rank's tokens go to every rank,
-    # whose experts (a shard of each, or whole experts with expert parallelism)
-    # add their part; the combine sums the parts and hands each rank its own
-    # tokens back. Each rank's tokens are padded to the largest pass among the
-    # ranks, so the exchange has one shape per set of buckets. Expert
-    # parallelism with both tensor and data parallelism (vLLM's sequence-
-    # parallel experts): each tensor-parallel rank brings its share of its
-    # pass's tokens, and the exchange spans every rank of the expert group.
+    # vLLM's naive dispatch: every DP rank's tokens go to every rank, whose
+    # experts (shards, or whole experts with EP) add their part; the combine sums
+    # the parts and returns each rank its tokens, padded to the ranks' largest
+    # pass (one shape per set of buckets). With EP, TP and DP (sequence-parallel
+    # experts) each TP rank brings its share and the exchange spans the EP group.
 
     def dispatch_router_logits(
         self,

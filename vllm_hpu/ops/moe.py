@@ -2,12 +2,10 @@
 Shapes are fixed by the bucketed token count, so one graph serves a bucket
 whatever the routing; Gaudi runs its fused kernel (``device.py``) instead."""
 
-# Why token-to-expert (experts_grouped) over dense (experts_dense): both have static
-# shapes, but dense runs every expert on every token, num_experts / top_k times the
-# work (4x for Mixtral). The shapes of benchmarks/ops.py (64 tokens, 8 experts, top
-# 2, hidden 1024, intermediate 3584), 2 CPU threads: float32 56 ms vs 104 ms dense
-# (315 ms for a per-token loop), bfloat16 9.5 ms vs 18.5 ms (107 ms). Dense stays
-# for the sizes torch's grouped GEMM refuses.
+# Why token-to-expert (experts_grouped) over dense: both static, dense does
+# E / top_k times the work. benchmarks/ops.py shapes, 2 threads: float32 56 ms vs
+# 104 ms dense (315 ms per-token loop), bf16 9.5 vs 18.5 ms (107 ms). Dense stays
+# for sizes torch's grouped GEMM refuses.
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace

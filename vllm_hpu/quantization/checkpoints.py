@@ -14,12 +14,10 @@ RUNS = (
 )
 
 
-# Quantization methods vLLM reads that the plugin refuses with more to say than
-# vLLM's "... is currently not supported in hpu": method -> the whole message.
-# vLLM names gpt-oss's checkpoints (quant_method "mxfp4" on a gpt-oss config)
-# "gpt_oss_mxfp4", which runs (quantization/moe_configs.py); "mxfp4" is left
-# for any other model's checkpoint, whose experts vLLM would hand its GPU-only
-# method, and for a user's --quantization mxfp4 (nothing quantizes at load).
+# Methods refused with more to say than vLLM's "... is currently not supported
+# in hpu": method -> message. gpt-oss's checkpoints are "gpt_oss_mxfp4" and run
+# (moe_configs.py); "mxfp4" is any other model's (vLLM's GPU-only experts) or a
+# user's --quantization mxfp4 (nothing quantizes at load).
 _OTHER_MXFP4 = (
     "Quantization 'mxfp4' runs on HPU only as gpt-oss's own MXFP4 checkpoints "
     "(model_type 'gpt_oss', quantization_config quant_method 'mxfp4', read "
