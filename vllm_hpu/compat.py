@@ -33,8 +33,7 @@ def unsupported_vllm_version() -> str | None:
 
 
 def legacy_ray_executor_requested() -> bool:
-    """Whether the user turned vLLM 0.32's older Ray executor on
-    (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0; vLLM 0.33 removed it)."""
+    """vLLM 0.32's older Ray executor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0)."""
     if VLLM_0_33:
         return False
     from vllm import envs

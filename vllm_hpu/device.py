@@ -65,8 +65,7 @@ RECIPE_CACHE_MB = 8192
 
 
 def _set_up_recipe_cache() -> None:
-    """With VLLM_HPU_CACHE_DIR, the bridge keeps its recipes there, per plugin
-    version, keyed by graph hash."""
+    """With VLLM_HPU_CACHE_DIR, the bridge's recipes go there, per plugin version."""
     folder = get_envs().cache_dir
     if folder:
         recipes = f"{folder}/gaudi-recipes-{importlib.metadata.version('vllm-hpu')}"
@@ -86,8 +85,7 @@ def device_type() -> str:
 
 @functools.cache
 def cpu_has_bf16_instructions() -> bool:
-    """AVX-512 BF16 or AMX: else bf16 matmuls run several times slower than
-    float32 (``emulation/packed_linear.py``)."""
+    """AVX-512 BF16 or AMX; else bf16 matmuls are much slower than float32."""
     return bool(
         torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     )
@@ -110,8 +108,7 @@ def local_device(named: torch.device) -> torch.device:
 
 
 def compile_backend() -> str:
-    """Backend of vLLM's small compiled helpers (sampler top-k/top-p, MoE
-    router, TP vocabulary mask): the model's, else eager."""
+    """Backend of vLLM's small compiled helpers (sampler, router): model's or eager."""
     return model_compile_backend() or "eager"
 
 
@@ -239,8 +236,7 @@ def card_count() -> int:
 
 
 def device_name() -> str:
-    """Without acquiring the card: a front end asking while vLLM sizes its
-    defaults would hold it for life, one fewer for the workers."""
+    """Without acquiring the card, which a front end would hold for life."""
     if not hpu_available():
         return "HPU (CPU emulation)"
     return _CARDS.get(card_type() or 0, (f"HPU (synapse type {card_type()})", 0))[0]
@@ -288,8 +284,7 @@ def memory_used() -> int:
 
 
 def total_memory() -> int:
-    """As published per generation (0 for another), without acquiring a card;
-    the KV cache is sized from ``mem_get_info``."""
+    """As published per generation (0 otherwise), without acquiring a card."""
     if hpu_available():
         return _CARDS.get(card_type() or 0, ("", 0))[1]
     return mem_get_info()[1]
@@ -317,8 +312,7 @@ def _hpu_graphs() -> Any | None:
 
 
 def reset_graphs(module: torch.nn.Module) -> None:
-    """Forget ``module``'s HPU graphs after their tensors moved (sleep mode);
-    a no-op unless the bridge added ``clear_cache``."""
+    """Forget ``module``'s HPU graphs after their tensors moved (sleep mode)."""
     clear_cache = getattr(module, "clear_cache", None)
     if callable(clear_cache):
         clear_cache()

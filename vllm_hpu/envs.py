@@ -451,8 +451,7 @@ def _apply_slice_chunk_size(values: dict[str, Any]) -> None:
 
 
 def _apply_bucketing_strategy(values: dict[str, Any]) -> None:
-    """VLLM_BUCKETING_STRATEGY sets the spacing unless VLLM_EXPONENTIAL_BUCKETING
-    does; set both, they must agree."""
+    """The strategy's spacing; VLLM_EXPONENTIAL_BUCKETING, if also set, must agree."""
     strategy = values.get("reference_bucketing_strategy")
     if strategy is None:
         return

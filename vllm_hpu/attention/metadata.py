@@ -205,8 +205,7 @@ def build_prompt_metadata(
     num_context_blocks: int,
     cache: CacheGeometry,
 ) -> HpuAttentionMetadata:
-    """Metadata of a prompt pass over ``batch_size * query_len`` tokens; no [q, K]
-    mask is made here."""
+    """A prompt pass of ``batch_size * query_len`` tokens (no [q, K] mask here)."""
     rows = _pad_batch(seqs, batch_size)
     block_list = None
     if num_context_blocks > 0:
@@ -268,8 +267,7 @@ def window_capacity(
 
 
 def _owned_slots(rows: PassRows, batch_size: int, num_queries: int) -> np.ndarray:
-    """Slots each row owns: up to the next row's first in its group, or to the
-    group's end for its group's last row; refuses rows that do not fit."""
+    """Slots each row owns (to the next row's first, or group end); refuses misfits."""
     num_groups = int(rows.starts.max(initial=-1)) // num_queries + 1
     if num_groups > batch_size:
         raise ValueError(

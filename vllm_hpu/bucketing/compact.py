@@ -104,8 +104,7 @@ def short_sequence_buckets(
     num_kv_blocks: int,
     shape: CompactShape = COMPACT,
 ) -> set[Bucket]:
-    """Per batch size ``b``: ``b`` x 1, 2, 4 blocks (only 1 below ``small_batch``),
-    within what the batch can hold."""
+    """Each batch size b: b x 1, 2, 4 blocks (1 below ``small_batch``) that fit."""
     buckets: set[Bucket] = set()
     for batch_size in batch_sizes:
         cap = decode_block_cap(config, batch_size, num_kv_blocks)

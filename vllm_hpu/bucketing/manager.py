@@ -258,8 +258,7 @@ class HpuBucketManager:
         return self._add_miss("decode", index, bucket)
 
     def describe(self, phase: str, bucket: Bucket) -> tuple[int, ...]:
-        """A bucket as the logs print it: (bs, seq), (bs, seq, ctx), (bs, blocks)
-        or, verifying drafts, (bs, queries, blocks)."""
+        """As logged: (bs, seq), (bs, seq, ctx), (bs, blocks), (bs, queries, blocks)."""
         if phase == "decode":
             if bucket.query_len > 1:
                 return tuple(bucket)

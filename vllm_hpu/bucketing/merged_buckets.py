@@ -48,8 +48,7 @@ def merged_contexts(config: BucketingConfig) -> list[int]:
 
 
 def merged_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
-    """Every token value without context; ``NUM_CONTEXT_TOKEN_VALUES`` of
-    them with the most context one request holds."""
+    """Every token value without context; ``NUM_CONTEXT_TOKEN_VALUES`` with the most."""
     tokens = merged_token_ladder(config)
     most = merged_contexts(config)[-1]
     with_context = context_token_values(tokens, NUM_CONTEXT_TOKEN_VALUES)

@@ -10,8 +10,7 @@ if TYPE_CHECKING:
 
 
 class BucketLookup(Protocol):
-    """What padding a trace needs of ``HpuBucketManager`` (which imports this
-    module for its live counters)."""
+    """What padding a trace needs of ``HpuBucketManager`` (which imports this)."""
 
     def find_prompt_bucket(
         self, batch_size: int, query_len: int, num_context_blocks: int

@@ -114,8 +114,7 @@ def _exchange(is_sequence_parallel: bool) -> tuple[GroupCoordinator, list[int]]:
 def _gather_padded(
     tensor: torch.Tensor, max_num_tokens: int, group: GroupCoordinator
 ) -> torch.Tensor:
-    """[num_tokens, ...] padded to max_num_tokens rows, all-gathered over
-    ``group``: [group_size * max_num_tokens, ...]."""
+    """[num_tokens, ...] padded and all-gathered: [group_size * max_num_tokens, ...]."""
     padding = max_num_tokens - tensor.shape[0]
     padded = F.pad(tensor, (0, 0) * (tensor.dim() - 1) + (0, padding))
     return group.all_gather(padded.contiguous(), dim=0)

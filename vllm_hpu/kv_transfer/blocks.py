@@ -31,8 +31,7 @@ def copy_blocks(
     src_block_ids: torch.Tensor,
     dst_block_ids: torch.Tensor,
 ) -> None:
-    """``dst[dst_block_ids[i]] = src[src_block_ids[i]]``; src and dst may be on
-    different devices (the copy crosses once, after the gather)."""
+    """``dst[dst_ids[i]] = src[src_ids[i]]``, across devices once, after the gather."""
     blocks = _indexable(src).index_select(0, src_block_ids.to(src.device))
     dst_ids = dst_block_ids.to(dst.device)
     _indexable(dst).index_copy_(0, dst_ids, blocks.to(dst.device))

@@ -66,8 +66,7 @@ def resolve_kv_transfer_config(vllm_config: "VllmConfig") -> None:
 
 
 def check_offloading_backend(size: float | None, backend: str | None) -> None:
-    """Before vLLM builds its config, which imports the backend's connector:
-    only the native backend offloads here."""
+    """Before vLLM builds its config: only the native backend offloads here."""
     if size is not None and backend not in (None, NATIVE_OFFLOADING_BACKEND):
         raise ValueError(
             f"--kv-offloading-backend {backend}: the HPU plugin offloads KV to "
@@ -87,8 +86,7 @@ def resolve_finished_config(vllm_config: "VllmConfig") -> None:
 
 
 def check_worker_config(vllm_config: "VllmConfig") -> None:
-    """The check in the worker, before the weights load: a config built
-    without vLLM's engine arguments has not been through the others."""
+    """In the worker: configs built without engine arguments skipped the others."""
     resolve_kv_transfer_config(vllm_config)
     if has_kv_connector(vllm_config) and vllm_config.scheduler_config.async_scheduling:
         raise ValueError(

@@ -106,8 +106,7 @@ class LatentExpansion:
     def keys_and_values(
         self, latent: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """latent: [..., L + R] -> key [..., N, P + R] (the rope part shared by
-        every head), value [..., N, V]."""
+        """latent [..., L + R] -> key [..., N, P + R], value [..., N, V]."""
         lead = latent.shape[:-1]
         kv_c, k_pe = latent.split(
             [self.kv_lora_rank, latent.shape[-1] - self.kv_lora_rank], dim=-1

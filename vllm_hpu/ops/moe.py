@@ -41,8 +41,7 @@ class MoeRouting:
 
 @dataclass(frozen=True)
 class ExpertExtras:
-    """What some experts add to the plain gated MLP (gpt-oss): a bias after each
-    projection, and the clamped SwiGLU's gain and limit."""
+    """gpt-oss's additions: per-projection biases, clamped SwiGLU gain and limit."""
 
     w13_bias: torch.Tensor | None = None  # [num_experts, 2 * intermediate]
     w2_bias: torch.Tensor | None = None  # [num_experts, hidden_size]

@@ -211,15 +211,13 @@ def flat_block_attention_lse(
 def _queries_by_kv_head(
     q: torch.Tensor, num_queries: int, num_kv_heads: int, head_size: int
 ) -> torch.Tensor:
-    """[P, Q * num_heads * D] (query-major) -> [P, KVH, Q * G, D]: a KV head's
-    group holds every query's heads (one query: a view)."""
+    """[P, Q * num_heads * D] -> [P, KVH, Q * G, D]; one query: a view."""
     q = q.view(q.shape[0], num_queries, num_kv_heads, -1, head_size)
     return q.transpose(1, 2).reshape(q.shape[0], num_kv_heads, -1, head_size)
 
 
 def _tokens_by_head(x: torch.Tensor, num_queries: int) -> torch.Tensor:
-    """[bs, KVH, Q * G, X] -> [bs * Q, num_heads, X]: rows' tokens back in
-    pass order (the inverse of :func:`_queries_by_kv_head`)."""
+    """[bs, KVH, Q * G, X] -> [bs * Q, num_heads, X] (inverse of the above)."""
     bs, num_kv_heads, _, width = x.shape
     x = x.view(bs, num_kv_heads, num_queries, -1, width).transpose(1, 2)
     return x.reshape(bs * num_queries, -1, width)
