@@ -164,8 +164,7 @@ class HpuPlatform(Platform):
         return float(device.memory_used())
 
     def is_sleep_mode_available(self) -> bool:
-        """Sleep mode is the worker's (worker/capabilities/sleep.py): it needs
-        no allocator of vLLM's."""
+        """Sleep mode is the worker's (capabilities/sleep.py), not vLLM's allocator."""
         return True
 
     @classmethod
@@ -249,8 +248,7 @@ class HpuPlatform(Platform):
 
     @classmethod
     def apply_config_platform_defaults(cls, vllm_config: "VllmConfig") -> None:
-        """Before vLLM's defaults: the user's compilation settings, honoured where
-        the runner can, else refused or logged with the reason."""
+        """The user's compilation settings, before vLLM's defaults."""
         from vllm_hpu.config.compilation import apply_user_compilation
 
         apply_user_compilation(vllm_config)

@@ -132,8 +132,7 @@ def _both(
     inputs: tuple[torch.Tensor, ...],
     tolerance: float,
 ) -> Outcome:
-    """``on_device`` on the inputs moved to the card, ``on_cpu`` on them as they
-    are; a tuple of outputs is compared as one."""
+    """``on_device`` on inputs moved to the card, ``on_cpu`` on them as they are."""
     got = on_device(*(t.to("hpu") for t in inputs))
     want = on_cpu(*inputs)
     if isinstance(got, tuple):
@@ -246,8 +245,7 @@ def _fp8_experts(mode: str) -> Check:
         from vllm_hpu.quantization.fp8_moe import HpuFp8Experts
 
         class CpuFp8Experts(HpuFp8Experts):
-            """The plugin's fp8 experts without Gaudi's kernel (emulation's
-            path: dequantized experts, input and intermediate rounded)."""
+            """The fp8 experts without Gaudi's kernel (emulation's dequantized path)."""
 
             def _kernel(self) -> None:
                 return None

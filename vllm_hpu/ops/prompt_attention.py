@@ -213,8 +213,7 @@ def _fused_tile(
     value: torch.Tensor,
     attn_bias: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One tile through ``device.fused_sdpa_stats``, grouped-query heads folded into
-    the query axis as for the plain path."""
+    """One tile via ``device.fused_sdpa_stats``, GQA heads folded as plain."""
     bs, q_len, num_heads, head_size = query.shape
     num_kv_heads = key.shape[2]
     group = num_heads // num_kv_heads

@@ -16,8 +16,7 @@ OWNER_STRIDE = 1 << 40
 
 @dataclass(frozen=True)
 class PromptMask:
-    """Per-token owners and positions of a pass; the q current tokens are the
-    last q keys (key ``past_len + t`` is query ``t``)."""
+    """Per-token owners and positions; key ``past_len + t`` is current query ``t``."""
 
     query_owner: torch.Tensor  # [bs, q] long
     query_position: torch.Tensor  # [bs, q] long

@@ -45,8 +45,7 @@ _caller_notes: list[pathlib.Path] = []  # the folder this process made, once mad
 
 
 def prepare_failure_notes() -> None:
-    """In the caller's process, before an engine starts: an empty folder for
-    what its processes say when they fail."""
+    """In the caller, before an engine starts: an empty folder for failure notes."""
     from vllm_hpu import envs
 
     if not _caller_notes:
@@ -59,8 +58,7 @@ def prepare_failure_notes() -> None:
 
 
 def failure_notes() -> str:
-    """What this process's engine processes said when they failed, oldest first
-    (empty: nothing, or no engine started from here)."""
+    """What this process's engines said when they failed, oldest first."""
     if not _caller_notes:
         return ""
     notes = sorted(_caller_notes[0].iterdir())  # named by the time written

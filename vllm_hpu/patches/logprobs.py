@@ -15,8 +15,7 @@ from vllm_hpu import device
 
 @functools.cache
 def count_ranks_eagerly() -> None:
-    """Idempotent; on Gaudi only (emulation compiles with a backend that
-    takes unbacked sizes)."""
+    """Idempotent; Gaudi only (emulation's backend takes unbacked sizes)."""
     if not device.hpu_available():
         return
     from vllm.v1.sample import sampler

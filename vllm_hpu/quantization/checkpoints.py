@@ -122,8 +122,7 @@ def _mxfp4_a16(weights: Any) -> str | None:
 
 
 def describe(scheme: dict[str, Any]) -> str:
-    """The scheme in a user's words: "weights int4 group 128 asymmetric,
-    activations int8 dynamic token"."""
+    """The scheme in words ("weights int4 group 128 asymmetric, activations ...")."""
     parts = [f"weights {_describe_args(scheme.get('weights'))}"]
     parts.append(f"activations {_describe_args(scheme.get('input_activations'))}")
     if scheme.get("output_activations") is not None:

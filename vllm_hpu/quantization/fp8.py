@@ -55,8 +55,7 @@ def fit_card_range(weight: torch.Tensor, *scales: torch.Tensor | None) -> None:
 
 
 def quantize_per_tensor(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8 tensor, float32 scale) with t ~= fp8 * scale, its largest magnitude
-    mapped to fp8's largest value."""
+    """(fp8 t, float32 scale), t * scale ~= tensor, its max magnitude at fp8's max."""
     scale = (t.abs().amax().float() / FP8_MAX).clamp(min=_MIN_SCALE)
     q = (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
@@ -98,8 +97,7 @@ def fp8_linear(
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x @ weight.T of an fp8 (out, in) weight, x cast to fp8 per tensor as an fp8
-    gemm would take it."""
+    """x @ weight.T of an fp8 (out, in) weight, x cast to fp8 per tensor."""
     xq, x_scale = quantize_per_tensor(x)
     return fp8_scaled_mm(xq, weight.t(), x_scale, weight_scale, x.dtype, bias)
 

@@ -85,8 +85,7 @@ def release_bf16_experts(model: torch.nn.Module) -> None:
 
 
 def layers_inc_cannot_take(model: torch.nn.Module, table: dict) -> str:
-    """The linear layers whose class INC's module table lacks (MoE routers:
-    vLLM's ``GateLinear``), grouped over layer numbers: '' when none."""
+    """Linear layers INC has no module for (MoE routers) by layer; '' if none."""
     names = [
         f"{LAYER_NUMBER.sub('.*.', name)} ({type(module).__name__})"
         for name, module in model.named_modules()

@@ -38,8 +38,7 @@ class HpuQuantizedMoE(HpuMoEMethod, abc.ABC):
         return None  # vLLM's kernels' description: no kernel of vLLM runs
 
     def process_weights_after_loading(self, layer: Any) -> None:
-        """Instead of vLLM's repacking for its kernels: the weights are used as
-        loaded (a format may normalise its scales)."""
+        """Instead of vLLM's repacking: weights as loaded (scales maybe normalised)."""
 
     @abc.abstractmethod
     def dequantize(

@@ -110,8 +110,7 @@ class HpuGptOssMxfp4MoEMethod(HpuQuantizedMoE, GptOssMxfp4MoEMethod):
 def mxfp4_experts(
     layer: Any, codes: str, experts: slice | torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """w13 and w2 of ``experts`` from their e2m1 ``w*_{codes}`` and e8m0
-    ``w*_weight_scale``, in ``dtype``."""
+    """w13 and w2 of ``experts`` from e2m1 codes and e8m0 scales, in ``dtype``."""
     w13, w2 = (
         dequant.dequantize_mxfp4(
             getattr(layer, f"{name}_{codes}")[experts],

@@ -168,8 +168,7 @@ class HpuWorker(WorkerBase):
         return CompilationTimes(language_model=elapsed, encoder=0.0)
 
     def _graph_mem(self) -> int:
-        """Bytes for graphs: the split's share, or with an explicit KV cache size
-        the same share of what is free now."""
+        """Bytes for graphs: the split's share (of free memory, with a KV size set)."""
         if self.memory_split is not None:
             return self.memory_split.graph
         free, _ = device.mem_get_info()
@@ -236,8 +235,7 @@ class HpuWorker(WorkerBase):
         return self.runner.lora_adapters().list_loras()
 
     def reset_encoder_cache(self) -> None:
-        """Forget encoder outputs, as vLLM's scheduler forgets which it holds
-        (a pause that clears caches, sleep)."""
+        """Forget encoder outputs, as vLLM's scheduler does (pause, sleep)."""
         self.runner.reset_encoder_cache()
 
     # ---- RL frameworks: sleep mode (capabilities/sleep.py) and weight
@@ -308,8 +306,7 @@ class HpuWorker(WorkerBase):
         return
 
     def shutdown_inc(self) -> None:
-        """Write Intel Neural Compressor's measurements now (MEASURE only; the
-        reference's name): ``llm.collective_rpc("shutdown_inc")``."""
+        """Write INC's measurements (MEASURE): ``collective_rpc("shutdown_inc")``."""
         if self.model_runner is not None:
             self.model_runner.shutdown_inc()
 

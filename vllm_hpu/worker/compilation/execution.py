@@ -186,8 +186,7 @@ def graph_form(value: Any) -> Any:
 
 
 def from_graph_form(value: Any) -> Any:
-    """What ``graph_form`` took apart, each dataclass built again around the
-    tensors given (its ``__init__`` is not run again)."""
+    """Rebuild what ``graph_form`` took apart around the given tensors (no __init__)."""
     cls = value[0] if isinstance(value, tuple) and value else None
     if isinstance(cls, type) and dataclasses.is_dataclass(cls):
         rebuilt = object.__new__(cls)

@@ -21,8 +21,7 @@ def _mark_step_hook(*args: object) -> None:
 
 
 def split_graph_every(model: torch.nn.Module, num_layers: int | None) -> int:
-    """Close the lazy graph after every ``num_layers``-th decoder layer (lazy mode,
-    variable set); the number of splits installed."""
+    """Close the lazy graph every ``num_layers`` decoder layers; returns splits made."""
     layers = decoder_layers(model)
     if num_layers is None or not device.is_lazy() or layers is None:
         return 0

@@ -136,8 +136,7 @@ class HpuDraftModelProposer(Proposer):
         return hidden
 
     def _caught_up(self, seqs: list[ScheduledSeq]) -> None:
-        """The draft's KV holds every token of ``seqs``' rows (a profile
-        run's rows, in no batch, were never proposed for)."""
+        """The draft KV holds all tokens of ``seqs`` (profile rows never drafted)."""
         if not self._written:
             return
         req_ids = self.runner.input_batch.req_ids
