@@ -42,9 +42,8 @@ def legacy_ray_executor_requested() -> bool:
 
 
 def register_fp8_block_kernel(kernel: type) -> None:
-    """Make ``kernel`` the platform's block-scaled fp8 linear kernel (idempotent):
-    vLLM 0.33 registers kind ``"fp8_block"``; 0.32 has no kind, so the kernel goes
-    into its ``_POSSIBLE_FP8_BLOCK_KERNELS`` table."""
+    """Make ``kernel`` the block-fp8 linear kernel (idempotent): 0.33 registers kind
+    ``"fp8_block"``; 0.32 gets it into ``_POSSIBLE_FP8_BLOCK_KERNELS``."""
     from vllm.model_executor.kernels import linear
     from vllm.platforms import PlatformEnum
 

@@ -167,9 +167,8 @@ def synchronize() -> None:
 
 
 def device_stream(queued: bool) -> DeviceStream:
-    """Where device work runs: inline on Gaudi (the bridge queues it); in
-    emulation on a worker thread when ``queued`` (async scheduling), so the
-    host overlaps it as on Gaudi, else on the calling thread."""
+    """Where device work runs: inline on Gaudi (the bridge queues it); in emulation on
+    a worker thread when ``queued`` (async scheduling), else the calling thread."""
     if hpu_available():
         return DeviceStream(threaded=False)
     num_threads = compute_threads(beside_host=queued)
@@ -363,8 +362,7 @@ def fused_rms_norm() -> Callable[..., Any] | None:
 
 
 def fused_rotary_embedding() -> Callable[..., Any] | None:
-    """``apply_rotary_pos_emb(x, cos, sin, position_ids, offset, mode)``, not
-    ``RotaryPosEmbeddingHelperV1``, which rotates halves only (bridge v1.19.0
+    """Not ``RotaryPosEmbeddingHelperV1``, which rotates halves only (bridge v1.19.0
     RotaryPosEmbeddingHelper.py:50-139)."""
     return _kernel("habana_frameworks.torch.hpex.kernels", "apply_rotary_pos_emb")
 

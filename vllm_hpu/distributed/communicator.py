@@ -99,9 +99,8 @@ class HpuCommunicator(DeviceCommunicatorBase):
 
 
 def _exchange(is_sequence_parallel: bool) -> tuple[GroupCoordinator, list[int]]:
-    """The group a MoE layer exchanges tokens over and each member's token count: the
-    DP ranks' agreed passes, or with sequence-parallel experts each EP rank's share
-    (vLLM's local sizes, DP rank major)."""
+    """The MoE exchange group and each member's token count: the DP ranks' agreed
+    passes, or with sequence-parallel experts each EP rank's share (DP major)."""
     dp_metadata = get_forward_context().dp_metadata
     assert dp_metadata is not None, "a MoE pass with data parallelism"
     if is_sequence_parallel:

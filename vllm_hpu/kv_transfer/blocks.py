@@ -11,9 +11,8 @@ WORD = torch.int64
 
 
 def _indexable(cache: torch.Tensor) -> torch.Tensor:
-    """One-byte blocks (fp8 caches, the offloader's byte runs) as 8-byte words where
-    the rows allow: the CPU's index ops move bytes one at a time, and its
-    ``index_copy_`` does not take fp8 at all."""
+    """One-byte blocks (fp8, offloaded byte runs) as 8-byte words where rows allow: CPU
+    index ops move bytes singly, and ``index_copy_`` takes no fp8."""
     if cache.element_size() != 1:
         return cache
     as_bytes = cache.view(torch.uint8) if cache.dtype in FP8_DTYPES else cache

@@ -176,9 +176,8 @@ def experts_dense(
     activation: str = "silu",
     extras: ExpertExtras = PLAIN_EXPERTS,
 ) -> torch.Tensor:
-    """Routed experts, dense: every expert on every token, scaled by its routing
-    weight (zero when not chosen); for sizes the grouped GEMM refuses, E / top_k
-    times the work. Shapes as :func:`experts_grouped`."""
+    """Routed experts, dense: every expert on every token, weighted (0 if unchosen),
+    E / top_k times the work, for sizes grouped GEMM refuses. Shapes as above."""
     num_tokens, num_experts = hidden_states.shape[0], w13.shape[0]
     dense_weights = torch.zeros(
         num_tokens, num_experts, dtype=hidden_states.dtype, device=hidden_states.device

@@ -64,9 +64,8 @@ def dequantize_w13_blocks(
 
 
 class HpuFp8Experts(HpuQuantizedMoE):
-    """What both fp8 formats share once loaded: ``w13_weight`` / ``w2_weight``
-    fp8 [E, N, K]; scales per row [E, N, 1] (per-tensor ones are spread over
-    their shard's rows) or per block; the input's rounding mode."""
+    """Both fp8 formats once loaded: ``w13_weight``/``w2_weight`` fp8 [E, N, K];
+    scales per row [E, N, 1] (per-tensor spread over shards) or block; input mode."""
 
     block: tuple[int, int] | None
     input_mode: str | None
@@ -111,9 +110,8 @@ class HpuFp8Experts(HpuQuantizedMoE):
         return round_through_fp8(x, self.input_mode, layer.w13_input_scale)
 
     def extras(self, layer: Any) -> ExpertExtras:
-        """Per-tensor experts (static or dynamic input) round the intermediate
-        through fp8 as the fp8 kernel does: with the checkpoint's scale of the
-        down projection's input (as vLLM's own fp8 MoE kernels), or per token."""
+        """Per-tensor experts round the intermediate through fp8 as the kernel does:
+        with the down projection's checkpoint input scale (as vLLM's), or per token."""
         extras = super().extras(layer)
         if self.input_mode not in (STATIC, PER_TENSOR):
             return extras

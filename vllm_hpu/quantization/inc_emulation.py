@@ -215,9 +215,8 @@ def fp8_moe(
     experts_min: int = 0,
     experts_max: int = 0,
 ) -> torch.Tensor:
-    """torch.ops.hpu.mixture_of_experts.fp8_fused_weights: fp8 tokens and
-    expert weights dequantized with their scales, each expert's intermediate
-    rounded through fp8 with its own scale; bf16 output."""
+    """``mixture_of_experts.fp8_fused_weights``: fp8 tokens and experts dequantized,
+    each expert's intermediate rounded through fp8 with its scale; bf16 out."""
     w_in = [_dequantize(w, s, FP32) for w, s in zip(w12, d_scale_w12, strict=True)]
     w_out = [_dequantize(w, s, FP32) for w, s in zip(w3, d_scale_w3, strict=True)]
 

@@ -29,9 +29,8 @@ class MoeMatmul(torch.nn.Module):
 
 
 class VllmMixtureOfExpertsOp(torch.nn.Module):
-    """The routed experts of one layer, called as Gaudi's fused MoE op is. INC
-    replaces it by its patched module; unpatched (blocklisted), it runs the
-    experts in bf16 as the plugin's unquantized method does."""
+    """One layer's routed experts, called as Gaudi's fused MoE op; INC replaces it,
+    and unpatched (blocklisted) it runs bf16 experts as the unquantized method."""
 
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
         super().__init__()

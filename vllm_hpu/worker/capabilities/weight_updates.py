@@ -31,9 +31,8 @@ def reload_model_weights(
     weights_path: str | None = None,
     is_checkpoint_format: bool = True,
 ) -> None:
-    """vLLM's in-place reload: from ``weights_iterator``, else from the
-    checkpoint at ``weights_path`` or the model's own. ``packed``: the runner
-    repacked the linear layers for the CPU at start-up."""
+    """vLLM's in-place reload from ``weights_iterator``, ``weights_path`` or the
+    model's checkpoint; ``packed``: linear layers were repacked for the CPU."""
     if packed:
         raise RuntimeError(
             "reload_weights cannot load into the linear layers packed for the "

@@ -88,9 +88,8 @@ def compile_model(model: torch.nn.Module, options: CompileOptions) -> None:
 
 
 def compile_options(num_buckets: int, num_models: int) -> CompileOptions | None:
-    """How ``num_models`` models (a draft model of the target's class compiles
-    the same code once more) compile a forward per bucket; None without a
-    backend (emulation's default)."""
+    """How ``num_models`` models (a same-class draft compiles the code again) compile
+    a forward per bucket; None without a backend (emulation's default)."""
     backend = device.model_compile_backend()
     if backend is None:
         return None

@@ -70,9 +70,8 @@ class PhaseCapture:
 def capture_within(
     state: PhaseCapture, budget: int, capture: CaptureFn, free: FreeFn
 ) -> int:
-    """Capture, in order, every bucket whose estimate fits what is left of ``budget``
-    and the free device memory (a bucket that does not runs uncaptured); returns
-    the budget left."""
+    """Capture in order every bucket fitting the rest of ``budget`` and free memory
+    (others run uncaptured); returns the budget left."""
     for bucket in state.order:
         if bucket in state.captured:
             continue

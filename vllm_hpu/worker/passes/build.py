@@ -77,9 +77,8 @@ def build_prompt_forward(
     token_ids: np.ndarray,
     cache: CacheGeometry,
 ) -> ForwardPass:
-    """The prompt pass over ``seqs``: one row per chunk, or under merged
-    prefill the chunks packed one after another into one row;
-    ``token_ids`` is InputBatch.token_ids_cpu."""
+    """The prompt pass over ``seqs``: a row per chunk, or merged, all chunks in one
+    row; ``token_ids`` is InputBatch.token_ids_cpu."""
     merged = buckets.config.merged_prefill
     bucket = buckets.find_prompt_bucket(*pass_shape(seqs, merged, cache.block_size))
     if merged:

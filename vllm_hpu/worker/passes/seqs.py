@@ -93,9 +93,8 @@ def split_by_phase(
     min_prompt_tokens: int,
     drafted_rows: frozenset[int] = frozenset(),
 ) -> tuple[list[ScheduledSeq], list[ScheduledSeq]]:
-    """(prompt chunks, decodes): a row scheduling fewer than
-    ``min_prompt_tokens`` tokens decodes, and so does a row verifying drafts
-    (``drafted_rows``: its last token and its drafts)."""
+    """(prompt chunks, decodes): rows scheduling < ``min_prompt_tokens`` tokens
+    decode, as do rows verifying drafts (``drafted_rows``)."""
 
     def decodes(seq: ScheduledSeq) -> bool:
         return (

@@ -40,9 +40,8 @@ def largest_prompt_bucket(buckets: HpuBucketManager) -> Bucket:
 def profile_seqs(
     bucket: Bucket, merged: bool, block_size: int, max_len: int
 ) -> list[ScheduledSeq]:
-    """Chunks filling a context-free prompt bucket for the memory profile: its
-    rows, or packed requests of at most ``max_len`` tokens; every slot in block 0
-    (the profile's scratch cache has one block)."""
+    """Chunks filling a context-free prompt bucket for the memory profile (rows, or
+    packs of <= ``max_len``); all slots in block 0, the scratch cache's only block."""
     if merged:
         lengths = [n for n, _ in merged_fake_chunks(bucket, 0, block_size, max_len)]
     else:

@@ -114,9 +114,8 @@ class HpuDraftModelProposer(Proposer):
     def _forward(
         self, forward_pass: ForwardPass, hidden_states: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(states to compute logits from, states the next decode reads): a
-        head returning one tensor reads it back (vLLM's rule for the MTP
-        layers that return no pair); a draft model reads only tokens."""
+        """(states for logits, states the next decode reads): a head returning one
+        tensor reads it back (vLLM's rule for MTP); a draft model reads only tokens."""
         inputs = {
             "input_ids": forward_pass.input_ids,
             "positions": forward_pass.positions,

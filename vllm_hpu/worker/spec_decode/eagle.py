@@ -73,9 +73,8 @@ class HpuEagleProposer(HpuDraftModelProposer):
         return hidden
 
     def _next_tokens(self, forward_pass: ForwardPass) -> torch.Tensor:
-        """Each token's successor in its request: the pass's next token, or
-        for a request's last one the prompt's next token if it has one (0
-        until sampled otherwise; the first decode rewrites that position)."""
+        """Each token's successor: the pass's next token, or for a request's last the
+        prompt's next (else 0 until sampled: the first decode rewrites it)."""
         batch = self.runner.input_batch
         next_ids = torch.roll(forward_pass.input_ids, -1)
         for seq, last in zip(

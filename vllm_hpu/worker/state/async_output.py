@@ -238,9 +238,8 @@ class AsyncTokenFeed(TokenFeed):
         on_host: Callable[[], ModelRunnerOutput],
         aux_output: dict[str, Any] | None,
     ) -> HpuAsyncOutput:
-        """The sampled tokens stay on the device for the next step and in
-        flight; the output's host copy completes on demand (never with
-        drafts)."""
+        """The sampled tokens stay on the device for the next step; the output's host
+        copy completes on demand (never with drafts)."""
         output = ModelRunnerOutput(
             req_ids=list(self.input_batch.req_ids),
             req_id_to_index=dict(self.input_batch.req_id_to_index),

@@ -37,9 +37,8 @@ class PromptLogprobs:
         hidden: torch.Tensor,
         compute_logits: Callable[[torch.Tensor, list[int]], torch.Tensor],
     ) -> None:
-        """Score the prompt positions this pass computed, for requests that ask.
-        ``compute_logits(hidden, rows)``: logits of hidden states of InputBatch
-        ``rows`` (a LoRA's LM head tells requests apart by row)."""
+        """Score this pass's prompt positions for requests that ask; ``compute_logits``
+        takes InputBatch ``rows`` (a LoRA's LM head tells requests apart)."""
         wanted = self.states.num_prompt_logprobs
         if not wanted:
             return

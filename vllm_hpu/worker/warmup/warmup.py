@@ -47,9 +47,8 @@ REQ_PREFIX = "hpu-warmup-"
 
 @dataclass(frozen=True)
 class FakeSeq:
-    """One synthetic request: ``num_tokens`` in all, the first ``num_computed``
-    already in the KV cache, the rest scheduled in this step, and
-    ``num_drafts`` draft tokens after them to verify."""
+    """A synthetic request of ``num_tokens``: the first ``num_computed`` cached, the
+    rest scheduled now, then ``num_drafts`` draft tokens to verify."""
 
     num_tokens: int
     num_computed: int
@@ -80,9 +79,8 @@ class HpuWarmup:
     # ---- synthetic requests ----------------------------------------------
 
     def prompt_seqs(self, bucket: Bucket) -> list[FakeSeq] | None:
-        """Requests whose prompt pass pads to ``bucket``, or None if no request
-        within the limits does. Largest first: the most context blocks and rows,
-        then as long a chunk as the limits allow."""
+        """Requests whose prompt pass pads to ``bucket`` (None if none can): largest
+        first, most context blocks and rows, then the longest chunk allowed."""
         if self.runner.buckets.config.merged_prefill:
             return self._merged_prompt_seqs(bucket)
         for blocks in range(bucket.num_blocks, -1, -1):
@@ -138,9 +136,8 @@ class HpuWarmup:
         return None
 
     def decode_seqs(self, bucket: Bucket) -> list[FakeSeq]:
-        """Sequences holding ``bucket.num_blocks`` KV blocks between them, each
-        decoding one token at the end of its last block; in a verification
-        bucket (``query_len`` Q > 1), that token and Q - 1 drafts."""
+        """Sequences holding ``bucket.num_blocks`` blocks, each decoding a token at its
+        last block's end; for verification (Q > 1), that token and Q - 1 drafts."""
         num_seqs = min(bucket.batch_size, self.max_num_seqs, bucket.num_blocks)
         num_drafts = bucket.query_len - 1
         seqs = []
