@@ -362,7 +362,8 @@ def fused_rms_norm() -> Callable[..., Any] | None:
 
 
 def fused_rotary_embedding() -> Callable[..., Any] | None:
-    """Not ``RotaryPosEmbeddingHelperV1``, which rotates halves only (bridge v1.19.0
+    """``apply_rotary_pos_emb(x, cos, sin, position_ids, offset, mode)``, not
+    ``RotaryPosEmbeddingHelperV1``, which rotates halves only (bridge v1.19.0
     RotaryPosEmbeddingHelper.py:50-139)."""
     return _kernel("habana_frameworks.torch.hpex.kernels", "apply_rotary_pos_emb")
 
