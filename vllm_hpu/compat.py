@@ -14,8 +14,7 @@ if TYPE_CHECKING:
 
 # The releases the plugin runs on, oldest first (their patch releases too).
 SUPPORTED = ("0.32", "0.33")
-# From the installed distribution: vLLM may still be importing itself when the
-# platform entry point first imports this.
+# From the distribution: vLLM may still be importing itself at the entry point.
 VLLM_VERSION = Version(importlib.metadata.version("vllm"))
 VLLM_0_33 = VLLM_VERSION.release[:2] >= (0, 33)
 

@@ -39,8 +39,7 @@ def hpu_available() -> bool:
         # eagerly, as in the reference plugin (vllm-gaudi platform.py:429-431).
         torch._dynamo.config.disable = True
     elif found:
-        # INC's fp8 modules patch their scales at run time, so compiled graphs
-        # do not hold them as constants (vllm-gaudi platform.py:453).
+        # INC's fp8 scales are patched at run time, not constants (vllm-gaudi 453).
         envs.set_default("RUNTIME_SCALE_PATCHING", "1")
     return found
 
@@ -326,8 +325,7 @@ def prepare_weights(model: torch.nn.Module) -> bool:
     return pack_linear_layers(model) > 0
 
 
-# Kernels are looked up once per process: torch.compile reads a filled dict as a
-# constant, where an env lookup or import would break the graph.
+# Looked up once: torch.compile reads a filled dict as a constant (no graph break).
 _KERNELS: dict[str, Any] = {}
 
 

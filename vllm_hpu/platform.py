@@ -67,8 +67,7 @@ class HpuPlatform(Platform):
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
-        # Sliding-window layers in KV cache groups of their own
-        # (attention/windows.py); step 6c turns it off where they cannot be.
+        # Sliding-window layers in KV cache groups of their own; step 6c may undo it.
         return True
 
     @property

@@ -45,8 +45,7 @@ class CacheGeometry:
     # layer attends to every token.
     sliding_windows: tuple[int, ...] = ()
     full_attention: bool = True
-    # Distinct chunk sizes of the chunked local attention layers (Llama 4), each
-    # with its own decode blocks, as windows have.
+    # Chunk sizes of chunked local attention layers (Llama 4), each with its blocks.
     attention_chunks: tuple[int, ...] = ()
     # Under vLLM's hybrid KV cache manager, the geometry of each KV cache group
     # (its layers' windows), in the order of the requests' block tables; empty:
@@ -56,8 +55,7 @@ class CacheGeometry:
     # tokens attend both ways), spans or not: one input structure per bucket
     # for a compiled graph.
     span_ends: bool = False
-    # A hybrid model's state group (worker/kv_caches.py): a placeholder in
-    # ``groups`` for which no attention metadata is built.
+    # A hybrid model's state group (worker/kv_caches.py): no attention metadata.
     holds_states: bool = False
 
     def group_geometries(self) -> tuple["CacheGeometry", ...]:
@@ -76,12 +74,10 @@ class HpuAttentionMetadata(AttentionMetadata):
     slot_mapping: torch.Tensor  # [num_tokens] long; padding -> the dummy block
     # Prompt: [bs * C] context blocks, row-major (None when C == 0).
     block_list: torch.Tensor | None = None
-    # Prompt: who sees whom, per token (each layer makes its bias from it, tile
-    # by tile: ops/prompt_mask.py).
+    # Prompt: who sees whom, per token (layers make their bias per tile: prompt_mask).
     prompt_mask: PromptMask | None = None
     query_lens: torch.Tensor | None = None  # prompt [bs] long; padding rows -> 0
-    # Decode: the flat blocks per sliding window (None: full attention) and
-    # per attention chunk size.
+    # Decode: the flat blocks per sliding window (None: full) and per chunk size.
     decode_by_window: dict[int | None, DecodeBlocks] = field(default_factory=dict)
     decode_by_chunk: dict[int, DecodeBlocks] = field(default_factory=dict)
 
@@ -387,8 +383,7 @@ def build_decode_metadata(
     def layout(window: int | None, chunk: int | None = None) -> DecodeBlocks:
         flat = _flat_layout(rows, owned, num_queries, window, chunk, cache.block_size)
         used = len(flat["block_list"])
-        # A group's rows need at most Q times a window's blocks in all (a row
-        # of q queries: its window widened by q - 1 keys).
+        # A group's rows need <= Q times a window's blocks (q queries: window + q - 1).
         span = window if chunk is None else chunk
         capacity = window_capacity(
             num_blocks, batch_size * num_queries, span, cache.block_size

@@ -50,8 +50,7 @@ class HpuSparseMLAImpl(HpuMLAImpl):
                 "layer's top-k: index_topk_freq, index_topk_pattern)."
             )
         super().__init__(*args, **mla_args)
-        # [bs, q, K] (prompt) or [P, block_size] (decode) bool, set by the
-        # layer's indexer in each pass just before the layer attends.
+        # [bs, q, K] (prompt) or [P, block_size] (decode) bool, set by the indexer.
         self.selected: torch.Tensor | None = None
 
     def record_logical_topk_ready(self) -> None:

@@ -49,8 +49,7 @@ class PaddingStats:
     # A decode step computes one token per sequence: batch padding is token padding.
     decode_batch: PaddingCounter = dataclasses.field(default_factory=PaddingCounter)
     decode_blocks: PaddingCounter = dataclasses.field(default_factory=PaddingCounter)
-    # Verification passes (a decode row's last token and its drafts): tokens;
-    # their blocks count as decode blocks.
+    # Verification passes: tokens; their blocks count as decode blocks.
     verify: PaddingCounter = dataclasses.field(default_factory=PaddingCounter)
 
     def record_prompt(self, bucket: "Bucket", query_lens: list[int]) -> None:

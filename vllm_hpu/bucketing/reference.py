@@ -16,8 +16,7 @@ LONG_CONTEXT_LEN = 8192
 # Without contiguous PA, decode block references may reach this many times the
 # KV cache's blocks (prefix-cache hits count a shared block once per sequence).
 DECODE_BLOCK_FACTOR = 3
-# Merged prefill: its query ladder steps by this many blocks, its context by
-# this many blocks.
+# Merged prefill: the query and context ladders' steps, in blocks.
 MERGED_QUERY_BLOCKS = 4
 MERGED_CONTEXT_STEP = 4
 

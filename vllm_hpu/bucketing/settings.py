@@ -45,8 +45,7 @@ class ServingLimits:
     max_num_batched_tokens: int
     max_model_len: int
     block_size: int
-    # Prefix caching or chunked prefill: prompt passes may
-    # start after cached blocks.
+    # Prefix caching or chunked prefill: prompt passes may follow cached blocks.
     use_context_buckets: bool = False
     # Only the reference strategy looks at it (its decode blocks count differently).
     prefix_caching: bool = True

@@ -60,8 +60,7 @@ def _optimization_level(vllm_config: "VllmConfig") -> None:
     model_config = vllm_config.model_config
     if level == OptimizationLevel.O0 and model_config is not None:
         model_config.enforce_eager = True
-        # What vLLM sets for --enforce-eager before this hook (and would set on
-        # the engine core's pass over this config).
+        # What vLLM sets for --enforce-eager before this hook (and on the core's pass).
         vllm_config.kernel_config.enable_jit_warmup = False
         logger.info(
             "-O0 (no compilation, no graphs): the HPU runner runs the model "

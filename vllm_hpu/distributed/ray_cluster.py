@@ -45,8 +45,7 @@ def _connect_or_start(parallel_config: "ParallelConfig") -> None:
             logger.info("Started a Ray cluster on this node with %s", resources)
             return
         except ValueError:
-            # Ray found a running cluster, which takes no resources from drivers:
-            # it declares its own.
+            # A running cluster takes no resources from drivers: it declares its own.
             pass
     ray.init(runtime_env=runtime_env)
 

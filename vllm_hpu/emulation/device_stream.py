@@ -36,8 +36,7 @@ def _run_in_order(
 
 class DeviceStream:
     def __init__(self, threaded: bool, num_threads: int | None = None):
-        # Seconds spent running device work, from the stream's side: the time
-        # the device was busy, in emulation (benchmarks/async_overlap.py).
+        # Seconds of device work, the stream's busy time (benchmarks/async_overlap.py).
         self.busy_s = 0.0
         self._work: queue.SimpleQueue[_Work | None] | None = None
         if threaded:
@@ -61,8 +60,7 @@ class DeviceStream:
         if self._work is None:
             self._execute(future, fn, args)
         else:
-            # The work sees the submitter's context variables (torch keeps its
-            # dynamo config in them: the recompile limit the runner sets).
+            # With the submitter's context variables (dynamo's recompile limit).
             context = contextvars.copy_context()
             self._work.put(lambda: context.run(self._execute, future, fn, args))
         return future

@@ -163,8 +163,7 @@ class HpuMMEncoderAttention(MMEncoderAttention):
         max_seqlen: torch.Tensor | None = None,
         sequence_lengths: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # max_seqlen and sequence_lengths size FlashAttention's and FlashInfer's
-        # varlen kernels; the mask needs neither.
+        # max_seqlen, sequence_lengths size FlashAttention; the mask needs neither.
         batch, seq_len = query.shape[:2]
         flat = query.dim() == 3
         query, key, value = self.view_qkv_to_4d(

@@ -24,8 +24,7 @@ from vllm_hpu.ops.sliced_attention import (
     sliced_attention,
 )
 
-# Head sizes the fused kernel (Gaudi's FusedSDPA) is validated with; any other
-# size runs the plain path.
+# Head sizes FusedSDPA is validated with; others run the plain path.
 FUSED_SDPA_HEAD_SIZES = (64, 80, 96, 112, 128, 192, 256)
 
 

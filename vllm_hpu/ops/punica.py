@@ -61,8 +61,7 @@ class HpuPunicaWrapper(PunicaWrapperBase):
         vocab_size: int,
         **kwargs: Any,
     ) -> None:
-        # Only the index tensors: vLLM's segment metadata reads tensor values
-        # back to the host, which a static-shape forward never needs.
+        # Only index tensors: vLLM's segment metadata reads values back to the host.
         num_tokens = len(mapping.index_mapping)
         if num_tokens > self.capacity:
             self._grow(num_tokens)

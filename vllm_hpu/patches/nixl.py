@@ -36,8 +36,7 @@ class _NixlFromWheel(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        # Executed already, as nixl_cu12's; the import system has just set the
-        # alias's spec on it: the module keeps its own.
+        # Executed already as nixl_cu12's; it keeps its own spec, not the alias's.
         module.__spec__ = self.wheel_specs.pop(module.__name__)
 
 

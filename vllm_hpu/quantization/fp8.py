@@ -82,8 +82,7 @@ def fp8_scaled_mm(
             D=None,
             out_dtype=out_dtype,
             A_scale_inv=a_scale,
-            # Per output column is [N] (the bridge's own fp8 tests): [N, 1]
-            # would scale rows of B, not its columns.
+            # Per column is [N] (the bridge's fp8 tests): [N, 1] would scale B's rows.
             B_scale_inv=b_scale if b_scale.numel() == 1 else b_scale.reshape(-1),
             bias=bias,
             accumulate=False,

@@ -40,8 +40,7 @@ class HpuCompressedTensorsWNA16MoEMethod(
     N, K / pack], ``w13_weight_scale`` [E, N, groups], zeros [E, N / pack, groups]."""
 
     def __init__(self, weight_quant: Any, moe: FusedMoEConfig) -> None:
-        # vLLM's __init__ asks its oracle for a CUDA or CPU kernel; these are the
-        # fields its create_weights reads.
+        # vLLM's __init__ asks for a CUDA or CPU kernel; create_weights reads these.
         CompressedTensorsMoEMethod.__init__(self, moe)
         self.weight_quant, self.input_quant = weight_quant, None
         self.symmetric = weight_quant.symmetric
@@ -77,8 +76,7 @@ class HpuCompressedTensorsMxfp4MoEMethod(
     uint8 [E, N, K / 2], e8m0 ``w13_weight_scale`` uint8 [E, N, K / 32]."""
 
     def __init__(self, moe: FusedMoEConfig) -> None:
-        # vLLM's __init__ picks a CUDA or XPU kernel (and logs it); its
-        # create_weights reads the group size.
+        # vLLM's __init__ picks a CUDA/XPU kernel; create_weights reads the group size.
         CompressedTensorsMoEMethod.__init__(self, moe)
         self.group_size = MXFP4_GROUP_SIZE
 

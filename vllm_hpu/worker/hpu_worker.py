@@ -184,8 +184,7 @@ class HpuWorker(WorkerBase):
         self, scheduler_output: SchedulerOutput
     ) -> ModelRunnerOutput | None:
         if self.metrics is None and self.rank == 0:
-            # Built on the first step, so it counts from the end of warmup; rank 0
-            # only, since every rank pads the same shapes.
+            # From the first step (end of warmup); rank 0 only: all ranks pad alike.
             self.metrics = HpuMetrics(self.runner.buckets)
         received = None
         stage = self.runner.stage

@@ -84,8 +84,7 @@ class HpuDraftModelProposer(Proposer):
         self.model: Any = None
         self.graphed_model: GraphedModel  # set by load_model
         self.layer_names: list[str] = []
-        # Per request: the positions [start, end) whose tokens the last
-        # proposal's decodes wrote into the draft's KV.
+        # Per request: positions [start, end) the last proposal wrote to the draft's KV.
         self._written: dict[str, tuple[int, int]] = {}
 
     def load_model(self) -> None:

@@ -32,8 +32,7 @@ from vllm_hpu.worker.spec_decode.interface import TargetRunner
 class HpuEagleProposer(HpuDraftModelProposer):
     # The first decode reads the last sampled token at the position before it.
     first_decode_offset = 2
-    # The head's KV at a position comes from the target's states there, which
-    # only the target's passes give.
+    # The head's KV at a position needs the target's states there, from its passes.
     decodes_write_target_tokens = False
 
     def __init__(self, runner: TargetRunner):
@@ -41,8 +40,7 @@ class HpuEagleProposer(HpuDraftModelProposer):
         spec = runner.vllm_config.speculative_config
         assert spec is not None
         self.num_speculative_tokens = spec.num_speculative_tokens
-        # Per row of this step: (position of the first kept state, the target's
-        # hidden states at its last 1 + k positions).
+        # Per row: (first kept state's position, target states at its last 1 + k).
         self._target_hidden: dict[int, tuple[int, torch.Tensor]] = {}
 
     def _load(self) -> Any:

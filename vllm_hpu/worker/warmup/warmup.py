@@ -150,8 +150,7 @@ class HpuWarmup:
     def _new_request(self, seq: FakeSeq) -> NewRequestData:
         assert self.runner.cache is not None, "initialize_kv_cache() first"
         num_kv_blocks = self.runner.cache.num_blocks
-        # Blocks of their own: a context block another request of the step writes
-        # would make the runner run the two in separate passes.
+        # Own blocks: a context block another request writes would split the passes.
         num_blocks = cdiv(seq.num_tokens + seq.num_drafts, self.block_size)
         block_ids = [(self._next_block + j) % num_kv_blocks for j in range(num_blocks)]
         self._next_block += num_blocks
@@ -163,8 +162,7 @@ class HpuWarmup:
             mm_features=[],
             sampling_params=sampling_params,
             pooling_params=pooling_params,
-            # The same blocks in every KV cache group: the passes' shapes are
-            # what warmup is for.
+            # The same blocks in every KV cache group: only the shapes matter here.
             block_ids=(block_ids,) * len(self.runner.cache.group_geometries()),
             num_computed_tokens=seq.num_computed,
             lora_request=self.runner.caps.lora.warmup_request(self._next_id),
