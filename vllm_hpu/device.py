@@ -449,9 +449,8 @@ def fused_moe() -> Callable[..., Any] | None:
 
 
 def fused_moe_fp8(dynamic: bool) -> Callable[..., Any] | None:
-    """Fused fp8 MoE rounding the intermediate through fp8 with given scales
-    (``fp8_fused_weights``, needs ``d_scale_intermediate_hidden_states``) or per
-    token (``dynamic``); None without Gaudi (see quantization/fp8_moe.py)."""
+    """Fused fp8 MoE, rounding the intermediate through fp8 with given scales (needs
+    ``d_scale_intermediate_hidden_states``) or per token (``dynamic``)."""
     name = "fp8_fused_weights_dynamic" if dynamic else "fp8_fused_weights"
     key = f"torch.ops.hpu.mixture_of_experts.{name}"
     if key not in _KERNELS:

@@ -117,9 +117,8 @@ def short_sequence_buckets(
 def compact_decode_buckets(
     config: BucketingConfig, num_kv_blocks: int, shape: CompactShape = COMPACT
 ) -> list[Bucket]:
-    """Short sequences at every batch size; for the largest fillable batch size,
-    block counts growing by ``largest_batch_growth`` up to the most it can hold,
-    so every decode batch has a bucket (a smaller one in a larger batch's)."""
+    """Short sequences at every batch size; for the largest fillable one, block counts
+    growing by ``largest_batch_growth`` to the most it holds (every batch fits one)."""
     *smaller, largest = fillable_batch_sizes(
         compact_decode_batch_sizes(config), num_kv_blocks
     )

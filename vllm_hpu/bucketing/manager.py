@@ -90,8 +90,7 @@ def verification_batch_rungs(
     decode: list[Bucket], max_groups: int
 ) -> dict[int, list[int]]:
     """Each decode batch size's block counts, plus a rung halfway between sizes more
-    than one apart: verification groups come in any number, and three groups
-    would pad to four on a doubling ladder (Q tokens each)."""
+    than one apart: three verification groups would pad to four (Q tokens each)."""
     blocks: dict[int, set[int]] = {}
     for bucket in decode:
         blocks.setdefault(bucket.batch_size, set()).add(bucket.num_blocks)

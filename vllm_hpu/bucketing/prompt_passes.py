@@ -81,9 +81,8 @@ def _prompt_tokens(
 
 
 def _dependency_depths(seqs: Sequence[SplitChunk], block_size: int) -> list[int]:
-    """Passes that must run before each chunk: vLLM can hand a prompt, as cached
-    context, blocks another prompt of the step writes (identical prefixes), so
-    reordering must not put the reader before the writer."""
+    """Passes that must run before each chunk: a prompt's cached context may be blocks
+    another prompt of the step writes (same prefixes): readers follow writers."""
     writers: dict[int, int] = {}
     for index, seq in enumerate(seqs):
         for table in seq.tables:  # a full layer may read what a window skips

@@ -98,9 +98,8 @@ def keeps_prompt(
 
 
 def reference_prompt_buckets(config: BucketingConfig, merged: bool) -> list[Bucket]:
-    """Every query with every context, batch size 1. With long context the
-    largest context is replaced, per query, by the most that query leaves room
-    for; a query that leaves none keeps the previous query's (as its loop does)."""
+    """Every query with every context, batch size 1; with long context the largest is
+    cut per query to what it leaves room for (else the previous query's)."""
     ranges = prompt_ranges(config, merged)
     long_context = config.max_model_len >= LONG_CONTEXT_LEN
     largest = max(ranges.contexts)

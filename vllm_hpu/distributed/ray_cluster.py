@@ -34,9 +34,8 @@ def init_ray_with_hpus(parallel_config: "ParallelConfig") -> bool:
 
 
 def _connect_or_start(parallel_config: "ParallelConfig") -> None:
-    """As vLLM would (RAY_ADDRESS, the cluster `ray start` left on this node, else a
-    new one), a new one declaring the emulated HPUs, which Ray cannot find itself.
-    Not ``address="auto"``, which joins any cluster running on the node."""
+    """As vLLM would (RAY_ADDRESS, a `ray start` cluster here, else a new one declaring
+    the emulated HPUs); not ``address="auto"``, which joins any local cluster."""
     runtime_env = parallel_config.ray_runtime_env
     resources = device.emulated_ray_resources(parallel_config.world_size)
     if resources is not None:

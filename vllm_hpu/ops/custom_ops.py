@@ -85,9 +85,8 @@ class HpuRotaryEmbedding(RotaryEmbedding):
 
 
 class HpuLlama4VisionRotaryEmbedding(Llama4VisionRotaryEmbedding):
-    """Llama 4's 2-D vision rotary in real arithmetic: vLLM's multiplies complex
-    tensors, a dtype Gaudi lacks. ``cos_sin_cache [patches + 1, 1, head_size / 2,
-    2]`` holds (cos, sin) per pair of adjacent channels, the CLS token last."""
+    """Llama 4's 2-D vision rotary in real arithmetic (Gaudi lacks complex tensors):
+    ``cos_sin_cache [patches + 1, 1, head_size / 2, 2]``, CLS last."""
 
     def __init__(
         self,

@@ -32,9 +32,8 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def normalize_qk(
     query: torch.Tensor, key: torch.Tensor, num_v_heads: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """L2-normalise ``query``/``key [..., k_heads, dk]``, scale ``query`` by
-    ``1/sqrt(dk)`` and repeat both to ``[..., num_v_heads, dk]`` (value head ``h``
-    reads key head ``h // (v_heads / k_heads)``), in float32+."""
+    """L2-normalise ``query``/``key [..., k_heads, dk]``, scale ``query`` by 1/sqrt(dk),
+    repeat both to ``[..., v_heads, dk]`` (head h reads h // (v/k)), float32+."""
     dtype = compute_dtype(query.dtype)
     repeats = num_v_heads // key.shape[-2]
     q = l2norm(query.to(dtype)) * query.shape[-1] ** -0.5

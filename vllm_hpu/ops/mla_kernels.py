@@ -125,9 +125,8 @@ def _pad_head(x: torch.Tensor, size: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class LatentKeys:
-    """A prompt pass's own tokens as latents [bs, q, L + R], expanded per head only
-    as a tile of keys is read, zero-padded to one ``head_size`` (the fused kernel
-    wants one). Cached context is never expanded: :func:`latent_chunk_attention`."""
+    """A pass's own tokens as latents [bs, q, L + R], expanded per head only per key
+    tile, zero-padded to one ``head_size``; context stays latent."""
 
     latent: torch.Tensor
     expand: LatentExpansion
@@ -211,9 +210,8 @@ def latent_chunk_attention(
     scale: float,
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """Prompt attention of a pass with cached context. query: [bs, q, N, P + R];
-    bias over [bs, q] x [bs, K + q] -> [bs, q, N, V]: the context in latent space,
-    the pass's own tokens over their expanded latents, merged by log-sum-exp."""
+    """Prompt attention with cached context: query [bs, q, N, P + R] -> [bs, q, N, V];
+    context in latent space, own tokens expanded, merged by log-sum-exp."""
     past_len = context.past_len
     num_keys = past_len + keys.num_keys
     chunk = slicing.chunk_size if slicing.applies(num_keys) else num_keys

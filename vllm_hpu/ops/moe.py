@@ -271,9 +271,8 @@ def routed_experts(
 def local_experts(
     topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expert parallelism: expert_map [num_experts] is each global expert's local
-    slot, -1 if another rank owns it. Pairs routed elsewhere go to slot 0 with
-    weight 0 (static shapes); their owners add the outputs in the combine."""
+    """EP: expert_map [num_experts] is each global expert's local slot (-1 elsewhere);
+    pairs routed elsewhere go to slot 0, weight 0; their owners add them."""
     local = expert_map.index_select(0, topk_ids.flatten().long()).view_as(topk_ids)
     owned = local >= 0
     weights = torch.where(owned, topk_weights, torch.zeros_like(topk_weights))

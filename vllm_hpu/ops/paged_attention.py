@@ -224,9 +224,8 @@ def _tokens_by_head(x: torch.Tensor, num_queries: int) -> torch.Tensor:
 
 
 def _biased(scores: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Scores [P, KVH, G, B] plus the blocks' bias: [P, B] for every head,
-    [P, num_heads, B] per head (ALiBi), or per query [P, Q, 1 or num_heads, B]
-    (verification), whose queries sit in G as ``_queries_by_kv_head`` puts them."""
+    """Scores [P, KVH, G, B] plus bias [P, B], [P, num_heads, B] (ALiBi), or per query
+    [P, Q, 1 or num_heads, B] (verification; queries in G)."""
     num_blocks, num_kv_heads, group, block_size = scores.shape
     bias = bias.to(scores.dtype)
     if bias.dim() == 2:

@@ -69,9 +69,8 @@ def fp8_scaled_mm(
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(a * a_scale) @ (b * b_scale) + bias for fp8 ``a`` [M, K] and ``b`` [K, N];
-    ``a_scale`` one value or [M, 1] (per token), ``b_scale`` one value or N (per
-    output channel, any shape with N elements: vLLM keeps [N, 1])."""
+    """(a * a_scale) @ (b * b_scale) + bias, fp8 ``a`` [M, K], ``b`` [K, N]; a_scale one
+    or [M, 1], b_scale one or N elements (vLLM keeps [N, 1])."""
     gemm = device.fp8_gemm()
     if gemm is not None:
         return gemm(
@@ -182,9 +181,8 @@ class HpuFp8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
 
 
 class HpuFp8BlockScaledMMLinearKernel(Fp8BlockScaledMMLinearKernel):
-    """Block-scaled fp8 weights [N, K] with scales [ceil(N/bn), ceil(K/bk)] (the
-    last blocks may be partial), times activations quantized per token and group
-    of ``bn`` inputs by vLLM's QuantFP8: both dequantized, then multiplied."""
+    """Block-scaled fp8 weights [N, K], scales [ceil(N/bn), ceil(K/bk)], times inputs
+    QuantFP8 quantized per token and ``bn`` group: both dequantized, multiplied."""
 
     @classmethod
     def is_supported(

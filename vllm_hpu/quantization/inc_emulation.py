@@ -116,9 +116,8 @@ def fp8_fused_sdpa(
     is_amax_s: bool = False,
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gaudi's fp8_fused_sdpa: q, k, v [bs, heads, len, head_size] dequantized,
-    probabilities through fp8 (``q_scale_s``), output quantized (``q_scale_o``);
-    returns (output, probabilities' amax or None). Query rows go in chunks."""
+    """Gaudi's fp8_fused_sdpa: q, k, v [bs, heads, len, D] dequantized, probabilities
+    via ``q_scale_s``, output ``q_scale_o``; (output, amax or None), chunked."""
     group = q.shape[1] // k.shape[1]
     key = _dequantize(k, d_scale_k, torch.float32).repeat_interleave(group, 1)
     value = _dequantize(v, d_scale_v, torch.float32).repeat_interleave(group, 1)

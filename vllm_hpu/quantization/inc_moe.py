@@ -69,9 +69,8 @@ def attach_moe_ops(model: torch.nn.Module) -> None:
 
 
 def release_bf16_experts(model: torch.nn.Module) -> None:
-    """After INC's convert: the stacked bf16 expert weights of every layer whose
-    experts all became fp8 are dropped (what INC's own MoE patch does for the
-    layer class it knows), so only the fp8 copies stay in device memory."""
+    """After INC's convert, layers whose experts all became fp8 drop their stacked bf16
+    weights (as INC's own MoE patch does): only the fp8 copies stay."""
     for module in model.modules():
         moe_op = getattr(module, "moe_op", None)
         if not isinstance(module, RoutedExperts) or moe_op is None:

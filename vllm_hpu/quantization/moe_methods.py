@@ -28,9 +28,8 @@ from vllm_hpu.ops.fused_moe import (
 
 
 class HpuQuantizedMoE(HpuMoEMethod, abc.ABC):
-    """Mixin ahead of vLLM's MoE method of the format: its ``create_weights`` stays,
-    its kernels do not. Weights stay packed on the device; each forward dequantizes
-    the experts it reads (the routed ones at small batch), group by group."""
+    """Mixin ahead of vLLM's MoE method: its ``create_weights`` stays, its kernels do
+    not. Weights stay packed; each forward dequantizes the experts it reads."""
 
     copies_weights = True
 

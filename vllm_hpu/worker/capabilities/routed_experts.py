@@ -172,9 +172,8 @@ class RoutedExpertsCapture(RoutedExpertsOutput):
 
 @dataclass(frozen=True)
 class CaptureLayout:
-    """Where a pass's tokens sit among the rows a MoE layer routes: the pass alone;
-    with data parallelism every rank's padded pass, rank after rank; with
-    sequence-parallel experts each expert-parallel rank's ceil(n / tp) share."""
+    """Where a pass's tokens sit among a MoE layer's rows: the pass; with DP every
+    rank's padded pass in turn; with sequence-parallel experts each ceil(n / tp)."""
 
     dp_rank: int
     tp_size: int  # > 1 where the experts are sequence-parallel

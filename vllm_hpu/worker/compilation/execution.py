@@ -67,9 +67,8 @@ class CompileOptions:
 
 
 def pack_linear_weights(model: Any, mode: ExecutionMode, keep_layout: bool) -> bool:
-    """Pack the linear weights for the CPU once in eager mode; whether any was.
-    Inductor cannot take oneDNN's packed weights as graph inputs, and weights that
-    may change or sleep (``keep_layout``) stay as vLLM loaded them."""
+    """Pack linear weights for the CPU once in eager mode (Inductor cannot take packed
+    inputs; ``keep_layout`` weights stay as loaded); whether any was."""
     if mode is not ExecutionMode.EAGER or keep_layout:
         return False
     return device.prepare_weights(model)
@@ -175,9 +174,8 @@ class GraphedModel(torch.nn.Module):
 
 
 def graph_form(value: Any) -> Any:
-    """``value`` as the bridge takes graph inputs: dicts, lists and tuples of
-    tensors and hashable constants (it hashes and copies nothing else), each
-    dataclass as a tuple of its class and its fields' values."""
+    """``value`` as the bridge takes graph inputs (it hashes/copies nothing else):
+    containers of tensors and constants, dataclasses as (class, field values)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = dataclasses.fields(value)
         return (type(value), *(graph_form(getattr(value, f.name)) for f in fields))

@@ -42,9 +42,8 @@ class ScheduledSeq:
 
 @dataclass(frozen=True)
 class ImageSpans:
-    """vLLM's PrefixLM ranges (``is_mm_prefix_lm``: Gemma 3): an item's embedding
-    tokens see each other both ways; as vLLM's GPU runner, a span longer than
-    ``max_length`` (the sliding window) stays causal."""
+    """vLLM's PrefixLM ranges (Gemma 3): an item's tokens see each other both ways;
+    as vLLM's GPU runner, spans longer than ``max_length`` stay causal."""
 
     max_length: int | None
 

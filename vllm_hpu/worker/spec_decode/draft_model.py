@@ -154,9 +154,8 @@ class HpuDraftModelProposer(Proposer):
         return None
 
     def _pass_starts(self, rows: list[int], first: np.ndarray) -> np.ndarray:
-        """Where each row's first pass starts: ``first``, or where the last proposal's
-        decodes stopped when the target accepted every draft (the row catches up in
-        its first pass rather than one more decode over every row)."""
+        """Where each row's first pass starts: ``first``, or where the last decodes
+        stopped if all drafts were accepted (catching up beats decoding every row)."""
         req_ids = self.runner.input_batch.req_ids
         ends = [self._written.get(req_ids[row], (0, -1))[1] for row in rows]
         starts = np.minimum(first, np.where(np.array(ends) >= 0, ends, first))

@@ -93,9 +93,8 @@ class HpuEagleProposer(HpuDraftModelProposer):
 
 
 def share_target_weights(model: Any, target: Any) -> None:
-    """The target's embeddings and LM head shared with the head as vLLM does
-    (``_maybe_share_embeddings``/``_maybe_share_lm_head``): always for MTP, for
-    EAGLE where the checkpoint has none; each MTP layer's ``shared_head.head`` too."""
+    """The target's embeddings and LM head shared as vLLM does: always for MTP, for
+    EAGLE where its checkpoint has none; each MTP ``shared_head.head`` too."""
     if not getattr(model, "has_own_embed_tokens", False):
         model.model.embed_tokens = target.model.embed_tokens
     if getattr(model, "has_own_lm_head", False):
@@ -111,9 +110,9 @@ def share_target_weights(model: Any, target: Any) -> None:
 
 
 class HpuEagle3Proposer(HpuEagleProposer):
-    """EAGLE-3: the head reads the target's states at several layers (returned once
-    asked, ``set_aux_hidden_state_layers``), combined by its ``fc``; a smaller
-    draft vocabulary is mapped by the head's ``compute_logits``."""
+    """EAGLE-3: the head reads several target layers' states
+    (``set_aux_hidden_state_layers``), combined by its ``fc``; a smaller draft
+    vocabulary is mapped by the head's ``compute_logits``."""
 
     def _load(self) -> Any:
         model = super()._load()

@@ -169,9 +169,8 @@ class AsyncTokenFeed(TokenFeed):
             self.stream.synchronize()
 
     def _counts_min_tokens(self) -> bool:
-        """vLLM's min-tokens processor counts each request's host tokens and swaps the
-        stop-token mask the queued sampling reads: while it holds requests, steps see
-        every token on the host and no sampling in flight."""
+        """vLLM's min-tokens processor counts host tokens and swaps the stop-token mask
+        queued sampling reads: while it holds requests, no sampling is in flight."""
         return any(
             isinstance(processor, MinTokensLogitsProcessor) and processor.min_toks
             for processor in self.input_batch.logitsprocs.all

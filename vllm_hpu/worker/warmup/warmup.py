@@ -105,9 +105,8 @@ class HpuWarmup:
     def _prompt_rows(
         self, context: int, query_len: int, num_seqs: int
     ) -> list[FakeSeq] | None:
-        """``num_seqs`` rows of ``query_len`` tokens after ``context`` cached ones, each
-        on its own blocks; where the KV cache is too small, rows after the first start
-        without context, or None if even those do not fit."""
+        """``num_seqs`` rows of ``query_len`` after ``context`` cached, own blocks each;
+        if the KV cache is too small later rows lack context, or None if none fit."""
         assert self.runner.cache is not None, "initialize_kv_cache() first"
         row = FakeSeq(context + query_len, context)
         first = cdiv(row.num_tokens, self.block_size)
