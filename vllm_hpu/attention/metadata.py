@@ -40,20 +40,17 @@ class CacheGeometry:
     num_blocks: int  # real blocks; the dummy block's id is num_blocks
     dtype: torch.dtype  # model dtype (for masks / mappings)
     device: torch.device
-    # Distinct windows of the sliding-window layers (each gets its own decode
-    # blocks; prompt layers apply theirs to the pass's mask), and whether some
-    # layer attends to every token.
+    # Distinct sliding windows (each with its own decode blocks; prompt layers mask
+    # the pass), and whether some layer attends to every token.
     sliding_windows: tuple[int, ...] = ()
     full_attention: bool = True
     # Chunk sizes of chunked local attention layers (Llama 4), each with its blocks.
     attention_chunks: tuple[int, ...] = ()
-    # Under vLLM's hybrid KV cache manager, the geometry of each KV cache group
-    # (its layers' windows), in the order of the requests' block tables; empty:
-    # one group, this geometry.
+    # Per KV cache group under the hybrid manager, its layers' windows, in block
+    # table order; empty: one group, this geometry.
     groups: tuple["CacheGeometry", ...] = ()
-    # Every prompt mask carries its queries' span ends (a model whose image
-    # tokens attend both ways), spans or not: one input structure per bucket
-    # for a compiled graph.
+    # Every prompt mask carries span ends, spans or not: one input structure per
+    # bucket for a compiled graph.
     span_ends: bool = False
     # A hybrid model's state group (worker/kv_caches.py): no attention metadata.
     holds_states: bool = False
@@ -347,9 +344,8 @@ def _decode_blocks(
     start, usage = on_device["block_start"], on_device["block_usage"]
     keys = torch.arange(cache.block_size, device=cache.device)
     hidden = (keys >= usage[..., None]) | (keys < start[..., None])  # [P, Q, B]
-    # A block may hide every key from one of its queries (a later block of a
-    # verified row, or one before a window): a finite floor keeps that query's
-    # block maximum finite, and the row's visible keys outweigh it.
+    # A block may hide every key from a query (a verified row's later block, one
+    # before a window): a finite floor keeps its maximum finite.
     bias = torch.zeros(hidden.shape, dtype=cache.dtype, device=cache.device)
     bias.masked_fill_(hidden, torch.finfo(cache.dtype).min)
     groups = on_device["block_groups"]

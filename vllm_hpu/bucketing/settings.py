@@ -20,9 +20,8 @@ logger = init_logger("vllm.hpu.bucketing")
 # Past-context buckets step by about this many tokens once the ramp is done:
 # context only costs attention, so coarse steps pad cheaply.
 CONTEXT_STEP_TOKENS = 1024
-# Decode block buckets step by this many tokens' worth of blocks (16 at block size
-# 128). The reference stack's step of block_size *blocks* (16k tokens at 128)
-# padded the blocks of a mixed workload's decode steps by 38 %; this step, 6 %.
+# Decode block buckets step by this many tokens' worth of blocks: the reference's
+# block_size blocks (16k tokens) padded a mixed workload's decode blocks 38 %; 6 %.
 DECODE_STEP_TOKENS = 2048
 # The decode block maximum is never below this, as documented.
 MIN_DECODE_BLOCK_MAX = 128
@@ -63,9 +62,7 @@ class BucketingConfig:
     block_size: int
     use_context_buckets: bool
     exponential: bool
-    # How each phase's buckets are made (docs/bucketing.md, "Strategies"):
-    # compact, linear, exponential, reference, reference-merged, or file
-    # (VLLM_BUCKETING_FROM_FILE).
+    # How each phase's buckets are made (docs/bucketing.md, "Strategies"), or file.
     prompt_strategy: str
     decode_strategy: str
     bucket_file: str
@@ -79,8 +76,7 @@ class BucketingConfig:
     # Prompt passes pack their chunks: prompt buckets are (1, tokens, context).
     merged_prefill: bool = False
     prefix_caching: bool = True
-    # Speculative decoding: query tokens per row of a verification pass (its
-    # last token and k drafts); each decode bucket gets a verification twin.
+    # Verification queries per row (last token + k drafts); decode buckets get a twin.
     verify_queries: int = 1
 
     @classmethod

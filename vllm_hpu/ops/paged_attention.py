@@ -15,9 +15,8 @@ from vllm_hpu.ops.sliced_attention import merge_tiles
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 ALL_BLOCKS = 2**62  # a block slice that never cuts
-# Hidden keys score the dtype's most negative value, and a CPU's exp takes a
-# slow path (5 to 20 times a normal input's) where its result is subnormal or
-# underflows. Below this floor a key weighs under 1e-34 of its block maximum.
+# Hidden keys score the dtype's min, and a CPU's exp is 5-20x slower on subnormal
+# results; below this floor a key weighs under 1e-34 of its block maximum.
 EXP_FLOOR = -80.0
 
 
@@ -29,10 +28,8 @@ class DecodeBlocks:
     block_list: torch.Tensor  # [P] long: physical block id
     block_groups: torch.Tensor  # [P] long: owning batch row; padding -> bs
     block_mapping: torch.Tensor  # [P, bs] one-hot of block_groups, sink dropped
-    # [P, block_size] (or [P, num_heads, block_size] with ALiBi): 0 for valid
-    # tokens, -inf for tokens past the end or before the window. Verification
-    # (Q queries per row): [P, Q, 1 or num_heads, block_size], each query's
-    # hidden keys at the dtype's most negative value (a block may hide all).
+    # [P, block_size] ([P, num_heads, block_size] with ALiBi): 0 valid, -inf hidden;
+    # verification: [P, Q, 1 or num_heads, block_size], hidden at the dtype's min.
     block_bias: torch.Tensor
     block_offsets: torch.Tensor  # [P] long: block's first key position - query's
     # (verification: minus the row's first query's)
