@@ -45,10 +45,9 @@ def hpu_available() -> bool:
 
 
 def _set_up_lazy_mode_defaults() -> None:
-    """Lazy-mode settings made before the bridge loads (vllm-gaudi platform.py:
-    427-436): collectives recorded in the lazy graph (multi-card HPU graphs need
-    them) and no ``nn.Parameter`` weight-sharing patch (bridge v1.19.0
-    core/__init__.py:128-141)."""
+    """Lazy-mode settings before the bridge loads (vllm-gaudi platform.py:427-436):
+    lazy collectives (multi-card HPU graphs) and no ``nn.Parameter`` weight-sharing
+    patch (bridge v1.19.0 core/__init__.py:128-141)."""
     envs.set_default("PT_HPU_ENABLE_LAZY_COLLECTIVES", "true")
     envs.set_default("PT_HPU_WEIGHT_SHARING", "0")
 

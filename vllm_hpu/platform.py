@@ -254,10 +254,9 @@ class HpuPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
-        """Runs on every ``VllmConfig.__post_init__`` pass (the caller's, then the
-        engine core's on the config it was sent) and gives the same config twice:
-        it reads the user's request from ``engine_args.requested_options``, not
-        fields an earlier pass changed, and marks decisions taken once there."""
+        """Runs on every ``VllmConfig.__post_init__`` pass (caller's, then the core's)
+        and gives the same config twice: it reads ``engine_args.requested_options``,
+        not fields an earlier pass changed, and marks decisions taken once there."""
         requested = engine_args.requested_options(vllm_config)
         _check_envs()  # 0. a malformed variable stops start-up here
         if engine_args.first_pass(vllm_config, "failure notes"):

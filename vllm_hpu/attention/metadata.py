@@ -290,9 +290,8 @@ def _flat_layout(
     block_size: int,
 ) -> dict[str, np.ndarray]:
     """Per flat block: physical id, query group, key offset (ALiBi), and per slot the
-    visible key range [start, usage) (empty for other rows' slots). A row's blocks
-    span its first query's first visible key to its last query's own; slot ``j``
-    queries at the row's ``j``-th token (past its tokens: the last)."""
+    visible keys [start, usage) (empty for other rows'); slot ``j`` queries at the
+    row's ``j``-th token (past its tokens: the last)."""
     slot0 = rows.starts % num_queries
     slot = np.arange(num_queries)[None, :] - slot0[:, None]  # [R, Q]: the row's j
     is_owned = (slot >= 0) & (slot < owned[:, None])
@@ -367,10 +366,9 @@ def build_decode_metadata(
     starts: list[int] | None = None,
     num_queries: int = 1,
 ) -> HpuAttentionMetadata:
-    """A decode pass of ``batch_size`` groups of ``num_queries`` (Q) slots over
-    ``num_blocks`` (P) flat blocks: one token per row at ``i``, or when verifying,
-    row ``i``'s tokens from ``starts[i]`` on, causal in the row. One layout per
-    sliding window and chunk size (and full), so a layer reads only its blocks."""
+    """A decode pass of ``batch_size`` groups of Q slots over P flat blocks: a token
+    per row, or when verifying row ``i``'s tokens from ``starts[i]``, causal. One
+    layout per window and chunk size (and full): a layer reads only its blocks."""
     rows = PassRows.of(seqs, list(range(len(seqs))) if starts is None else starts)
     owned = _owned_slots(rows, batch_size, num_queries)
     windows: list[int | None] = [None] if cache.full_attention else []

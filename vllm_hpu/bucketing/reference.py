@@ -118,10 +118,9 @@ def reference_prompt_buckets(config: BucketingConfig, merged: bool) -> list[Buck
 def reference_decode_buckets(
     config: BucketingConfig, num_kv_blocks: int
 ) -> list[Bucket]:
-    """Batch sizes ``(1, 2, max_num_seqs)`` x block counts ``(1, max_num_seqs,
-    most)``. Block references (prefix caching on): most is 3 x the KV cache's
-    blocks at the highest, counts below the batch go, the rest are clamped to
-    what the batch holds at max_model_len. Contiguous PA: most is the KV cache."""
+    """Batch sizes ``(1, 2, max_num_seqs)`` x blocks ``(1, max_num_seqs, most)``, most
+    3 x the KV cache's blocks with prefix caching (clamped to what the batch holds
+    at max_model_len; counts below the batch go), else the KV cache."""
     seqs = config.max_num_seqs
     contiguous = not config.prefix_caching
     blocks_per_seq = math.ceil(config.max_model_len / config.block_size)

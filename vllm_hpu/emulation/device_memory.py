@@ -68,11 +68,11 @@ _NEVER_TRIM = (1 << 31) - 1
 
 
 def pool_host_memory() -> None:
-    """Keep freed host memory for the next step, as a device allocator pools. glibc's
-    adaptive mmap threshold made a step's speed depend on earlier kernels
-    (docs/benchmarks.md); now tensors up to 32 MiB come from the heap, which keeps
-    up to 2 GiB freed (vLLM's CPU backend preloads tcmalloc for the same reason).
-    Left alone off glibc or under GLIBC_TUNABLES."""
+    """Keep freed host memory for the next step, as a device allocator pools: glibc's
+    adaptive mmap threshold made step speed depend on earlier kernels
+    (docs/benchmarks.md). Tensors up to 32 MiB now come from a heap keeping 2 GiB
+    freed (vLLM's CPU backend preloads tcmalloc); not off glibc, nor under
+    GLIBC_TUNABLES."""
     user_tuned = "glibc.malloc." in get_envs().glibc_tunables
     if platform.libc_ver()[0] != "glibc" or user_tuned:
         return

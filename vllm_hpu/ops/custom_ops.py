@@ -135,11 +135,10 @@ class HpuSiluAndMul(SiluAndMul):
 
 
 class HpuMMEncoderAttention(MMEncoderAttention):
-    """One masked attention over the whole encoder pass instead of one per image, so
-    a bucketed pass keeps one shape on Gaudi. Takes [batch, seq, hidden] (CLIP) and
-    [batch, seq, heads, head_size] (Qwen2-VL, with cu_seqlens). vLLM's classmethods
-    (maybe_compute_seq_lens, maybe_recompute_cu_seqlens) stay: with the torch SDPA
-    backend they only move cu_seqlens to the device."""
+    """One masked attention over the whole encoder pass (one shape per bucket), for
+    [batch, seq, hidden] (CLIP) and [batch, seq, heads, head_size] (Qwen2-VL, with
+    cu_seqlens). vLLM's cu_seqlens classmethods stay: with torch SDPA they only
+    move cu_seqlens to the device."""
 
     def __init__(
         self,

@@ -38,10 +38,9 @@ def encoder_attention(
     cu_seqlens: torch.Tensor | None = None,
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """Non-causal attention of every row, within the spans of ``cu_seqlens`` (the same
-    in every row) or over the row. query [batch, seq, heads, head_size], key/value
-    [batch, seq, kv_heads, head_size] -> [batch, seq, heads, head_size]. At least
-    ``slicing.threshold`` patches run in tiles: no [P, P] mask (2 GiB at 32k)."""
+    """Non-causal attention within ``cu_seqlens`` spans (alike in every row) or whole
+    rows: query [batch, seq, heads, D], key/value [batch, seq, kv_heads, D] -> query's
+    shape; ``slicing.threshold`` patches or more run in tiles (no 2 GiB [P, P] mask)."""
     batch, seq_len, _, head_size = query.shape
     mask = block_diagonal_mask(cu_seqlens, batch, seq_len, query.device)
     scoring = Scoring(scale, use_fused=head_size in FUSED_SDPA_HEAD_SIZES)

@@ -69,10 +69,9 @@ def latent_decode_attention(
     kv_lora_rank: int,
     block_slice: int = ALL_BLOCKS,
 ) -> torch.Tensor:
-    """Flat decode attention in latent space. query: [bs, num_heads, kv_lora_rank +
-    rope] (W_UK absorbed); cache: [slots, kv_lora_rank + rope] -> [bs, num_heads,
-    kv_lora_rank], still to go through W_UV. The value is the key's latent part,
-    so blocks are gathered once."""
+    """Flat decode attention in latent space: query [bs, heads, L + R] (W_UK
+    absorbed), cache [slots, L + R] -> [bs, heads, L], before W_UV. The value is
+    the key's latent part, so blocks are gathered once."""
     block_size = blocks.block_bias.shape[-1]
 
     def gather(part: DecodeBlocks) -> tuple[torch.Tensor, torch.Tensor]:

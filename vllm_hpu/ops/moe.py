@@ -75,11 +75,10 @@ PLAIN_EXPERTS = ExpertExtras()
 def select_experts(
     hidden_states: torch.Tensor, router_logits: torch.Tensor, routing: MoeRouting
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k experts of each token: hidden_states [num_tokens, hidden], router_logits
-    [num_tokens, num_experts] -> topk_weights [num_tokens, top_k] float32, topk_ids
-    [num_tokens, top_k]. vLLM's pure-torch CPU routing (an ungrouped layer is one
-    group): softmax, or sigmoid plus the correction bias for selection only, top k,
-    renormalised and scaled as configured, with no data-dependent shape."""
+    """Top-k experts: hidden_states [num_tokens, hidden], router_logits [num_tokens,
+    E] -> topk_weights [num_tokens, top_k] float32, topk_ids. vLLM's pure-torch
+    routing (ungrouped: one group): softmax, or sigmoid plus selection-only bias,
+    top k, renormalised and scaled as configured; no data-dependent shape."""
     grouped = routing.custom_routing_function is None
     return vllm_select_experts(
         hidden_states,
@@ -142,11 +141,9 @@ def experts_grouped(
     activation: str = "silu",
     extras: ExpertExtras = PLAIN_EXPERTS,
 ) -> torch.Tensor:
-    """Routed experts, token-to-expert: (token, k) rows gathered, sorted by expert,
-    one grouped GEMM per projection; num_tokens * top_k rows whatever the routing.
-    hidden_states [num_tokens, hidden]; w13 [E, 2 * intermediate, hidden]; w2
-    [E, hidden, intermediate]; topk_weights/ids [num_tokens, top_k]; returns
-    [num_tokens, hidden]."""
+    """Routed experts, token-to-expert: (token, k) rows sorted by expert, one grouped
+    GEMM per projection, T * top_k rows for T tokens. hidden_states [T, hidden], w13
+    [E, 2 * I, hidden], w2 [E, hidden, I], topk [T, top_k] -> [T, hidden]."""
     num_experts, top_k = w13.shape[0], topk_ids.shape[1]
     expert_ids = topk_ids.flatten().long()  # [num_tokens * top_k]
     order = expert_ids.argsort(stable=True)
@@ -284,10 +281,9 @@ def physical_experts(
     logical_to_physical: torch.Tensor,
     replica_count: torch.Tensor,
 ) -> torch.Tensor:
-    """EPLB: each pair's logical expert made one of its physical replicas, by a hash
-    of the token index as vLLM's kernel does. topk_ids [num_tokens, top_k];
-    logical_to_physical [num_logical, max_replicas] (-1 padded); replica_count
-    [num_logical] -> physical ids [num_tokens, top_k]."""
+    """EPLB: each pair's logical expert becomes a physical replica by a hash of the
+    token index, as vLLM's kernel. topk_ids [T, top_k]; logical_to_physical [L,
+    max_replicas] (-1 padded); replica_count [L] -> physical ids [T, top_k]."""
     ids = topk_ids.long()
     token = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
     hashed = (token * KNUTH_MULTIPLIER) & 0xFFFFFFFF

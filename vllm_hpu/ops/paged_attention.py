@@ -89,10 +89,9 @@ def paged_attention(
     kernels: AttentionKernels = PLAIN,
     block_slice: int = ALL_BLOCKS,
 ) -> torch.Tensor:
-    """One query per row (or ``Q`` causal drafts) against its cached blocks,
-    ``block_slice`` at a time. query [bs * Q, heads, head_size]; caches [slots,
-    kv_heads, head_size] -> [bs * Q, heads, head_size]. GQA heads share K/V
-    through the head-group axis, never by repeating K/V."""
+    """One query per row (or ``Q`` causal drafts) against its blocks, ``block_slice``
+    at a time: query [bs * Q, heads, D], caches [slots, kv_heads, D] -> query's
+    shape; GQA heads share K/V via the head-group axis, never repeated."""
     block_size = blocks.block_bias.shape[-1]
 
     def gather(part: DecodeBlocks) -> tuple[torch.Tensor, torch.Tensor]:

@@ -107,10 +107,9 @@ def prompt_attention(
     kernels: AttentionKernels = PLAIN,
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """query [bs, q, num_heads, head_size]; keys: the pass's keys and values
-    (:class:`PassKeys`, or MLA's expanded latents) -> [bs, q, num_heads,
-    value_size]. Each query sees at least itself, so padded rows are finite. With
-    attention sinks, the statistics kernels run, never a quantizer's replacement."""
+    """query [bs, q, heads, D]; keys: :class:`PassKeys` (or MLA's expanded latents)
+    -> [bs, q, heads, value_size]. Each query sees itself (padded rows finite); with
+    sinks, the statistics kernels run, never a quantizer's replacement."""
     if slicing.applies(keys.num_keys):
         grid = TileGrid(query.shape[1], keys.past_len, slicing.chunk_size, bias.causal)
         attend = tile_attention(scoring, kernels)

@@ -135,10 +135,9 @@ class HpuFp8Config(Fp8Config):
 
 
 class HpuFp8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
-    """Per-tensor or per-channel fp8 weights ([K, N] after vLLM's processing) times
-    fp8 activations: a static checkpoint scale, or dynamic scales, per token here
-    whatever vLLM asks (as Gaudi's reference): a sequence's output then does not
-    depend on its batch."""
+    """Per-tensor or per-channel fp8 weights ([K, N] once processed) times fp8 inputs:
+    a static checkpoint scale, or per token whatever vLLM asks (as Gaudi's
+    reference), so a sequence's output does not depend on its batch."""
 
     def __init__(self, c: FP8ScaledMMLinearLayerConfig, layer_param_names: Any):
         super().__init__(c, layer_param_names)

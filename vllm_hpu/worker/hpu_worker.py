@@ -321,12 +321,10 @@ class HpuWorker(WorkerBase):
 
 
 def _exit_quickly() -> None:
-    """In an engine process vLLM started, the heap (~a million objects) is kept out
-    of Python's exit-time collection: it took 3-5 s on a busy core, past vLLM's 5 s
-    grace ("force killing"); vLLM does the same on ROCm. A second stop signal no
-    longer interrupts the exit: Ctrl-C reaches every ``vllm serve`` process and the
-    API server sends the core another, which left "leaked semaphore objects". A
-    caller's own process (an in-process engine) is left alone."""
+    """In an engine process vLLM started, the heap (~1M objects) skips Python's exit
+    collection: 3-5 s on a busy core, past vLLM's 5 s grace (as vLLM on ROCm). A
+    second stop signal (Ctrl-C, then the API server's) no longer interrupts the
+    exit, which left "leaked semaphore objects". In-process engines: untouched."""
     if multiprocessing.parent_process() is None:
         return
     atexit.register(gc.freeze)

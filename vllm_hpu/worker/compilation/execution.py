@@ -75,10 +75,9 @@ def pack_linear_weights(model: Any, mode: ExecutionMode, keep_layout: bool) -> b
 
 
 def compile_model(model: torch.nn.Module, options: CompileOptions) -> None:
-    """Compile the whole model in place, one static-shape graph per bucket. Per
-    layer, dynamo specialised on each attention layer name (60 graphs per bucket
-    pair on SmolLM2, against 1). Dynamo counts compiles process-wide, freed models
-    included: each model adds to both caps, or a second engine silently runs eager."""
+    """One static-shape graph per bucket for the whole model, in place (per layer,
+    dynamo specialised on layer names: 60 graphs per bucket pair on SmolLM2). Each
+    model adds to dynamo's process-wide caps, or a second engine silently runs eager."""
     dynamo_config: Any = torch._dynamo.config
     dynamo_config.recompile_limit += options.max_entries
     dynamo_config.accumulated_recompile_limit += options.max_entries
