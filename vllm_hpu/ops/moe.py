@@ -282,7 +282,7 @@ def physical_experts(
     replica_count: torch.Tensor,
 ) -> torch.Tensor:
     """EPLB: each pair's logical expert becomes a physical replica by a hash of the
-    token index, as vLLM's kernel. topk_ids [T, top_k]; logical_to_physical [L,
+    token index, as vLLM's kernel. topk_ids [T, top_k]; logical_to_physical [L experts,
     max_replicas] (-1 padded); replica_count [L] -> physical ids [T, top_k]."""
     ids = topk_ids.long()
     token = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
