@@ -3,9 +3,7 @@
 Run: ``NixlConnector`` (P/D disaggregation; NIXL reads host memory: the emulated
 device's, or a host staging buffer on Gaudi) and KV offloading to host memory
 (``--kv-offloading-size`` or ``OffloadingConnector``), routed to ``offloading.py``.
-Every other connector (LMCache, P2P NCCL, Mooncake, MultiConnector, ...) is
-refused, naming the option.
-
+Every other (LMCache, P2P NCCL, Mooncake, MultiConnector, ...) is refused by name.
 vLLM derives the transfer config from ``--kv-offloading-size`` after
 ``check_and_update_config`` on every pass, so the check also runs on the
 finished config (``patches.py``, caller) and in the worker; once routed,

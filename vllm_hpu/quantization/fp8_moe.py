@@ -1,14 +1,12 @@
 """FP8 experts of ``fp8`` checkpoints (per-tensor, or DeepSeek's block
 ``weight_scale_inv``) and compressed-tensors W8A8-FP8 (per tensor, channel or
-block), as vLLM's methods load them.
-
-Block-scaled experts run dequantized on unquantized activations (the Gaudi
-reference's path). Per-tensor and per-channel experts take fp8 activations
-(static input scale, or per tensor; per token for compressed-tensors' dynamic
-tokens). Per-tensor ones run on Gaudi's fp8 MoE kernel, which also rounds the
-intermediate through fp8 (the down projection's static scale, or per token);
-emulation rounds alike around the dequantized experts. Per-token inputs keep
-the intermediate in the model dtype."""
+block), as vLLM's methods load them. Block-scaled experts run dequantized on
+unquantized activations (the Gaudi reference's path). Per-tensor and
+per-channel ones take fp8 activations (static scale, or per tensor; per token
+for compressed-tensors' dynamic tokens). Per-tensor ones run Gaudi's fp8 MoE
+kernel, which also rounds the intermediate through fp8 (static or per token);
+emulation rounds alike around dequantized experts. Per-token inputs keep the
+intermediate in the model dtype."""
 
 from dataclasses import replace
 from typing import Any

@@ -1,5 +1,4 @@
-"""Prefix caching of a hybrid model's states (Mamba cache mode "align",
-docs/design_align.md).
+"""Prefix caching of a hybrid model's states (Mamba "align", docs/design_align.md).
 
 A prefix hit of ``h`` tokens gets the block that held the state after exactly
 ``h`` tokens; every prefill chunk but a prompt's last ends on a block boundary.

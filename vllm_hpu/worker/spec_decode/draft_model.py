@@ -3,15 +3,12 @@ its own KV cache in the target's blocks.
 
 Loaded under prefix ``draft_model`` into the same forward context, so vLLM
 sizes one KV cache config over both, indexed by the same block tables. Instead
-of vLLM's CUDA-graph drafting, the plugin's own passes:
-
-1. each sampling row drafts ``k`` tokens greedily in ``k`` decode passes (into
-   the scheduler's lookahead slots), verified as n-gram drafts are;
-2. every target pass the draft has not seen runs through it too
-   (``after_target_pass``); where every draft was accepted, the next
-   proposal's first decode reads the last one, saving a decode over all rows.
-
-Passes use the plugin's builders and buckets, so warmup compiles them too."""
+of vLLM's CUDA-graph drafting, the plugin's passes (so warmup compiles them):
+(1) each sampling row drafts ``k`` tokens greedily in ``k`` decode passes
+(into the lookahead slots), verified as n-gram drafts are; (2) every target
+pass the draft has not seen runs through it too (``after_target_pass``);
+where every draft was accepted, the next proposal's first decode reads the
+last one, saving a decode over all rows."""
 
 from typing import Any
 

@@ -3,17 +3,13 @@ target's hidden states (EAGLE-3: several layers' through its ``fc``; ``mtp``:
 the target's own MTP layer, drafting as EAGLE-1).
 
 As in vLLM's ``EagleProposer``, the head's KV at ``p`` comes from (token p + 1,
-target hidden state at p) and predicts token p + 2; the plugin's passes replace
-its CUDA-graph buffers:
-
-1. every target pass runs through the head with the same bucket and metadata,
-   tokens shifted one left per request (the last position waits for its next
-   token: known inside a prompt, else sampled this step);
-2. after sampling, each row's first decode runs at its last verified position
-   ``N - 2``, then each draft with the head's own hidden state, greedily.
-
-Every kept position then holds the head's KV for the true next token, so
-prefix caching and preemption need nothing more."""
+target state at p) and predicts token p + 2; the plugin's passes replace its
+CUDA-graph buffers: (1) every target pass runs through the head with the same
+bucket and metadata, tokens shifted one left per request (the last waits for
+its next token: in the prompt, else sampled this step); (2) after sampling,
+each row's first decode runs at its last verified position ``N - 2``, then
+each draft with the head's own state, greedily. Every kept position then holds
+the head's KV for the true next token: prefix caching and preemption just work."""
 
 from dataclasses import replace
 from typing import Any
