@@ -1,13 +1,12 @@
 """torch.accelerator's cache calls where they fail: CPU emulation and Gaudi.
 
 Why: vLLM's loader and shutdown call ``torch.accelerator.empty_cache`` (and
-``empty_host_cache``) unconditionally, skipping them only on its own CPU
-platform. A CPU-only torch raises "Cannot access accelerator device when none
-is available"; Habana's raises "Allocator for hpu is not a DeviceAllocator"
-and has no ``empty_host_cache`` hook (vllm-gaudi 091bbad patches.py:5-24).
+``empty_host_cache``) unconditionally, except on its own CPU platform. A
+CPU-only torch raises "Cannot access accelerator device when none is
+available"; Habana's "Allocator for hpu is not a DeviceAllocator", with no
+``empty_host_cache`` hook (vllm-gaudi 091bbad patches.py:5-24).
 How: in emulation ``empty_cache``, ``synchronize`` and ``empty_host_cache``
-are no-ops; on Gaudi the two cache calls are (the bridge takes freed blocks
-back itself).
+are no-ops; on Gaudi the cache calls are (the bridge frees blocks itself).
 Upstream change that removes it: vLLM guarding them with the platform's
 ``empty_cache``, or Habana's torch registering a ``DeviceAllocator``."""
 

@@ -6,8 +6,7 @@ worker/capabilities/eplb.py, vLLM's EplbState).
 How: EPLB is off while ``create_engine_config`` builds the config; on the
 finished config the plugin checks what the validator would, then turns EPLB on
 with gloo weight exchange via host staging and synchronous rearrangement (the
-async mode needs a second accelerator stream, which neither Gaudi's bridge nor
-emulation offers).
+async mode needs a second stream, which neither the bridge nor emulation has).
 Upstream change that removes it: the validator asking the platform."""
 
 import dataclasses

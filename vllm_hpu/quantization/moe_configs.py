@@ -1,10 +1,8 @@
 """``fp8``, compressed-tensors and MXFP4 checkpoints: vLLM's configs, except that
-their experts get the plugin's methods.
-
-vLLM's configs ask its oracle for a CUDA/ROCm/CPU/XPU MoE backend; an OOT
-platform gets none ("Unsupported FP8 MoE backend: NONE") and 0.32 cannot
-register one. These subclasses, under vLLM's names, change the experts' method
-and refuse what the plugin cannot run before any weight loads."""
+their experts get the plugin's methods. vLLM's configs ask its oracle for a
+CUDA/ROCm/CPU/XPU MoE backend; an OOT platform gets none ("Unsupported FP8 MoE
+backend: NONE") and 0.32 cannot register one. These subclasses, under vLLM's
+names, change the experts' method and refuse what we cannot run before load."""
 
 from typing import Any
 

@@ -1,12 +1,10 @@
 """The worker's and runner's side of vLLM's KV connector contract, in vLLM's GPU
-order, through vLLM's own mixin where it has one.
-
-The worker creates the connector before the caches, reports its handshake
-metadata and shuts it down. The runner (:class:`KVConnectorSteps`) registers
-block-major cache views (``kv_transfer/layout.py``), handles preempted requests
-in ``before_update``, binds connector metadata around the passes in ``step``,
-and answers a step with no tokens with ``no_forward_output``. Warmup's
-synthetic steps bypass all of it."""
+order, through vLLM's own mixin where it has one. The worker creates the
+connector before the caches, reports its handshake metadata and shuts it down.
+The runner (:class:`KVConnectorSteps`) registers block-major cache views
+(``kv_transfer/layout.py``), handles preempted requests in ``before_update``,
+binds connector metadata around the passes in ``step``, and answers a step with
+no tokens with ``no_forward_output``. Warmup's synthetic steps bypass it all."""
 
 import contextlib
 from collections.abc import Iterator, Mapping

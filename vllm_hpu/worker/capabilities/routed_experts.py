@@ -1,11 +1,9 @@
 """Routed experts returned with the output (``enable_return_routed_experts``, for
-RL replay), through vLLM's auxiliary-output connector.
-
-vLLM's GPU runner captures one flat batch per step; the plugin's passes are
-padded (with DP, every rank's tokens gathered). So each MoE layer's routing
-(logical ids, before EPLB) lands in a pass buffer, this rank's real tokens are
-copied into the step's rows in vLLM's order, and at step end go to vLLM's
-capturer, layer by layer."""
+RL replay), through vLLM's auxiliary-output connector. vLLM's GPU runner
+captures one flat batch per step; our passes are padded (with DP, every rank's
+tokens gathered), so each MoE layer's routing (logical ids, before EPLB) lands
+in a pass buffer, this rank's real tokens are copied into the step's rows in
+vLLM's order, and at step end go to vLLM's capturer, layer by layer."""
 
 import functools
 from concurrent.futures import Future

@@ -1,9 +1,8 @@
-"""Warm restarts: compiled graphs kept across processes in VLLM_HPU_CACHE_DIR.
-
-In emulation torch.compile's caches live in one folder per configuration, named
-by a hash of all the graphs depend on (vLLM's graph hash, buckets, KV block
-count, backend, plugin and torch versions): a restart loads its graphs, never a
-stale one. On Gaudi the bridge's recipe cache does this (device.py)."""
+"""Warm restarts: compiled graphs kept across processes in VLLM_HPU_CACHE_DIR. In
+emulation torch.compile's caches live in a folder per configuration, named by a
+hash of all the graphs depend on (vLLM's graph hash, buckets, KV block count,
+backend, plugin and torch versions): a restart loads its graphs, never a stale
+one. On Gaudi the bridge's recipe cache does this (device.py)."""
 
 import contextlib
 import hashlib

@@ -1,10 +1,8 @@
-"""Step 3 of planning: a group of scheduled seqs as one padded forward pass.
-
-Padded to the manager's bucket, with ``attention/``'s metadata. Prompt row
-``i``'s token ``t`` is at ``i * query_len + t``; a merged pass packs its chunks
-in turn; decode row ``i`` is at ``i``; verification packs rows into groups of
-``Q`` slots (``attention/verify.py``). Padding is id 0 at position 0, writing
-the dummy block."""
+"""Step 3 of planning: a group of scheduled seqs as one padded forward pass, with
+``attention/``'s metadata. Prompt row ``i``'s token ``t`` is at ``i * query_len
++ t``; a merged pass packs its chunks in turn; decode row ``i`` is at ``i``;
+verification packs rows into groups of ``Q`` slots (``attention/verify.py``).
+Padding is id 0 at position 0, writing the dummy block."""
 
 from collections.abc import Callable
 
