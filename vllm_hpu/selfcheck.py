@@ -1,10 +1,9 @@
-"""``python -m vllm_hpu.selfcheck``: the first thing to run on a Gaudi.
-
-Runs each Gaudi kernel the plugin uses once, with small shapes, through the
-plugin's own call, against the CPU implementation emulation runs; checks the
-versions against README_GAUDI's table and the environment (lazy or eager mode,
-recipe cache, visible cards). One line per check (ok, warn, FAIL) with its fix;
-exit status 1 when a line failed, including without a Gaudi."""
+"""``python -m vllm_hpu.selfcheck``: the first thing to run on a Gaudi. Runs each
+Gaudi kernel the plugin uses once, with small shapes, through the plugin's own
+call, against the CPU implementation emulation runs; checks the versions
+against README_GAUDI's table and the environment (lazy or eager mode, recipe
+cache, visible cards). One line per check (ok, warn, FAIL) with its fix; exit
+status 1 when a line failed, including without a Gaudi."""
 
 import copy
 import dataclasses

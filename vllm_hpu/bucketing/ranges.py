@@ -1,6 +1,5 @@
-"""The values one bucket dimension takes, from a ``(min, step, max)`` triple.
-
-Pure integer functions: linear with a doubling ramp-up, and exponential spacing."""
+"""The values one bucket dimension takes, from a ``(min, step, max)`` triple: pure
+integer functions, linear with a doubling ramp-up, and exponential spacing."""
 
 import bisect
 import math

@@ -1,9 +1,8 @@
 """A user's compilation settings (``-O``, ``--compilation-config``) on the HPU
-runner, which compiles and captures graphs per bucket itself.
-
-Read before vLLM fills in defaults, so only what the user set is seen; each is
-honoured where the runner has an equivalent, else refused naming the fix or
-logged. The platform then turns vLLM's own compilation off."""
+runner, which compiles and captures graphs per bucket itself. Read before
+vLLM's defaults, so only what the user set is seen; each is honoured where the
+runner has an equivalent, else refused naming the fix or logged. The platform
+then turns vLLM's own compilation off."""
 
 from typing import TYPE_CHECKING
 

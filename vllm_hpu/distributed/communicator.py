@@ -1,7 +1,6 @@
-"""HpuCommunicator: vLLM's collectives for TP, PP and EP groups.
-
-HCCL on Gaudi, gloo in emulation, both torch.distributed backends. Lazy mode
-must close the pending graph before a collective reads its input (``mark_step``)."""
+"""HpuCommunicator: vLLM's collectives for TP, PP and EP groups, on HCCL (Gaudi) or
+gloo (emulation), both torch.distributed backends. Lazy mode must close the
+pending graph before a collective reads its input (``mark_step``)."""
 
 import torch
 import torch.nn.functional as F

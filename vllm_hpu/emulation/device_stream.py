@@ -1,5 +1,4 @@
 """A device stream: device work runs in submission order while the host goes on.
-
 On Gaudi the bridge queues device work itself, so a submitted function runs at
 once, only enqueueing. In emulation one worker thread runs them in order, so
 the CPU computes step N while the host prepares N+1, and a host write to what

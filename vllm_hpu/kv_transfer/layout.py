@@ -1,11 +1,10 @@
-"""Block-major views of the flat KV caches: what vLLM's KV connectors address.
-
-A layer's cache ``(2, (num_blocks + 1) * block_size, kv_heads, head_size)``
-(keys then values, dummy block last) viewed as ``(num_blocks + 1, 2,
-block_size, kv_heads * head_size)``: no copy, keys and values of a block each
-one contiguous run (NIXL's two "segments"; vLLM's Gaudi host buffer takes 4-D
-caches). Connectors see ``num_blocks + 1`` blocks so segments match; the
-dummy block is never handed out. An MLA latent cache is block-major already."""
+"""Block-major views of the flat KV caches, which vLLM's KV connectors address: a
+layer's ``(2, (num_blocks + 1) * block_size, kv_heads, head_size)`` cache (keys
+then values, dummy block last) viewed as ``(num_blocks + 1, 2, block_size,
+kv_heads * head_size)``: no copy, a block's keys and values each one contiguous
+run (NIXL's two "segments"; vLLM's Gaudi host buffer takes 4-D caches).
+Connectors see ``num_blocks + 1`` blocks so segments match; the dummy block is
+never handed out. An MLA latent cache is block-major already."""
 
 import dataclasses
 from typing import Any

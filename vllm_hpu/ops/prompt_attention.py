@@ -1,7 +1,6 @@
 """Prompt attention on a padded ``[bs, q]`` batch, optionally with each row's
-cached context. Keys are ``[context blocks ; current tokens]``; ``PromptBias``
-(``ops/prompt_mask.py``) does the rest. A pass over at least
-``PromptSlicing.threshold`` keys runs in tiles (``ops/sliced_attention.py``)."""
+cached context: keys ``[context blocks ; current tokens]``, masked by
+``PromptBias`` (``ops/prompt_mask.py``), in tiles from ``PromptSlicing.threshold``."""
 
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -2,8 +2,7 @@
 
 Why: vLLM compiles ``batched_count_greater_than`` with hpu_backend after
 ``mark_unbacked`` on the batch dimension; Habana's compiler refuses symbolic
-sizes ("Cannot convert symbols to int", vllm-gaudi 091bbad patches.py:25-31),
-so every logprobs request failed in compile mode.
+sizes ("Cannot convert symbols to int", vllm-gaudi 091bbad patches.py:25-31).
 How: on Gaudi both module-level names point at the uncompiled function.
 Upstream change that removes it: vLLM skipping ``mark_unbacked`` (or the
 compile) where the backend takes no unbacked sizes."""

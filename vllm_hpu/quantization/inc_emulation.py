@@ -2,8 +2,7 @@
 Why: INC has no CPU backend for it. How (docs/fp8.md): Gaudi module entries in
 INC's CPU table, torch stand-ins for the fp8 ops (the fused MoE measuring op as
 a ``torch.ops.hpu`` op) and a config parser taking the real path with Gaudi 3
-scales, set by ``inc_flow.enable_inc``. Removed by: an INC CPU accelerator
-that takes that path."""
+scales, set by ``inc_flow.enable_inc``. Removed by: an INC CPU accelerator."""
 
 import functools
 from collections.abc import Callable

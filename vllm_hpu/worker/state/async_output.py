@@ -1,9 +1,8 @@
-"""Async scheduling: step N's sampled tokens feed step N+1 on the device.
-
-The scheduler plans N+1 before N's tokens reach the host, so the runner keeps
-them on the device (``InFlightTokens``), writes them into the next decode's
-input ids, and records them on the host before the host reads them. Device
-work runs on the device stream while the host prepares. Ownership meanwhile:
+"""Async scheduling: step N's sampled tokens feed step N+1 on the device. The
+scheduler plans N+1 before N's tokens reach the host, so the runner keeps them
+on the device (``InFlightTokens``), writes them into the next decode's input
+ids, and records them on the host before the host reads them. Device work runs
+on the device stream while the host prepares. Ownership meanwhile:
 - a step's input tensors are fresh per step: the host never writes them again;
 - the KV cache and the weights: only queued work touches them;
 - the InputBatch: the host's, but queued sampling reads it, so the host waits

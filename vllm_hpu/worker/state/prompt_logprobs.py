@@ -1,7 +1,5 @@
-"""Prompt logprobs, gathered chunk by chunk as a prompt is prefilled.
-
-Position ``p`` of a prompt scores the prompt's token ``p + 1``; a request's
-tensors are handed back once its last prompt chunk has run."""
+"""Prompt logprobs, gathered chunk by chunk as a prompt is prefilled: position
+``p`` scores token ``p + 1``; a request's tensors go back after its last chunk."""
 
 from collections.abc import Callable
 
