@@ -1,8 +1,6 @@
-"""The single seam between the plugin and Gaudi hardware.
-
-Only this module imports ``habana_frameworks`` or touches ``torch.hpu``. Every
-function has a CPU-emulation counterpart, so the rest of the plugin runs the same
-code paths on Gaudi and on a ``cpu`` torch device."""
+"""The single seam between the plugin and Gaudi hardware: only this module imports
+``habana_frameworks`` or touches ``torch.hpu``. Every function has a CPU
+counterpart, so the plugin runs the same code on Gaudi and a ``cpu`` device."""
 
 import functools
 import importlib

@@ -1,9 +1,7 @@
-"""Multi-head latent attention (DeepSeek-V2/V3) on one flat latent cache per layer.
-
-A cache row is ``[kv_c (kv_lora_rank) ; k_pe (qk_rope_head_dim)]`` of a token.
-Decode, and a prompt pass's cached context, attend in latent space (MQA: one
-head, the latent is also the value); a prompt pass's own tokens are expanded
-through ``kv_b_proj`` into per-head keys and values."""
+"""Multi-head latent attention (DeepSeek-V2/V3) on one flat latent cache per layer,
+a row ``[kv_c (kv_lora_rank) ; k_pe (qk_rope_head_dim)]`` per token. Decode and
+a prompt's cached context attend in latent space (MQA: one head, the latent is
+also the value); a prompt's own tokens expand through ``kv_b_proj`` per head."""
 
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -1,14 +1,12 @@
 """The ``draft_model`` proposer: a smaller model with the target's tokenizer and
-its own KV cache in the target's blocks.
-
-Loaded under prefix ``draft_model`` into the same forward context, so vLLM
-sizes one KV cache config over both, indexed by the same block tables. Instead
-of vLLM's CUDA-graph drafting, the plugin's passes (so warmup compiles them):
-(1) each sampling row drafts ``k`` tokens greedily in ``k`` decode passes
-(into the lookahead slots), verified as n-gram drafts are; (2) every target
-pass the draft has not seen runs through it too (``after_target_pass``);
-where every draft was accepted, the next proposal's first decode reads the
-last one, saving a decode over all rows."""
+its own KV cache in the target's blocks, loaded under prefix ``draft_model``
+into the same forward context, so vLLM sizes one KV cache config over both,
+indexed by the same block tables. Instead of vLLM's CUDA-graph drafting, the
+plugin's passes (so warmup compiles them): (1) each sampling row drafts ``k``
+tokens greedily in ``k`` decode passes (into the lookahead slots), verified as
+n-gram drafts are; (2) every target pass the draft has not seen runs through
+it too (``after_target_pass``); where every draft was accepted, the next
+proposal's first decode reads the last one, saving a decode over all rows."""
 
 from typing import Any
 
