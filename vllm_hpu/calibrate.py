@@ -1,12 +1,10 @@
-"""Calibrate a model for Intel Neural Compressor FP8 serving, from a local prompt file.
+"""Calibrate a model for INC FP8 serving from a local prompt file:
 
     python -m vllm_hpu.calibrate <model> --dataset prompts.jsonl --output <dir>
 
-runs the MEASURE pass in a child engine (the plugin reads ``QUANT_CONFIG`` at
-start-up) and writes ``<dir>/maxabs_quant.json`` beside the measurements. Serve
-with ``QUANT_CONFIG=<dir>/maxabs_quant.json vllm serve <model> --quantization inc
---kv-cache-dtype fp8_inc``. Each dataset line is a JSON object with a ``prompt``
-or ``text`` field, or a JSON string."""
+runs MEASURE in a child engine and writes ``<dir>/maxabs_quant.json``; serve
+with ``QUANT_CONFIG=<dir>/maxabs_quant.json vllm serve <model> --quantization
+inc --kv-cache-dtype fp8_inc``. Dataset lines: {"prompt"|"text": ...} or a string."""
 
 import argparse
 import json

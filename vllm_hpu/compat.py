@@ -1,9 +1,6 @@
-"""Where vLLM 0.32 and 0.33 differ for the plugin: the only module that asks
-which vLLM runs. Everything else calls the functions here and runs on both.
-
-The plugin runs on vLLM 0.32.0 and 0.33.0 (README_GAUDI.md, "vLLM versions").
-Each function names what changed; when 0.32 is dropped, each keeps its 0.33 side.
-"""
+"""Where vLLM 0.32 and 0.33 differ: the only module that asks which vLLM runs
+(README_GAUDI.md, "vLLM versions"). Each function names what changed; when
+0.32 is dropped, each keeps its 0.33 side."""
 
 import importlib.metadata
 from collections.abc import Iterator
@@ -17,8 +14,7 @@ if TYPE_CHECKING:
 
 # The releases the plugin runs on, oldest first (their patch releases too).
 SUPPORTED = ("0.32", "0.33")
-# From the installed distribution: vLLM may still be importing itself when the
-# platform entry point first imports this.
+# From the distribution: vLLM may still be importing itself at the entry point.
 VLLM_VERSION = Version(importlib.metadata.version("vllm"))
 VLLM_0_33 = VLLM_VERSION.release[:2] >= (0, 33)
 
@@ -36,8 +32,7 @@ def unsupported_vllm_version() -> str | None:
 
 
 def legacy_ray_executor_requested() -> bool:
-    """Whether the user turned vLLM 0.32's older Ray executor on
-    (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0; vLLM 0.33 removed it)."""
+    """vLLM 0.32's older Ray executor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0)."""
     if VLLM_0_33:
         return False
     from vllm import envs
@@ -46,11 +41,8 @@ def legacy_ray_executor_requested() -> bool:
 
 
 def register_fp8_block_kernel(kernel: type) -> None:
-    """Make ``kernel`` the platform's block-scaled fp8 linear kernel (idempotent).
-
-    vLLM 0.33's ``register_linear_kernel`` takes the kind ``"fp8_block"``; 0.32's
-    has none (a block-fp8 layer found no kernel out of tree), so there the kernel
-    goes straight into its ``_POSSIBLE_FP8_BLOCK_KERNELS`` table."""
+    """Make ``kernel`` the block-fp8 linear kernel (idempotent): 0.33 registers kind
+    ``"fp8_block"``; 0.32 gets it into ``_POSSIBLE_FP8_BLOCK_KERNELS``."""
     from vllm.model_executor.kernels import linear
     from vllm.platforms import PlatformEnum
 

@@ -1,9 +1,6 @@
-"""The single seam between the plugin and Gaudi hardware.
-
-Only this module imports ``habana_frameworks`` or touches ``torch.hpu``. Every
-function has a CPU-emulation counterpart, so the rest of the plugin runs the same
-code paths on Gaudi and on a ``cpu`` torch device.
-"""
+"""The single seam between the plugin and Gaudi hardware: only this module imports
+``habana_frameworks`` or touches ``torch.hpu``. Every function has a CPU
+counterpart, so the plugin runs the same code on Gaudi and a ``cpu`` device."""
 
 import functools
 import importlib
@@ -40,25 +37,21 @@ def hpu_available() -> bool:
         # eagerly, as in the reference plugin (vllm-gaudi platform.py:429-431).
         torch._dynamo.config.disable = True
     elif found:
-        # INC's fp8 modules patch their scales at run time, so compiled graphs
-        # do not hold them as constants (vllm-gaudi platform.py:453).
+        # INC's fp8 scales are patched at run time, not constants (vllm-gaudi 453).
         envs.set_default("RUNTIME_SCALE_PATCHING", "1")
     return found
 
 
 def _set_up_lazy_mode_defaults() -> None:
-    """Before the bridge loads, as the reference plugin sets them (vllm-gaudi
-    platform.py:427-436); both act in lazy mode only: collectives recorded in
-    the lazy graph (HPU graphs of more than one card need them, Habana's
-    "Inference Using HPU Graphs"), and no weight-sharing patch of
-    ``nn.Parameter`` (bridge v1.19.0 core/__init__.py:128-141)."""
+    """Lazy-mode settings before the bridge loads (vllm-gaudi platform.py:427-436):
+    lazy collectives (multi-card HPU graphs) and no ``nn.Parameter`` weight-sharing
+    patch (bridge v1.19.0 core/__init__.py:128-141)."""
     envs.set_default("PT_HPU_ENABLE_LAZY_COLLECTIVES", "true")
     envs.set_default("PT_HPU_WEIGHT_SHARING", "0")
 
 
 def _bridge_is_lazy() -> bool:
-    """The bridge's own answer (its default differs between releases: lazy in
-    v1.19.0 utils/internal.py:27, eager in the current documentation)."""
+    """The bridge's answer (lazy by default in v1.19.0 utils/internal.py:27)."""
     internal = importlib.import_module("habana_frameworks.torch.utils.internal")
     return bool(internal.is_lazy())
 
@@ -68,9 +61,7 @@ RECIPE_CACHE_MB = 8192
 
 
 def _set_up_recipe_cache() -> None:
-    """With VLLM_HPU_CACHE_DIR, the bridge keeps its compiled recipes there (per
-    plugin version); recipes are found by their graph's hash, so a changed
-    model, dtype or bucket compiles a recipe of its own."""
+    """With VLLM_HPU_CACHE_DIR, the bridge's recipes go there, per plugin version."""
     folder = get_envs().cache_dir
     if folder:
         recipes = f"{folder}/gaudi-recipes-{importlib.metadata.version('vllm-hpu')}"
@@ -90,17 +81,14 @@ def device_type() -> str:
 
 @functools.cache
 def cpu_has_bf16_instructions() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX tiles): there
-    oneDNN runs packed bf16 linear layers; elsewhere bf16 matmuls run unpacked,
-    several times slower than float32 (``emulation/packed_linear.py``)."""
+    """AVX-512 BF16 or AMX; else bf16 matmuls are much slower than float32."""
     return bool(
         torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     )
 
 
 def fast_dtype() -> torch.dtype:
-    """The dtype this device runs models fastest in: bf16 on Gaudi and on a CPU
-    with bf16 instructions, float32 on other CPUs."""
+    """bf16 on Gaudi and bf16-capable CPUs, else float32."""
     if hpu_available() or cpu_has_bf16_instructions():
         return torch.bfloat16
     return torch.float32
@@ -111,22 +99,17 @@ def dist_backend() -> str:
 
 
 def local_device(named: torch.device) -> torch.device:
-    """Where a device vLLM named after the platform ("hpu:<rank>") really is:
-    itself on Gaudi, the CPU in emulation."""
+    """Where vLLM's "hpu:<rank>" really is: itself on Gaudi, else the CPU."""
     return named if hpu_available() else torch.device("cpu")
 
 
 def compile_backend() -> str:
-    """torch.compile backend of vLLM's small compiled helpers (the sampler's
-    top-k/top-p, the MoE router, the TP vocabulary mask): Gaudi's own graph
-    compiler, else the model's backend in emulation (eager unless
-    VLLM_HPU_COMPILE_BACKEND names one)."""
+    """Backend of vLLM's small compiled helpers (sampler, router): model's or eager."""
     return model_compile_backend() or "eager"
 
 
 def model_compile_backend() -> str | None:
-    """The torch.compile backend for the model: VLLM_HPU_COMPILE_BACKEND, else
-    Gaudi's graph compiler; None in emulation unless a backend is named."""
+    """VLLM_HPU_COMPILE_BACKEND, else Gaudi's graph compiler, else None."""
     chosen = get_envs().compile_backend
     if chosen:
         return chosen
@@ -134,8 +117,7 @@ def model_compile_backend() -> str | None:
 
 
 def graph_compilations() -> int:
-    """Graphs compiled so far in this process, from torch's own counters: dynamo's
-    new graphs, plus the bridge's graph compilations (lazy and eager mode) on Gaudi."""
+    """Graphs compiled in this process: dynamo's, plus the bridge's on Gaudi."""
     from torch._dynamo.utils import counters
 
     count = int(counters["stats"]["unique_graphs"])
@@ -147,8 +129,7 @@ def graph_compilations() -> int:
 
 
 def cpu_fallbacks() -> dict[str, int] | None:
-    """Operators that fell back to the host so far, by name, from the bridge's
-    counters; None in emulation, where every operator runs on the host."""
+    """Bridge counts of operators that fell back to the host; None in emulation."""
     if not hpu_available():
         return None
     metrics = importlib.import_module("habana_frameworks.torch.hpu.metrics")
@@ -157,14 +138,12 @@ def cpu_fallbacks() -> dict[str, int] | None:
 
 
 def emulated_ray_resources(num_devices: int) -> dict[str, float] | None:
-    """Resources a Ray node started here must declare: Ray counts Gaudi cards
-    itself, but finds none in emulation, so the emulated ones are named."""
+    """Ray counts Gaudi cards itself; emulated ones must be declared."""
     return None if hpu_available() else {"HPU": float(num_devices)}
 
 
 def is_lazy() -> bool:
-    """Gaudi's lazy mode, as the bridge runs it (PT_HPU_LAZY_MODE, else the
-    bridge's default)."""
+    """Gaudi's lazy mode (PT_HPU_LAZY_MODE, else the bridge's default)."""
     return hpu_available() and _bridge_is_lazy()
 
 
@@ -184,10 +163,8 @@ def synchronize() -> None:
 
 
 def device_stream(queued: bool) -> DeviceStream:
-    """Where the runner's device work runs. Gaudi's bridge queues it itself, so
-    it is submitted inline; in emulation it runs on one worker thread when
-    ``queued`` (async scheduling), so the host overlaps it as on Gaudi, else on
-    the calling thread. Either thread computes with ``compute_threads()``."""
+    """Where device work runs: inline on Gaudi (the bridge queues it); in emulation on
+    a worker thread when ``queued`` (async scheduling), else the calling thread."""
     if hpu_available():
         return DeviceStream(threaded=False)
     num_threads = compute_threads(beside_host=queued)
@@ -196,16 +173,11 @@ def device_stream(queued: bool) -> DeviceStream:
 
 
 def compute_threads(beside_host: bool = True) -> int:
-    """Torch threads of device work in emulation, where the CPU is the device:
-    OMP_NUM_THREADS as the user set it, else every core of this worker's share
-    (vLLM's OMP_NUM_THREADS for its workers, or all usable cores) but one, the
-    host thread's, where it runs ``beside_host`` (async scheduling: vLLM's
-    scheduler and the runner's preparation beside the device work) or where
-    OpenMP's threads busy-wait: more threads than free cores then wait for
-    each other (a decode step ran 3 to 10 times slower on a busy 2-core
-    machine with two threads, docs/benchmarks.md, async overlap). Synchronous
-    steps (speculative decoding, async off) under OMP_WAIT_POLICY=PASSIVE take
-    the whole share: the host thread waits for the device work there."""
+    """Torch threads of emulated device work: the user's OMP_NUM_THREADS, else
+    this worker's share of cores less one for the host thread where it runs
+    ``beside_host`` (async scheduling) or OpenMP busy-waits (oversubscribed,
+    a decode step ran 3-10x slower on 2 cores, docs/benchmarks.md). Synchronous
+    steps under OMP_WAIT_POLICY=PASSIVE take the whole share."""
     from vllm.utils.torch_utils import available_cpu_count
 
     envs = get_envs()
@@ -238,8 +210,7 @@ _CARDS = {GAUDI2: ("GAUDI2", 96 * GiB), GAUDI3: ("GAUDI3", 128 * GiB)}
 
 @functools.cache
 def card_type() -> int | None:
-    """Synapse's type of this host's cards, asked without acquiring one (the
-    bridge's ``_get_device_type``); None without Gaudi."""
+    """Synapse's card type, without acquiring a card; None without Gaudi."""
     if not hpu_available():
         return None
     experimental = importlib.import_module("habana_frameworks.torch.utils.experimental")
@@ -247,9 +218,8 @@ def card_type() -> int | None:
 
 
 def fp8_max() -> float:
-    """The largest e4m3 value this device computes with: 240 on Gaudi2, whose
-    e4m3 keeps the top exponent for special values (as vllm-gaudi's FP8_MAX
-    there, extension/ops.py:25-30), OCP e4m3fn's 448 on Gaudi3 and the CPU."""
+    """Largest e4m3 value: 240 on Gaudi2, whose e4m3 reserves the top exponent
+    (vllm-gaudi extension/ops.py:25-30), else e4m3fn's 448."""
     if card_type() == GAUDI2:
         return 240.0
     return float(torch.finfo(torch.float8_e4m3fn).max)
@@ -261,18 +231,15 @@ def card_count() -> int:
 
 
 def device_name() -> str:
-    """The card's name, without acquiring it: a front end (API server, the
-    caller of ``LLM``) asks while vLLM sizes its defaults, and a card it
-    acquired would be held for its life, one fewer for the workers."""
+    """Without acquiring the card, which a front end would hold for life."""
     if not hpu_available():
         return "HPU (CPU emulation)"
     return _CARDS.get(card_type() or 0, (f"HPU (synapse type {card_type()})", 0))[0]
 
 
 def init_device_memory() -> None:
-    """At worker start, in emulation: pool host memory, then count emulated device
-    memory from this point, less what the heap kept of earlier work (an earlier
-    engine in this process), which the pool would hand out again uncounted."""
+    """In emulation: pool host memory and count device memory from here, after
+    releasing what earlier engines left in the heap (else handed out uncounted)."""
     if hpu_available():
         return
     device_memory.pool_host_memory()
@@ -290,8 +257,7 @@ def mem_get_info() -> tuple[int, int]:
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of device ``tensor`` in host memory (sleep mode's offload). In
-    emulation the copy stays in this process, counted apart from the device."""
+    """Sleep mode's offload; in emulation counted apart from the device."""
     if hpu_available():
         return tensor.to("cpu")
     copy = tensor.detach().clone()
@@ -300,10 +266,8 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def release_freed_memory() -> None:
-    """Hand what freed tensors held back to the device: on Gaudi the bridge's
-    allocator takes freed blocks back itself once queued work completes; in
-    emulation glibc returns the heap's free pages to the system, which the
-    pooling set by ``device_memory.pool_host_memory`` otherwise keeps."""
+    """Return freed memory: the bridge does so after queued work; in emulation
+    glibc trims the heap that ``pool_host_memory`` otherwise keeps."""
     synchronize()
     if not hpu_available():
         device_memory.trim_host_heap()
@@ -315,9 +279,7 @@ def memory_used() -> int:
 
 
 def total_memory() -> int:
-    """A card's memory, without acquiring it on Gaudi (see ``device_name``):
-    as published for its generation (0 for another); the worker sizes its
-    KV cache from ``mem_get_info``."""
+    """As published per generation (0 otherwise), without acquiring a card."""
     if hpu_available():
         return _CARDS.get(card_type() or 0, ("", 0))[1]
     return mem_get_info()[1]
@@ -327,11 +289,9 @@ GraphCall = Callable[..., Any]  # call(use_graph, **inputs) -> the forward's out
 
 
 def wrap_in_graph(module: torch.nn.Module) -> GraphCall:
-    """Wrap ``module``'s forward for HPU graphs, once (in place, on Gaudi):
-    returns ``call(use_graph, **inputs)``, which with ``use_graph`` records a
-    graph per structure of ``inputs`` and replays it after, reading afresh only
-    the tensors among ``inputs``; else runs the forward (the bridge's
-    ``bypass_hpu_graphs``). In emulation every call runs the forward."""
+    """Wrap ``module`` for HPU graphs once, in place: ``call(use_graph, ...)``
+    records a graph per structure of ``inputs`` and replays it, reading afresh
+    only ``inputs``' tensors; else (or in emulation) runs the forward."""
     graphs = _hpu_graphs()
     if graphs is None:
         return lambda use_graph, **inputs: module(**inputs)
@@ -347,19 +307,14 @@ def _hpu_graphs() -> Any | None:
 
 
 def reset_graphs(module: torch.nn.Module) -> None:
-    """Forget the HPU graphs recorded for ``module`` (``wrap_in_graph``), after
-    the tensors they read moved (sleep mode): each bucket records again on its
-    next call. A no-op where nothing was recorded (the bridge adds
-    ``clear_cache`` to the modules it wraps)."""
+    """Forget ``module``'s HPU graphs after their tensors moved (sleep mode)."""
     clear_cache = getattr(module, "clear_cache", None)
     if callable(clear_cache):
         clear_cache()
 
 
 def prepare_weights(model: torch.nn.Module) -> bool:
-    """Before an eager run: Gaudi runs the loaded weights as they are; the CPU
-    packs the linear layers' for oneDNN (see ``emulation/packed_linear.py``). Whether
-    any layer was packed."""
+    """In emulation, pack linear weights for oneDNN; whether any was packed."""
     if hpu_available():
         return False
     from vllm_hpu.emulation.packed_linear import pack_linear_layers
@@ -367,9 +322,7 @@ def prepare_weights(model: torch.nn.Module) -> bool:
     return pack_linear_layers(model) > 0
 
 
-# Kernels are looked up once per process: compiled regions ask for them on every
-# forward, and torch.compile reads a filled dict as a constant (an env lookup or an
-# import inside a traced region would break the graph).
+# Looked up once: torch.compile reads a filled dict as a constant (no graph break).
 _KERNELS: dict[str, Any] = {}
 
 
@@ -404,16 +357,14 @@ def fused_rms_norm() -> Callable[..., Any] | None:
 
 
 def fused_rotary_embedding() -> Callable[..., Any] | None:
-    """Gaudi's rotary kernel ``apply_rotary_pos_emb(x, cos, sin, position_ids,
-    offset, mode)``, either layout (``fused_rotary_mode``); None without Gaudi.
-    Not ``RotaryPosEmbeddingHelperV1``: its ``apply`` takes four arguments and
-    rotates halves only (bridge v1.19.0 RotaryPosEmbeddingHelper.py:50-139)."""
+    """``apply_rotary_pos_emb(x, cos, sin, position_ids, offset, mode)``, not
+    ``RotaryPosEmbeddingHelperV1``, which rotates halves only (bridge v1.19.0
+    RotaryPosEmbeddingHelper.py:50-139)."""
     return _kernel("habana_frameworks.torch.hpex.kernels", "apply_rotary_pos_emb")
 
 
 class CpuFusedSDPA:
-    """FusedSDPA's call on the CPU: torch's fused attention kernel, heads-first
-    inputs, an additive mask, grouped-query K/V shared without being repeated."""
+    """FusedSDPA on the CPU: heads-first, additive mask, GQA without repeats."""
 
     @staticmethod
     def apply(
@@ -438,8 +389,7 @@ class CpuFusedSDPA:
 
 
 def fused_sdpa() -> Any | None:
-    """Fused prompt attention (VLLM_PROMPT_USE_FUSEDSDPA): Gaudi's FusedSDPA, or
-    torch's CPU kernel in emulation; None when the variable turns it off."""
+    """FusedSDPA (or the CPU kernel); None if VLLM_PROMPT_USE_FUSEDSDPA=0."""
     return _kernel(
         "habana_frameworks.torch.hpex.kernels",
         "FusedSDPA",
@@ -455,8 +405,7 @@ def cpu_sdpa_stats(
     attn_mask: torch.Tensor,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's CPU flash kernel, which also returns the log-sum-exp of the
-    scores; heads-first, as many query heads as K/V heads."""
+    """CPU flash kernel with log-sum-exp; heads-first, no GQA."""
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, 0.0, False, attn_mask=attn_mask, scale=scale
     )
@@ -470,10 +419,8 @@ def _hpu_sdpa_stats(
     attn_mask: torch.Tensor,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gaudi's FusedSDPA forward that keeps what its backward needs: the row
-    maxima m and the inverse sums 1/l of the scores, so log-sum-exp = m - log(1/l).
-    Arguments: dropout, scale, causal, keep statistics, softmax mode, valid
-    lengths, padding side."""
+    """FusedSDPA forward keeping row maxima m and inverse sums 1/l: lse = m - log(1/l).
+    Args: dropout, scale, causal, keep stats, softmax mode, valid lengths, padding."""
     out, row_max, inverse_sum = torch.ops.hpu.sdpa_recomp_fwd(
         query, key, value, attn_mask, 0.0, scale, False, True, "None", None, "right"
     )[:3]
@@ -482,18 +429,15 @@ def _hpu_sdpa_stats(
 
 
 def fused_sdpa_stats() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
-    """The fused prompt kernel returning (output, log-sum-exp [bs, heads, q]), for
-    attention cut into tiles (``ops/sliced_attention.py``): Gaudi's FusedSDPA
-    forward with statistics, or torch's CPU flash kernel in emulation; None when
-    VLLM_PROMPT_USE_FUSEDSDPA turns the fused kernel off."""
+    """Fused prompt kernel returning (output, lse [bs, heads, q]) for tiled
+    attention (``ops/sliced_attention.py``); None if the fused kernel is off."""
     if not get_envs().prompt_use_fusedsdpa:
         return None
     return _hpu_sdpa_stats if hpu_available() else cpu_sdpa_stats
 
 
 def fused_moe() -> Callable[..., Any] | None:
-    """Gaudi's fused mixture-of-experts kernel (``torch.ops.hpu.mixture_of_experts``),
-    or None without Gaudi, where ``ops/moe.py`` runs the experts in plain torch."""
+    """``torch.ops.hpu.mixture_of_experts``; None without Gaudi (see ops/moe.py)."""
     key = "torch.ops.hpu.mixture_of_experts"
     if key not in _KERNELS:
         kernels = torch.ops.hpu if hpu_available() else None
@@ -502,12 +446,8 @@ def fused_moe() -> Callable[..., Any] | None:
 
 
 def fused_moe_fp8(dynamic: bool) -> Callable[..., Any] | None:
-    """Gaudi's fused MoE kernel on fp8 tokens and experts with their scales,
-    which rounds the intermediate through fp8 with the scales it is given
-    (``torch.ops.hpu.mixture_of_experts.fp8_fused_weights``: a required
-    ``d_scale_intermediate_hidden_states``) or per token (``dynamic``:
-    ``.fp8_fused_weights_dynamic``); None without Gaudi, where
-    ``quantization/fp8_moe.py`` rounds alike around the dequantized experts."""
+    """Fused fp8 MoE, rounding the intermediate through fp8 with given scales (needs
+    ``d_scale_intermediate_hidden_states``) or per token (``dynamic``)."""
     name = "fp8_fused_weights_dynamic" if dynamic else "fp8_fused_weights"
     key = f"torch.ops.hpu.mixture_of_experts.{name}"
     if key not in _KERNELS:
@@ -516,9 +456,7 @@ def fused_moe_fp8(dynamic: bool) -> Callable[..., Any] | None:
 
 
 def fp8_gemm() -> Callable[..., Any] | None:
-    """Gaudi's fp8 matmul with per-tensor or per-row/column dequantization scales
-    (``torch.ops.hpu.fp8_gemm_v2``), or None without Gaudi, where
-    ``quantization/fp8.py`` multiplies the fp8 values upcast in plain torch."""
+    """``torch.ops.hpu.fp8_gemm_v2`` (per-tensor or per-row/column scales)."""
     key = "torch.ops.hpu.fp8_gemm_v2"
     if key not in _KERNELS:
         kernels = torch.ops.hpu if hpu_available() else None
@@ -527,8 +465,7 @@ def fp8_gemm() -> Callable[..., Any] | None:
 
 
 def load_kernels() -> None:
-    """Look every kernel up now, before a region is compiled: a lookup first made
-    inside a compiled region would leave a guard that fails once it is made."""
+    """Before compiling: a first lookup inside a region leaves a failing guard."""
     fused_rms_norm()
     fused_rotary_embedding()
     fused_sdpa()
@@ -540,8 +477,7 @@ def load_kernels() -> None:
 
 
 def fused_rotary_mode(is_neox_style: bool) -> Any | None:
-    """Gaudi's RotaryPosEmbeddingMode for a rotary layout, or None without Gaudi:
-    BLOCKWISE rotates halves (GPT-NeoX), PAIRWISE rotates interleaved pairs (GPT-J)."""
+    """BLOCKWISE rotates halves (GPT-NeoX), PAIRWISE pairs (GPT-J)."""
     modes = _kernel("habana_frameworks.torch.hpex.kernels", "RotaryPosEmbeddingMode")
     if modes is None:
         return None

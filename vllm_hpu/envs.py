@@ -1,9 +1,7 @@
-"""Every environment variable the plugin reads, in one typed table.
-
-This is the only module that reads ``os.environ``. Values are parsed once into a
-frozen :class:`HpuEnvs`; a malformed value raises a ``ValueError`` that names the
-variable and what it accepts, before any engine is built.
-"""
+"""Every environment variable the plugin reads, in one typed table: the only
+module reading ``os.environ``. Values are parsed once into a frozen
+:class:`HpuEnvs`; a malformed one raises a ``ValueError`` naming the variable
+and what it accepts, before any engine is built."""
 
 import dataclasses
 import functools
@@ -88,7 +86,6 @@ def _bucket_var(phase: str, dim: str, part: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class HpuEnvs:
-    # Switches the plugin on without Gaudi, on a CPU torch device.
     emulation: bool = _var(
         "VLLM_HPU_EMULATION", _bool, False, "run the HPU plugin on the CPU (emulation)"
     )
@@ -99,7 +96,6 @@ class HpuEnvs:
         4.0,
         "device memory of the emulated HPU, in GiB",
     )
-    # The reference's INC FP8 config: MEASURE calibrates, QUANTIZE serves fp8.
     quant_config: str = _var(
         "QUANT_CONFIG",
         _text,
@@ -169,7 +165,6 @@ class HpuEnvs:
         "max_bs",
         "order in which decode graphs are captured",
     )
-    # Set: true selects the exponential strategy, false the linear one.
     exponential_bucketing: bool | None = _var(
         "VLLM_EXPONENTIAL_BUCKETING",
         _bool,
@@ -234,7 +229,6 @@ class HpuEnvs:
     decode_seq_bucket_min: int | None = _bucket_var("DECODE", "SEQ", "MIN")
     decode_seq_bucket_step: int | None = _bucket_var("DECODE", "SEQ", "STEP")
     decode_seq_bucket_max: int | None = _bucket_var("DECODE", "SEQ", "MAX")
-    # Fused prompt attention: Gaudi's FusedSDPA, torch's CPU kernel in emulation.
     prompt_use_fusedsdpa: bool = _var(
         "VLLM_PROMPT_USE_FUSEDSDPA",
         _bool,
@@ -242,8 +236,7 @@ class HpuEnvs:
         "fused SDPA kernel for prompt attention, cached context included (Gaudi's "
         "FusedSDPA; torch's scaled_dot_product_attention in emulation)",
     )
-    # Long prompts: attention in tiles of queries x keys merged by log-sum-exp,
-    # so a pass holds one tile's scores and mask, not [q, K] (docs/long-context.md).
+    # Tiles merged by log-sum-exp: never a whole [q, K] (docs/long-context.md).
     fsdpa_slice_enabled: bool = _var(
         "VLLM_HPU_FSDPA_SLICE_ENABLED",
         _bool,
@@ -264,8 +257,7 @@ class HpuEnvs:
         "queries and keys per tile, at most the threshold; unset: half the "
         "threshold rounded up to a multiple of 1024",
     )
-    # Decode over many blocks: a layer reads this many flat blocks at a time, so
-    # it copies one slice of the batch's KV, not all of it (docs/long-context.md).
+    # A layer copies one slice of the batch's KV at a time (docs/long-context.md).
     decode_block_slice: int = _var(
         "VLLM_HPU_DECODE_BLOCK_SLICE",
         _positive_int,
@@ -302,8 +294,7 @@ class HpuEnvs:
         "Habana bridge: 0 eager/torch.compile backend, 1 lazy mode; unset: the "
         "bridge's default",
     )
-    # Empty: Gaudi's hpu_backend on Gaudi; in emulation torch.compile is then off,
-    # since a dynamo trace of every default bucket costs minutes on a CPU.
+    # Off in emulation by default: tracing every bucket takes minutes on a CPU.
     compile_backend: str = _var(
         "VLLM_HPU_COMPILE_BACKEND",
         _choice("hpu_backend", "eager", "aot_eager", "inductor"),
@@ -316,8 +307,7 @@ class HpuEnvs:
         False,
         "torch.compile(fullgraph=True): a graph break is an error",
     )
-    # Warm restarts: a volume kept across pod restarts makes the next start load
-    # its compiled graphs instead of compiling them (README_GAUDI.md).
+    # Warm restarts: a volume kept across pod restarts (README_GAUDI.md).
     cache_dir: str = _var(
         "VLLM_HPU_CACHE_DIR",
         _text,
@@ -331,8 +321,7 @@ class HpuEnvs:
         "hpu_profile",
         "folder for VLLM_PROFILER_ENABLED traces (trace_rank<N>_<pid>.json)",
     )
-    # Counted from the bridge's counters on Gaudi; emulation runs every op on the
-    # host, so it has no fallbacks to count and says so once.
+    # The bridge's counters; emulation has no fallbacks to count and says so once.
     log_step_cpu_fallbacks: bool = _var(
         "VLLM_HPU_LOG_STEP_CPU_FALLBACKS",
         _bool,
@@ -345,7 +334,6 @@ class HpuEnvs:
         False,
         "log the host fallbacks of every step",
     )
-    # Lazy mode only: a graph ends every N decoder layers instead of once per pass.
     config_hidden_layers: int | None = _var(
         "VLLM_CONFIG_HIDDEN_LAYERS",
         _positive_int,
@@ -368,8 +356,7 @@ class HpuEnvs:
         None,
         "true: async scheduling on (vLLM's default), false: off; unset: vLLM decides",
     )
-    # A test hook (tests/e2e/test_failures.py): a failure at one stage of an
-    # engine's start or its first step, to check that every caller gets it.
+    # Test hook (tests/e2e/test_failures.py): every caller must get the failure.
     fail_at: str | None = _var(
         "VLLM_HPU_FAIL_AT",
         _choice(*FAILURE_STAGES),
@@ -378,7 +365,6 @@ class HpuEnvs:
         "pass over the config; model_load, kv_allocation, warmup, first_step); "
         "unset in normal use",
     )
-    # Set by the plugin in the caller's process for the processes vLLM starts.
     failure_notes: str | None = _var(
         "VLLM_HPU_FAILURE_NOTES",
         _text,
@@ -453,8 +439,7 @@ def _apply_slice_chunk_size(values: dict[str, Any]) -> None:
 
 
 def _apply_bucketing_strategy(values: dict[str, Any]) -> None:
-    """VLLM_BUCKETING_STRATEGY sets the spacing unless VLLM_EXPONENTIAL_BUCKETING
-    does; set both, they must agree."""
+    """The strategy's spacing; VLLM_EXPONENTIAL_BUCKETING, if also set, must agree."""
     strategy = values.get("reference_bucketing_strategy")
     if strategy is None:
         return

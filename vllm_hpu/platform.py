@@ -1,8 +1,5 @@
-"""HpuPlatform: how vLLM sees Gaudi, or the CPU when emulation is switched on.
-
-Identity is declared as class attributes, picked once from ``device.py``; the
-config fix-ups in :meth:`HpuPlatform.check_and_update_config` are numbered steps.
-"""
+"""HpuPlatform: how vLLM sees Gaudi, or the CPU in emulation. Identity is class
+attributes from ``device.py``; ``check_and_update_config`` has numbered steps."""
 
 from typing import TYPE_CHECKING
 
@@ -70,8 +67,7 @@ class HpuPlatform(Platform):
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
-        # Sliding-window layers in KV cache groups of their own
-        # (attention/windows.py); step 6c turns it off where they cannot be.
+        # Sliding-window layers in KV cache groups of their own; step 6c may undo it.
         return True
 
     @property
@@ -123,10 +119,8 @@ class HpuPlatform(Platform):
         default_block_size: int,
         vllm_config: "VllmConfig",
     ) -> int:
-        """The backends' common preference where they agree: vLLM asks a lone
-        backend, but for several (Llama 4's chunked layers get a subclass of
-        ours) it falls back to its own default, 16, which would change the
-        block size under a runner built for the platform's (128)."""
+        """The backends' common preference: for several backends (Llama 4's chunked
+        layers subclass ours) vLLM falls back to 16, not the runner's 128."""
         preferred = {
             b.get_preferred_block_size(default_block_size) for b in backend_classes
         }
@@ -138,9 +132,8 @@ class HpuPlatform(Platform):
 
     @classmethod
     def import_kernels(cls) -> None:
-        """None of vLLM's compiled kernels: ``vllm._C`` is CUDA's (or absent, as in
-        a vLLM built for no device) and the plugin runs its own ops (``ops/``).
-        vLLM's default tries it and warns "Failed to import from vllm._C"."""
+        """None of vLLM's compiled kernels (``vllm._C``: CUDA's, or absent); the
+        plugin runs its own. vLLM's default warns "Failed to import from vllm._C"."""
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
@@ -170,8 +163,7 @@ class HpuPlatform(Platform):
         return float(device.memory_used())
 
     def is_sleep_mode_available(self) -> bool:
-        """Sleep mode is the worker's (worker/capabilities/sleep.py): it needs
-        no allocator of vLLM's."""
+        """Sleep mode is the worker's (capabilities/sleep.py), not vLLM's allocator."""
         return True
 
     @classmethod
@@ -188,11 +180,9 @@ class HpuPlatform(Platform):
 
     @classmethod
     def make_synced_weight_loader(cls, original_weight_loader):  # type: ignore[no-untyped-def]
-        """Each device parameter's copy finished before the next loads, as the
-        reference plugin does: the device synchronized, not vLLM's
-        ``torch._sync`` (a functional-tensor sync for XLA, which asserts on a
-        plain HPU tensor); host and meta parameters (online quantization
-        materializes its weights later) need nothing."""
+        """Each device parameter's copy finishes before the next loads (as the reference
+        does): a device sync, not vLLM's ``torch._sync`` (XLA's, asserts on an HPU
+        tensor); host and meta parameters (online quantization) need nothing."""
 
         def synced_weight_loader(param, *args, **kwargs):  # type: ignore[no-untyped-def]
             out = original_weight_loader(param, *args, **kwargs)
@@ -217,9 +207,8 @@ class HpuPlatform(Platform):
 
     @classmethod
     def discover_numa_topology(cls) -> list[list[int]]:
-        """No cores reserved for NIXL in emulation (vLLM's NIXL worker pins
-        itself to what this returns when the device type is "cpu"): the
-        emulated device's passes need every core."""
+        """No cores reserved for NIXL in emulation (its worker pins itself to these when
+        the device type is "cpu"): the emulated device needs every core."""
         return []
 
     @classmethod
@@ -258,19 +247,16 @@ class HpuPlatform(Platform):
 
     @classmethod
     def apply_config_platform_defaults(cls, vllm_config: "VllmConfig") -> None:
-        """Before vLLM's defaults: the user's compilation settings, honoured where
-        the runner can, else refused or logged with the reason."""
+        """The user's compilation settings, before vLLM's defaults."""
         from vllm_hpu.config.compilation import apply_user_compilation
 
         apply_user_compilation(vllm_config)
 
     @classmethod
     def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
-        """Runs on every pass of ``VllmConfig.__post_init__``: the caller's, and
-        the engine core's again on the config it was sent. Each step gives the
-        same config the second time: it reads what the user asked from the
-        config's record (``engine_args.requested_options``), not from fields an
-        earlier pass changed, and a decision taken once is marked there."""
+        """Runs on every ``VllmConfig.__post_init__`` pass (caller's, then the core's)
+        and gives the same config twice: it reads ``engine_args.requested_options``,
+        not fields an earlier pass changed, and marks decisions taken once there."""
         requested = engine_args.requested_options(vllm_config)
         _check_envs()  # 0. a malformed variable stops start-up here
         if engine_args.first_pass(vllm_config, "failure notes"):
@@ -301,9 +287,8 @@ def _check_envs() -> None:
 
 
 def _fail_on_the_engine_cores_pass(vllm_config: "VllmConfig") -> None:
-    """VLLM_HPU_FAIL_AT=config: the engine core's pass over the config fails,
-    after the core has told the caller it is ready (the caller's pass marks
-    the config)."""
+    """VLLM_HPU_FAIL_AT=config: the engine core's config pass fails after it told the
+    caller it is ready (the caller's pass marks the config)."""
     if envs.get_envs().fail_at != "config":
         return
     if not engine_args.first_pass(vllm_config, "injected config failure"):
@@ -357,10 +342,9 @@ def _disable_vllm_compilation(vllm_config: "VllmConfig") -> None:
 def _use_fast_cpu_dtype(
     vllm_config: "VllmConfig", requested: engine_args.RequestedOptions
 ) -> None:
-    """Emulation only: a dtype left to vLLM ("auto") becomes the one this CPU runs
-    fast; an explicit --dtype is honoured (tests use float32). Unquantized models
-    only: quantized checkpoints and INC's flow keep vLLM's choice, the 16-bit dtype
-    their kernels were validated in."""
+    """Emulation, unquantized models only: dtype "auto" becomes the one this CPU runs
+    fast; an explicit --dtype is honoured. Quantized and INC models keep vLLM's
+    choice, the 16-bit dtype their kernels were validated in."""
     model_config = vllm_config.model_config
     if device.hpu_available() or not requested.dtype_auto:
         return

@@ -1,13 +1,9 @@
-"""``python -m vllm_hpu.selfcheck``: the first thing to run on a Gaudi.
-
-It runs each Gaudi kernel the plugin uses once, on the device with small
-shapes, through the plugin's own call, and compares the result with the
-plugin's CPU implementation of it (what emulation runs); it checks the
-versions against README_GAUDI's table and the environment (lazy or eager mode,
-recipe cache, visible cards). One table, a verdict per line (ok, warn, FAIL),
-the fix for each line that is not ok; exit status 1 when a line failed,
-including when there is no Gaudi at all.
-"""
+"""``python -m vllm_hpu.selfcheck``: the first thing to run on a Gaudi. Runs each
+Gaudi kernel the plugin uses once, with small shapes, through the plugin's own
+call, against the CPU implementation emulation runs; checks the versions
+against README_GAUDI's table and the environment (lazy or eager mode, recipe
+cache, visible cards). One line per check (ok, warn, FAIL) with its fix; exit
+status 1 when a line failed, including without a Gaudi."""
 
 import copy
 import dataclasses
@@ -135,8 +131,7 @@ def _both(
     inputs: tuple[torch.Tensor, ...],
     tolerance: float,
 ) -> Outcome:
-    """``on_device`` on the inputs moved to the card, ``on_cpu`` on them as they
-    are; a tuple of outputs is compared as one."""
+    """``on_device`` on inputs moved to the card, ``on_cpu`` on them as they are."""
     got = on_device(*(t.to("hpu") for t in inputs))
     want = on_cpu(*inputs)
     if isinstance(got, tuple):
@@ -249,8 +244,7 @@ def _fp8_experts(mode: str) -> Check:
         from vllm_hpu.quantization.fp8_moe import HpuFp8Experts
 
         class CpuFp8Experts(HpuFp8Experts):
-            """The plugin's fp8 experts without Gaudi's kernel (emulation's
-            path: dequantized experts, input and intermediate rounded)."""
+            """The fp8 experts without Gaudi's kernel (emulation's dequantized path)."""
 
             def _kernel(self) -> None:
                 return None

@@ -1,8 +1,7 @@
-"""The pieces of attention Intel Neural Compressor measures and quantizes, as
-modules with the Gaudi reference's class names: INC patches modules by class
-name, and measurement files name them by path
-(``model.layers.N.self_attn.attn.impl.matmul_qk``), so files made here and on
-Gaudi are interchangeable. Each forward is the plain op; the math is in ops/."""
+"""Attention pieces INC measures and quantizes, as modules with the Gaudi
+reference's class names (INC patches by class name; measurement files name
+paths like ``model.layers.N.self_attn.attn.impl.matmul_qk``), so files made
+here and on Gaudi are interchangeable. The math is in ops/."""
 
 from typing import Any
 
@@ -27,10 +26,8 @@ class Softmax(torch.nn.Module):
 
 
 class VLLMKVCache(torch.nn.Module):
-    """Writes a step's keys (or values) into a flat cache; reads blocks back.
-
-    Returns what it wrote, not the whole cache as the reference does: INC
-    measures or dequantizes that result on every call, which a CPU would do in full."""
+    """Writes a step's keys (or values) into a flat cache; reads blocks back. Returns
+    what it wrote, not the whole cache as the reference does (INC would process it)."""
 
     def forward(
         self, input: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor

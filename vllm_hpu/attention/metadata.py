@@ -1,9 +1,6 @@
 """Attention metadata: the contract between our model runner and HpuAttentionImpl.
-
-vLLM's Attention.forward calls unified_attention_with_output in Python (our platform
-keeps opaque_attention_op() False; no vllm._C needed), which reads
-forward_context.attn_metadata[layer_name]: the runner maps every layer to one object.
-"""
+vLLM's Attention.forward calls unified_attention_with_output in Python
+(opaque_attention_op() False), which reads forward_context.attn_metadata[layer]."""
 
 import itertools
 from dataclasses import dataclass, field, replace
@@ -43,24 +40,19 @@ class CacheGeometry:
     num_blocks: int  # real blocks; the dummy block's id is num_blocks
     dtype: torch.dtype  # model dtype (for masks / mappings)
     device: torch.device
-    # Distinct windows of the sliding-window layers (each gets its own decode
-    # blocks; prompt layers apply theirs to the pass's mask), and whether some
-    # layer attends to every token.
+    # Distinct sliding windows (each with its own decode blocks; prompt layers mask
+    # the pass), and whether some layer attends to every token.
     sliding_windows: tuple[int, ...] = ()
     full_attention: bool = True
-    # Distinct chunk sizes of the chunked local attention layers (Llama 4), each
-    # with its own decode blocks, as windows have.
+    # Chunk sizes of chunked local attention layers (Llama 4), each with its blocks.
     attention_chunks: tuple[int, ...] = ()
-    # Under vLLM's hybrid KV cache manager, the geometry of each KV cache group
-    # (its layers' windows), in the order of the requests' block tables; empty:
-    # one group, this geometry.
+    # Per KV cache group under the hybrid manager, its layers' windows, in block
+    # table order; empty: one group, this geometry.
     groups: tuple["CacheGeometry", ...] = ()
-    # Every prompt mask carries its queries' span ends (a model whose image
-    # tokens attend both ways), spans or not: one input structure per bucket
-    # for a compiled graph.
+    # Every prompt mask carries span ends, spans or not: one input structure per
+    # bucket for a compiled graph.
     span_ends: bool = False
-    # A hybrid model's state group (worker/kv_caches.py): a placeholder in
-    # ``groups`` for which no attention metadata is built.
+    # A hybrid model's state group (worker/kv_caches.py): no attention metadata.
     holds_states: bool = False
 
     def group_geometries(self) -> tuple["CacheGeometry", ...]:
@@ -79,12 +71,10 @@ class HpuAttentionMetadata(AttentionMetadata):
     slot_mapping: torch.Tensor  # [num_tokens] long; padding -> the dummy block
     # Prompt: [bs * C] context blocks, row-major (None when C == 0).
     block_list: torch.Tensor | None = None
-    # Prompt: who sees whom, per token (each layer makes its bias from it, tile
-    # by tile: ops/prompt_mask.py).
+    # Prompt: who sees whom, per token (layers make their bias per tile: prompt_mask).
     prompt_mask: PromptMask | None = None
     query_lens: torch.Tensor | None = None  # prompt [bs] long; padding rows -> 0
-    # Decode: the flat blocks per sliding window (None: full attention) and
-    # per attention chunk size.
+    # Decode: the flat blocks per sliding window (None: full) and per chunk size.
     decode_by_window: dict[int | None, DecodeBlocks] = field(default_factory=dict)
     decode_by_chunk: dict[int, DecodeBlocks] = field(default_factory=dict)
 
@@ -208,8 +198,7 @@ def build_prompt_metadata(
     num_context_blocks: int,
     cache: CacheGeometry,
 ) -> HpuAttentionMetadata:
-    """Metadata of a prompt pass over ``batch_size * query_len`` tokens; no [q, K]
-    mask is made here."""
+    """A prompt pass of ``batch_size * query_len`` tokens (no [q, K] mask here)."""
     rows = _pad_batch(seqs, batch_size)
     block_list = None
     if num_context_blocks > 0:
@@ -262,9 +251,8 @@ def first_visible_position(
 def window_capacity(
     num_blocks: int, batch_size: int, sliding_window: int | None, block_size: int
 ) -> int:
-    """Padded block count of a layout: the bucket's P, or for a window (or chunk) of
-    W positions at most cdiv(W - 1, B) + 1 blocks per row, fixed per bucket so
-    graph shapes stay static."""
+    """Padded block count: the bucket's P, or for a window (or chunk) of W positions
+    at most cdiv(W - 1, B) + 1 blocks per row, fixed per bucket (static shapes)."""
     if sliding_window is None:
         return num_blocks
     per_row = cdiv(sliding_window - 1, block_size) + 1
@@ -272,8 +260,7 @@ def window_capacity(
 
 
 def _owned_slots(rows: PassRows, batch_size: int, num_queries: int) -> np.ndarray:
-    """Slots each row owns: up to the next row's first in its group, or to the
-    group's end for its group's last row; refuses rows that do not fit."""
+    """Slots each row owns (to the next row's first, or group end); refuses misfits."""
     num_groups = int(rows.starts.max(initial=-1)) // num_queries + 1
     if num_groups > batch_size:
         raise ValueError(
@@ -302,11 +289,9 @@ def _flat_layout(
     chunk: int | None,
     block_size: int,
 ) -> dict[str, np.ndarray]:
-    """Per flat block: physical id, query group, key offset (ALiBi), and per slot of
-    its group the visible key range [start, usage) (empty for other rows' slots).
-    A row's blocks run from its first query's first visible key to its last
-    query's own; slot ``j`` queries at the row's ``j``-th token (past its tokens:
-    the last)."""
+    """Per flat block: physical id, query group, key offset (ALiBi), and per slot the
+    visible keys [start, usage) (empty for other rows'); slot ``j`` queries at the
+    row's ``j``-th token (past its tokens: the last)."""
     slot0 = rows.starts % num_queries
     slot = np.arange(num_queries)[None, :] - slot0[:, None]  # [R, Q]: the row's j
     is_owned = (slot >= 0) & (slot < owned[:, None])
@@ -358,9 +343,8 @@ def _decode_blocks(
     start, usage = on_device["block_start"], on_device["block_usage"]
     keys = torch.arange(cache.block_size, device=cache.device)
     hidden = (keys >= usage[..., None]) | (keys < start[..., None])  # [P, Q, B]
-    # A block may hide every key from one of its queries (a later block of a
-    # verified row, or one before a window): a finite floor keeps that query's
-    # block maximum finite, and the row's visible keys outweigh it.
+    # A block may hide every key from a query (a verified row's later block, one
+    # before a window): a finite floor keeps its maximum finite.
     bias = torch.zeros(hidden.shape, dtype=cache.dtype, device=cache.device)
     bias.masked_fill_(hidden, torch.finfo(cache.dtype).min)
     groups = on_device["block_groups"]
@@ -382,11 +366,9 @@ def build_decode_metadata(
     starts: list[int] | None = None,
     num_queries: int = 1,
 ) -> HpuAttentionMetadata:
-    """Metadata of a decode pass of ``batch_size`` query groups of ``num_queries``
-    (Q) slots over ``num_blocks`` (P) flat blocks: one token per row at flat
-    index ``i``, or, verifying drafts, row ``i``'s tokens from ``starts[i]`` on,
-    causal within the row. One layout per sliding window and attention chunk
-    size (and one for full attention), so a layer reads only the blocks it attends."""
+    """A decode pass of ``batch_size`` groups of Q slots over P flat blocks: a token
+    per row, or when verifying row ``i``'s tokens from ``starts[i]``, causal. One
+    layout per window and chunk size (and full): a layer reads only its blocks."""
     rows = PassRows.of(seqs, list(range(len(seqs))) if starts is None else starts)
     owned = _owned_slots(rows, batch_size, num_queries)
     windows: list[int | None] = [None] if cache.full_attention else []
@@ -395,8 +377,7 @@ def build_decode_metadata(
     def layout(window: int | None, chunk: int | None = None) -> DecodeBlocks:
         flat = _flat_layout(rows, owned, num_queries, window, chunk, cache.block_size)
         used = len(flat["block_list"])
-        # A group's rows need at most Q times a window's blocks in all (a row
-        # of q queries: its window widened by q - 1 keys).
+        # A group's rows need <= Q times a window's blocks (q queries: window + q - 1).
         span = window if chunk is None else chunk
         capacity = window_capacity(
             num_blocks, batch_size * num_queries, span, cache.block_size

@@ -1,9 +1,7 @@
 """DeepSeek-V3.2's sparse MLA: ``mla.py``'s cache and kernels, each query
-attending only the ``index_topk`` keys its layer's indexer chose.
-
-Our indexer replaces vLLM's (whose fp8 CUDA kernels would also change which
-keys win): it keeps its keys in its own flat cache in the model's dtype and
-hands its choice to the layer's impl, which masks the rest out."""
+attending only the ``index_topk`` keys its layer's indexer chose. Our indexer
+replaces vLLM's (whose fp8 CUDA kernels would change which keys win), keeps
+its keys in its own flat cache in the model's dtype and masks the rest out."""
 
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -52,8 +50,7 @@ class HpuSparseMLAImpl(HpuMLAImpl):
                 "layer's top-k: index_topk_freq, index_topk_pattern)."
             )
         super().__init__(*args, **mla_args)
-        # [bs, q, K] (prompt) or [P, block_size] (decode) bool, set by the
-        # layer's indexer in each pass just before the layer attends.
+        # [bs, q, K] (prompt) or [P, block_size] (decode) bool, set by the indexer.
         self.selected: torch.Tensor | None = None
 
     def record_logical_topk_ready(self) -> None:
@@ -169,9 +166,8 @@ class HpuMultiHeadLatentAttention(MultiHeadLatentAttentionWrapper):
 def index_cache_spec(
     spec: MLAAttentionSpec, vllm_config: VllmConfig
 ) -> MLAAttentionSpec:
-    """The indexer's key cache: vLLM sizes DeepGEMM's fp8 layout (bytes of
-    keys and scales); the plugin keeps ``index_head_dim`` keys in the model's
-    dtype."""
+    """The indexer's key cache: vLLM sizes DeepGEMM's fp8 layout; the plugin keeps
+    ``index_head_dim`` keys in the model's dtype."""
     if spec.cache_role != SparseCacheRole.INDEXER:
         return spec
     config = vllm_config.model_config

@@ -1,8 +1,6 @@
-"""Packing of a verification pass: each row's ``q <= Q`` tokens (its last sampled
-token and its drafts) take consecutive slots of one of ``bs`` query groups of
-``Q`` slots, rows with few drafts sharing groups, so a batch where some rows
-drafted nothing pads few tokens. ``build_decode_metadata`` builds the metadata
-of a packing, causal within each row."""
+"""Packing of a verification pass: each row's ``q <= Q`` tokens (last sampled
+token and drafts) take consecutive slots of one of ``bs`` groups of ``Q``,
+rows with few drafts sharing groups so little is padded; causal within rows."""
 
 
 def pack_rows(query_lens: list[int], num_queries: int) -> list[int]:

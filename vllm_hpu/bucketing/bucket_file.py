@@ -1,8 +1,7 @@
-"""Bucket files (``VLLM_BUCKETING_FROM_FILE``), in the reference Gaudi stack's format.
-
-One ``(batch_size, query_len, num_blocks)`` per line, any element a list for
-the Cartesian product: ``(1, [256, 512], [0, 4])`` is four buckets. A query
-length of 1 makes a decode bucket, any other a prompt bucket; ``#`` comments."""
+"""Bucket files (``VLLM_BUCKETING_FROM_FILE``), in the reference Gaudi format: one
+``(batch_size, query_len, num_blocks)`` per line, lists for the Cartesian
+product (``(1, [256, 512], [0, 4])`` is four); query length 1 makes a decode
+bucket; ``#`` comments."""
 
 import ast
 import itertools

@@ -1,9 +1,6 @@
-"""Trace-driven bucket planning: the buckets that pad a recorded trace least,
-within a graph budget (``python -m vllm_hpu.bucketing --trace ... --plan-out``).
-
-Greedy: from one bucket per phase covering every traced shape, add the traced
-shape that lowers padding (padded / real per quantity) most, until the budget
-is spent; a final replay covers any pass still without a bucket."""
+"""Trace-driven bucket planning (``--trace ... --plan-out``): within a graph
+budget, from one bucket per phase covering every shape, greedily add the traced
+shape that lowers padding most; a final replay covers any pass left without."""
 
 import math
 from collections import Counter

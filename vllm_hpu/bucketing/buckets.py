@@ -1,8 +1,5 @@
-"""The bucket sets: every ``(batch_size, query_len, num_blocks)`` worth compiling.
-
-A bucket is kept only if some request within vLLM's limits is padded to it, so
-the filters look at the smallest such request (one above the previous value).
-"""
+"""The bucket sets: every ``(batch_size, query_len, num_blocks)`` worth compiling;
+kept only if the smallest request within vLLM's limits is padded to it."""
 
 import math
 from typing import NamedTuple
@@ -12,9 +9,8 @@ from vllm_hpu.bucketing.settings import BucketingConfig
 
 
 class Bucket(NamedTuple):
-    """One compiled shape. Decode buckets have ``query_len == 1`` and
-    ``num_blocks`` = the padded block count P; prompt buckets have
-    ``num_blocks`` = padded cached-context blocks (0: no context)."""
+    """One compiled shape. Decode: ``query_len == 1``, ``num_blocks`` the padded P;
+    prompt: ``num_blocks`` the padded cached-context blocks (0: none)."""
 
     batch_size: int
     query_len: int
@@ -80,9 +76,8 @@ def context_tokens(min_blocks: int, block_size: int) -> int:
 
 
 def generate_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
-    """Prompt buckets some legal request needs: at most ``max_num_seqs`` rows,
-    ``bs * query_len <= max_num_batched_tokens``, ``context + query_len <=
-    max_model_len``."""
+    """Prompt buckets some legal request needs: rows <= ``max_num_seqs``, ``bs *
+    query_len <= max_num_batched_tokens``, ``context + query_len <= max_model_len``."""
     dims = prompt_dims(config)
     min_batch = smallest_padded(dims.batch_sizes, 1)
     min_query = smallest_padded(dims.query_lens, 1)
@@ -117,9 +112,8 @@ def decode_block_cap(
 def generate_decode_buckets(
     config: BucketingConfig, num_kv_blocks: int
 ) -> list[Bucket]:
-    """Decode buckets with block counts clamped (not dropped: the fullest batch of a
-    size keeps a bucket) to what the batch can hold; counts below the batch size
-    go, since every sequence holds a block."""
+    """Decode buckets, block counts clamped (not dropped) to what the batch can hold;
+    counts below the batch size go, since every sequence holds a block."""
     dims = decode_dims(config)
     min_batch = smallest_padded(dims.batch_sizes, 1)
     buckets: list[Bucket] = []

@@ -1,10 +1,7 @@
 """The default ``compact`` buckets: few graphs, spent where a workload pads.
-
-Prompts get a short query ladder and few batch sizes, context buckets only
-where a context chunk runs. Decode block counts are a ladder per sequence, and
-for the largest batch size one growing to the KV cache: a batch of long
-sequences pads rows (cheap: a decode streams the weights once), not blocks.
-docs/bucketing.md has the numbers."""
+Prompts: a short query ladder, few batch sizes, context only where a context
+chunk runs. Decode: a block ladder per sequence, and for the largest batch one
+up to the KV cache (padding rows is cheap, blocks not). See docs/bucketing.md."""
 
 import dataclasses
 import math
@@ -107,8 +104,7 @@ def short_sequence_buckets(
     num_kv_blocks: int,
     shape: CompactShape = COMPACT,
 ) -> set[Bucket]:
-    """Per batch size ``b``: ``b`` x 1, 2, 4 blocks (only 1 below ``small_batch``),
-    within what the batch can hold."""
+    """Each batch size b: b x 1, 2, 4 blocks (1 below ``small_batch``) that fit."""
     buckets: set[Bucket] = set()
     for batch_size in batch_sizes:
         cap = decode_block_cap(config, batch_size, num_kv_blocks)
@@ -121,9 +117,8 @@ def short_sequence_buckets(
 def compact_decode_buckets(
     config: BucketingConfig, num_kv_blocks: int, shape: CompactShape = COMPACT
 ) -> list[Bucket]:
-    """Short sequences at every batch size; for the largest fillable batch size,
-    block counts growing by ``largest_batch_growth`` up to the most it can hold,
-    so every decode batch has a bucket (a smaller one in a larger batch's)."""
+    """Short sequences at every batch size; for the largest fillable one, block counts
+    growing by ``largest_batch_growth`` to the most it holds (every batch fits one)."""
     *smaller, largest = fillable_batch_sizes(
         compact_decode_batch_sizes(config), num_kv_blocks
     )

@@ -1,10 +1,7 @@
-"""Compact buckets for long contexts (``max_model_len`` of 32k and more): context
-and decode block counts on a square-root ladder, dense where padding is dear.
-
-Why: the compact set padded 67 to 72 % of a long-context trace's context
-blocks (docs/long-context.md). A ladder ``low + (high - low) * (k / n) ** 2``
-keeps gaps of about 2 / n near the top whatever ``high`` is, so the graph
-count does not grow with the context length."""
+"""Compact buckets for long contexts (``max_model_len`` >= 32k): context and
+decode block counts on a square-root ladder. The compact set padded 67-72 % of
+a long trace's context blocks (docs/long-context.md); ``low + (high - low) *
+(k / n) ** 2`` keeps top gaps near 2 / n, so graphs do not grow with context."""
 
 import dataclasses
 import math

@@ -1,8 +1,5 @@
-"""The bucket sets the model runner pads to, with a per-step lookup.
-
-Lookup bisects sorted per-dimension values (it runs every step); a shape beyond
-every bucket still gets one, rounded up past the range, with a one-time warning.
-"""
+"""The bucket sets the runner pads to, with a per-step bisecting lookup; a shape
+beyond every bucket is rounded up past the range, with a one-time warning."""
 
 import bisect
 import itertools
@@ -92,10 +89,8 @@ def padded_value(needed: int, values: list[int], bucket_range: BucketRange) -> i
 def verification_batch_rungs(
     decode: list[Bucket], max_groups: int
 ) -> dict[int, list[int]]:
-    """Each decode batch size's block counts, plus a rung halfway between batch
-    sizes more than one apart: a verification pass's query groups come in any
-    number, and on a doubling ladder three groups would pad to four (each padding
-    group is Q tokens)."""
+    """Each decode batch size's block counts, plus a rung halfway between sizes more
+    than one apart: three verification groups would pad to four (Q tokens each)."""
     blocks: dict[int, set[int]] = {}
     for bucket in decode:
         blocks.setdefault(bucket.batch_size, set()).add(bucket.num_blocks)
@@ -112,9 +107,8 @@ def verification_batch_rungs(
 def verification_buckets(
     decode: list[Bucket], num_queries: int, max_groups: int
 ) -> list[Bucket]:
-    """Per batch size rung its block counts, and rungs of one and two blocks per
-    query group below its lowest: each block is read by Q queries, so padding
-    blocks cost Q times what they cost in decode."""
+    """Per batch size rung its block counts, plus rungs of one and two blocks per
+    query group below: each block is read by Q queries, so padding costs Q times."""
     buckets: set[Bucket] = set()
     for size, counts in verification_batch_rungs(decode, max_groups).items():
         buckets.update(Bucket(size, num_queries, count) for count in counts)
@@ -246,9 +240,8 @@ class HpuBucketManager:
     def find_decode_bucket(
         self, batch_size: int, num_blocks: int, query_len: int = 1
     ) -> Bucket:
-        """The smallest decode bucket for ``batch_size`` rows holding ``num_blocks``
-        in all (a warned miss if none); with ``query_len`` > 1, a verification bucket.
-        """
+        """The smallest decode bucket for ``batch_size`` rows and ``num_blocks`` (a
+        warned miss if none); with ``query_len`` > 1, a verification bucket."""
         if self.exact_shapes:
             return Bucket(batch_size, query_len, num_blocks)
         index = self._decode if query_len == 1 else self._verify
@@ -264,8 +257,7 @@ class HpuBucketManager:
         return self._add_miss("decode", index, bucket)
 
     def describe(self, phase: str, bucket: Bucket) -> tuple[int, ...]:
-        """A bucket as the logs print it: (bs, seq), (bs, seq, ctx), (bs, blocks)
-        or, verifying drafts, (bs, queries, blocks)."""
+        """As logged: (bs, seq), (bs, seq, ctx), (bs, blocks), (bs, queries, blocks)."""
         if phase == "decode":
             if bucket.query_len > 1:
                 return tuple(bucket)

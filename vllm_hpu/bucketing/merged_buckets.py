@@ -1,9 +1,7 @@
-"""Prompt buckets of merged prefill: ``(1, total tokens, total context blocks)``:
-a token ladder up to the step budget, and context 0 or the most one request holds.
-
-Below ``COMPUTE_BOUND_TOKENS`` a pass takes about the time of streaming the
-weights once on Gaudi, so coarse values pad cheaply; above, every padded token
-is compute, so values are three per doubling."""
+"""Merged prefill buckets ``(1, total tokens, total context blocks)``: a token
+ladder up to the step budget; context 0 or the most one request holds. Below
+``COMPUTE_BOUND_TOKENS`` a pass costs about one weight stream on Gaudi, so
+coarse values pad cheaply; above, three values per doubling."""
 
 import math
 
@@ -50,8 +48,7 @@ def merged_contexts(config: BucketingConfig) -> list[int]:
 
 
 def merged_prompt_buckets(config: BucketingConfig) -> list[Bucket]:
-    """Every token value without context; ``NUM_CONTEXT_TOKEN_VALUES`` of
-    them with the most context one request holds."""
+    """Every token value without context; ``NUM_CONTEXT_TOKEN_VALUES`` with the most."""
     tokens = merged_token_ladder(config)
     most = merged_contexts(config)[-1]
     with_context = context_token_values(tokens, NUM_CONTEXT_TOKEN_VALUES)

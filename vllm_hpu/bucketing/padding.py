@@ -1,8 +1,5 @@
-"""How much compute padding to buckets wastes: live counters and trace replay.
-
-Padding ratio = padded / (real + padded): the share of the computed shape that was
-padding. Decode reports batch padding (sequences) and block padding separately.
-"""
+"""Padding waste: live counters and trace replay. Ratio = padded / (real +
+padded); decode reports batch (sequence) and block padding separately."""
 
 import dataclasses
 from collections.abc import Iterable
@@ -13,8 +10,7 @@ if TYPE_CHECKING:
 
 
 class BucketLookup(Protocol):
-    """What padding a trace needs of ``HpuBucketManager`` (which imports this
-    module for its live counters)."""
+    """What padding a trace needs of ``HpuBucketManager`` (which imports this)."""
 
     def find_prompt_bucket(
         self, batch_size: int, query_len: int, num_context_blocks: int
@@ -53,8 +49,7 @@ class PaddingStats:
     # A decode step computes one token per sequence: batch padding is token padding.
     decode_batch: PaddingCounter = dataclasses.field(default_factory=PaddingCounter)
     decode_blocks: PaddingCounter = dataclasses.field(default_factory=PaddingCounter)
-    # Verification passes (a decode row's last token and its drafts): tokens;
-    # their blocks count as decode blocks.
+    # Verification passes: tokens; their blocks count as decode blocks.
     verify: PaddingCounter = dataclasses.field(default_factory=PaddingCounter)
 
     def record_prompt(self, bucket: "Bucket", query_lens: list[int]) -> None:

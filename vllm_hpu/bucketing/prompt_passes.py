@@ -59,9 +59,8 @@ def split_prompt_passes(
 def split_merged(
     seqs: list[Chunk], buckets: HpuBucketManager, block_size: int
 ) -> list[list[Chunk]]:
-    """Packs, first fit: a chunk joins the first pack still having a warmed-up
-    bucket with it. A chunk may read blocks another chunk of its pack writes:
-    every layer writes the pass's KV before it gathers context."""
+    """Packs, first fit, into the first pack with a warmed-up bucket. A chunk may read
+    blocks its pack writes: every layer writes KV before it gathers context."""
     packs: list[list[Chunk]] = []
     for seq in seqs:
         for pack in packs:
@@ -82,11 +81,8 @@ def _prompt_tokens(
 
 
 def _dependency_depths(seqs: Sequence[SplitChunk], block_size: int) -> list[int]:
-    """How many passes must run before each chunk.
-
-    vLLM can hand a prompt, as cached context, full blocks that another prompt of
-    the same step writes (identical prefixes arriving together): reordering
-    chunks by length must not put the reader before the writer."""
+    """Passes that must run before each chunk: a prompt's cached context may be blocks
+    another prompt of the step writes (same prefixes): readers follow writers."""
     writers: dict[int, int] = {}
     for index, seq in enumerate(seqs):
         for table in seq.tables:  # a full layer may read what a window skips
@@ -113,13 +109,10 @@ def split_prefills(
     buckets: HpuBucketManager,
     block_size: int,
 ) -> list[list[Chunk]]:
-    """Group prompt chunks into passes of similar length.
-
-    Chunks go shortest first (then least context), after the chunks whose context
-    they read. A chunk joins the current pass unless rows x longest chunk would
-    exceed the token budget, no warmed-up bucket fits, or the joined pass would
-    pad to more tokens than two passes (a pass start counting one block of
-    tokens): a long chunk must not stretch every short row."""
+    """Group prompt chunks into passes of similar length, shortest first (then least
+    context), after the chunks whose context they read. A chunk joins the pass
+    unless rows x longest chunk passes the token budget, no warmed bucket fits, or
+    it would pad to more tokens than two passes (a pass start counting a block)."""
     depths = _dependency_depths(seqs, block_size)
     batches: list[list[Chunk]] = []
     for level in sorted(set(depths)):

@@ -1,7 +1,5 @@
-"""The values one bucket dimension takes, from a ``(min, step, max)`` triple.
-
-Pure integer functions: linear with a doubling ramp-up, and exponential spacing.
-"""
+"""The values one bucket dimension takes, from a ``(min, step, max)`` triple: pure
+integer functions, linear with a doubling ramp-up, and exponential spacing."""
 
 import bisect
 import math
@@ -60,11 +58,10 @@ def exponential_range(
 
 
 def geometric_range(low: int, step: int, high: int, num_points: int) -> list[int]:
-    """``num_points`` geometric points from ``low`` (from ``step`` when ``low`` is 0
-    or 1, which stays a value of its own) to ``high``, each rounded up to a
-    multiple of ``step``, the largest capped at ``high``; a point within round-off
-    of a multiple stays on it (``(128, 128, 4096, 10)`` keeps 1024 and 2048).
-    ``(128, 128, 2048, 10)`` -> 128, 256, 384, 512, 640, 896, 1152, 1536, 2048."""
+    """``num_points`` geometric points from ``low`` (from ``step`` when ``low`` is 0 or
+    1, kept itself) to ``high``, rounded up to multiples of ``step``, capped at
+    ``high``; a point within round-off of a multiple stays on it. ``(128, 128,
+    2048, 10)`` -> 128, 256, 384, 512, 640, 896, 1152, 1536, 2048."""
     if num_points < 1 or step < 1 or low > high:
         raise ValueError(f"invalid geometric range {(low, step, high, num_points)}")
     if num_points == 1:

@@ -16,8 +16,7 @@ LONG_CONTEXT_LEN = 8192
 # Without contiguous PA, decode block references may reach this many times the
 # KV cache's blocks (prefix-cache hits count a shared block once per sequence).
 DECODE_BLOCK_FACTOR = 3
-# Merged prefill: its query ladder steps by this many blocks, its context by
-# this many blocks.
+# Merged prefill: the query and context ladders' steps, in blocks.
 MERGED_QUERY_BLOCKS = 4
 MERGED_CONTEXT_STEP = 4
 
@@ -25,12 +24,10 @@ MERGED_CONTEXT_STEP = 4
 def reference_range(
     low: int, step: int, high: int, limit: int, exact_last: bool = False
 ) -> list[int]:
-    """Its ``(min, step, max, limit)`` generator: ``limit`` geometric points from
-    ``min`` (from ``step`` when ``min`` is 0 or 1, which stays a value of its own)
-    to ``max``, each rounded up to a multiple of ``step`` (the last one exactly
-    ``max`` with ``exact_last``, as contiguous PA has it), the largest capped at
-    ``max``. Its own float arithmetic, so values agree to the last rounding:
-    ``(128, 128, 2048, 10)`` -> 128, 256, 384, 512, 640, 896, 1152, 1536, 2048."""
+    """Its ``(min, step, max, limit)`` generator: as ``ranges.geometric_range``, but
+    the last point exactly ``max`` with ``exact_last`` (contiguous PA), in its own
+    float arithmetic so values agree to the last rounding: ``(128, 128, 2048,
+    10)`` -> 128, 256, 384, 512, 640, 896, 1152, 1536, 2048."""
     if limit < 1 or step < 1:
         raise ValueError(f"invalid reference range {(low, step, high, limit)}")
     if limit == 1:
@@ -101,9 +98,8 @@ def keeps_prompt(
 
 
 def reference_prompt_buckets(config: BucketingConfig, merged: bool) -> list[Bucket]:
-    """Every query with every context, batch size 1. With long context the
-    largest context is replaced, per query, by the most that query leaves room
-    for; a query that leaves none keeps the previous query's (as its loop does)."""
+    """Every query with every context, batch size 1; with long context the largest is
+    cut per query to what it leaves room for (else the previous query's)."""
     ranges = prompt_ranges(config, merged)
     long_context = config.max_model_len >= LONG_CONTEXT_LEN
     largest = max(ranges.contexts)
@@ -122,10 +118,9 @@ def reference_prompt_buckets(config: BucketingConfig, merged: bool) -> list[Buck
 def reference_decode_buckets(
     config: BucketingConfig, num_kv_blocks: int
 ) -> list[Bucket]:
-    """Batch sizes ``(1, 2, max_num_seqs)`` x block counts ``(1, max_num_seqs,
-    most)``. Block references (prefix caching on): most is 3 x the KV cache's
-    blocks at the highest, counts below the batch go, the rest are clamped to
-    what the batch holds at max_model_len. Contiguous PA: most is the KV cache."""
+    """Batch sizes ``(1, 2, max_num_seqs)`` x blocks ``(1, max_num_seqs, most)``, most
+    3 x the KV cache's blocks with prefix caching (clamped to what the batch holds
+    at max_model_len; counts below the batch go), else the KV cache."""
     seqs = config.max_num_seqs
     contiguous = not config.prefix_caching
     blocks_per_seq = math.ceil(config.max_model_len / config.block_size)

@@ -1,8 +1,5 @@
-"""Replay a step-shape trace against a bucket set, as the runner would pad it.
-
-Prompt chunks are grouped into passes by the runner's own split (packed or not), so
-the passes, padding and misses are what serving would see with those buckets.
-"""
+"""Replay a step-shape trace against a bucket set with the runner's own pass
+split, so passes, padding and misses are what serving would see."""
 
 import dataclasses
 import math

@@ -1,9 +1,7 @@
 """Bucket ranges from vLLM's limits and VLLM_*_BUCKET_*; bad combinations raise.
-
-Prompt context (prefix caching / chunked prefill only): 0, then 1, 2, 4, ... blocks,
+Prompt context (prefix caching / chunked prefill): 0, 1, 2, 4, ... blocks,
 then every 1024 tokens, up to ceil((max_model_len - 1) / block_size) blocks.
-Decode blocks: 1, 2, 4, ... blocks, then every 2048 tokens' worth of blocks.
-"""
+Decode blocks: 1, 2, 4, ... blocks, then every 2048 tokens' worth."""
 
 import dataclasses
 import math
@@ -22,9 +20,8 @@ logger = init_logger("vllm.hpu.bucketing")
 # Past-context buckets step by about this many tokens once the ramp is done:
 # context only costs attention, so coarse steps pad cheaply.
 CONTEXT_STEP_TOKENS = 1024
-# Decode block buckets step by this many tokens' worth of blocks (16 at block size
-# 128). The reference stack's step of block_size *blocks* (16k tokens at 128)
-# padded the blocks of a mixed workload's decode steps by 38 %; this step, 6 %.
+# Decode block buckets step by this many tokens' worth of blocks: the reference's
+# block_size blocks (16k tokens) padded a mixed workload's decode blocks 38 %, ours 6 %.
 DECODE_STEP_TOKENS = 2048
 # The decode block maximum is never below this, as documented.
 MIN_DECODE_BLOCK_MAX = 128
@@ -47,8 +44,7 @@ class ServingLimits:
     max_num_batched_tokens: int
     max_model_len: int
     block_size: int
-    # Prefix caching or chunked prefill: prompt passes may
-    # start after cached blocks.
+    # Prefix caching or chunked prefill: prompt passes may follow cached blocks.
     use_context_buckets: bool = False
     # Only the reference strategy looks at it (its decode blocks count differently).
     prefix_caching: bool = True
@@ -66,9 +62,7 @@ class BucketingConfig:
     block_size: int
     use_context_buckets: bool
     exponential: bool
-    # How each phase's buckets are made (docs/bucketing.md, "Strategies"):
-    # compact, linear, exponential, reference, reference-merged, or file
-    # (VLLM_BUCKETING_FROM_FILE).
+    # How each phase's buckets are made (docs/bucketing.md, "Strategies"), or file.
     prompt_strategy: str
     decode_strategy: str
     bucket_file: str
@@ -82,8 +76,7 @@ class BucketingConfig:
     # Prompt passes pack their chunks: prompt buckets are (1, tokens, context).
     merged_prefill: bool = False
     prefix_caching: bool = True
-    # Speculative decoding: query tokens per row of a verification pass (its
-    # last token and k drafts); each decode bucket gets a verification twin.
+    # Verification queries per row (last token + k drafts); decode buckets get a twin.
     verify_queries: int = 1
 
     @classmethod
@@ -190,9 +183,8 @@ def phase_strategy(envs: HpuEnvs, phase: str, strategy: str) -> str:
 
 
 def resolve_merged_prefill(envs: HpuEnvs, prompt_strategy: str) -> bool:
-    """VLLM_HPU_MERGED_PREFILL, else what the prompt buckets were made for: a
-    reference strategy its own mode; a user's prompt batch-size range one row per
-    prompt; everything else packed."""
+    """VLLM_HPU_MERGED_PREFILL, else by what the prompt buckets were made for: a
+    reference strategy its own mode; a user's batch-size range unpacked; else packed."""
     chosen = envs.merged_prefill
     fixed = REFERENCE_MERGED_PREFILL.get(prompt_strategy)
     if fixed is not None:

@@ -1,8 +1,6 @@
-"""Encoder passes of tiled vision towers (Llama 4), bucketed by tiles per pass.
-
-Each image is a grid of tiles plus a global tile, each encoded on its own, so a
-pass of ``T`` tiles is padded to ``B >= T`` with one synthetic image of zero
-tiles, whose output is dropped."""
+"""Encoder passes of tiled vision towers (Llama 4), bucketed by tiles per pass:
+``T`` tiles (grid plus global tile per image) padded to ``B >= T`` with one
+synthetic zero-tile image, whose output is dropped."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,9 +35,8 @@ class TileBuckets:
     def from_budget(
         cls, max_item_tiles: int, max_item_tokens: int, max_tokens_per_pass: int
     ) -> "TileBuckets":
-        """Buckets up to the tiles of what one step may encode
-        (``max_tokens_per_pass``, vLLM's encoder compute budget, in image
-        tokens), and at least the largest image's."""
+        """Buckets up to the tiles one step may encode (``max_tokens_per_pass``, vLLM's
+        encoder budget in image tokens), and at least the largest image's."""
         tokens_per_tile = max(max_item_tokens // max_item_tiles, 1)
         most = max(max_item_tiles, -(-max_tokens_per_pass // tokens_per_tile))
         tiles = [1]

@@ -1,8 +1,5 @@
-"""Step-shape traces: the real (unpadded) shapes of every engine step, as JSON lines.
-
-The runner writes one when ``VLLM_HPU_BUCKET_TRACE`` names a file; the benchmark
-writes one per configuration. Replays and the bucket planner read them.
-"""
+"""Step-shape traces: every step's real shapes as JSON lines, written by the
+runner (``VLLM_HPU_BUCKET_TRACE``) or the benchmark, read by replay and planner."""
 
 import dataclasses
 import json

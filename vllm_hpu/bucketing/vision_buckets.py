@@ -1,10 +1,7 @@
 """Encoder passes of dynamic-resolution vision towers (Qwen2-VL), bucketed by
-images and patches per pass.
-
-A pass of ``n`` images is padded to ``B >= n`` images and ``P`` patches with
-synthetic zero images (``(1, m, m)`` grids, the last taking the rest of the
-patches), so the tower always sees ``P`` patches in ``B + 1`` images. Attention
-stays within each image, so the real images' outputs do not change."""
+images and patches: ``n`` images padded to ``B >= n`` and ``P`` patches with
+synthetic zero images (``(1, m, m)`` grids, the last taking the rest), so the
+tower sees ``P`` patches in ``B + 1`` images; attention stays per image."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass

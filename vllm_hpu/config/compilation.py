@@ -1,12 +1,8 @@
-"""A user's vLLM compilation settings (``-O``, ``--compilation-config``) on the HPU
-runner, which compiles and captures graphs per bucket itself
-(``worker/compilation/execution.py``).
-
-Read before vLLM fills in its defaults, so only what the user set is seen. Each
-setting is honoured where the runner has its equivalent; otherwise start-up stops
-naming the fix, or logs what runs instead and why. The platform then turns vLLM's
-own compilation off (``platform._disable_vllm_compilation``).
-"""
+"""A user's compilation settings (``-O``, ``--compilation-config``) on the HPU
+runner, which compiles and captures graphs per bucket itself. Read before
+vLLM's defaults, so only what the user set is seen; each is honoured where the
+runner has an equivalent, else refused naming the fix or logged. The platform
+then turns vLLM's own compilation off."""
 
 from typing import TYPE_CHECKING
 
@@ -63,8 +59,7 @@ def _optimization_level(vllm_config: "VllmConfig") -> None:
     model_config = vllm_config.model_config
     if level == OptimizationLevel.O0 and model_config is not None:
         model_config.enforce_eager = True
-        # What vLLM sets for --enforce-eager before this hook (and would set on
-        # the engine core's pass over this config).
+        # What vLLM sets for --enforce-eager before this hook (and on the core's pass).
         vllm_config.kernel_config.enable_jit_warmup = False
         logger.info(
             "-O0 (no compilation, no graphs): the HPU runner runs the model "

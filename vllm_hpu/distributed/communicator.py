@@ -1,10 +1,6 @@
-"""HpuCommunicator: vLLM's collectives for tensor, pipeline and expert parallel
-groups.
-
-HCCL on Gaudi, gloo on CPU processes in emulation; both are torch.distributed
-backends, so the collectives are torch's own. Lazy mode must close the pending
-graph before a collective reads its input, hence ``mark_step`` first.
-"""
+"""HpuCommunicator: vLLM's collectives for TP, PP and EP groups, on HCCL (Gaudi) or
+gloo (emulation), both torch.distributed backends. Lazy mode must close the
+pending graph before a collective reads its input (``mark_step``)."""
 
 import torch
 import torch.nn.functional as F
@@ -62,14 +58,11 @@ class HpuCommunicator(DeviceCommunicatorBase):
         return super().reduce_scatter(input_, dim)
 
     # ---- MoE layers with data parallelism (called on the expert group) ----
-    # vLLM's naive dispatch: every data-parallel rank's tokens go to every rank,
-    # whose experts (a shard of each, or whole experts with expert parallelism)
-    # add their part; the combine sums the parts and hands each rank its own
-    # tokens back. Each rank's tokens are padded to the largest pass among the
-    # ranks, so the exchange has one shape per set of buckets. Expert
-    # parallelism with both tensor and data parallelism (vLLM's sequence-
-    # parallel experts): each tensor-parallel rank brings its share of its
-    # pass's tokens, and the exchange spans every rank of the expert group.
+    # vLLM's naive dispatch: every DP rank's tokens go to every rank, whose
+    # experts (shards, or whole experts with EP) add their part; the combine sums
+    # the parts and returns each rank its tokens, padded to the ranks' largest
+    # pass (one shape per set of buckets). With EP, TP and DP (sequence-parallel
+    # experts) each TP rank brings its share and the exchange spans the EP group.
 
     def dispatch_router_logits(
         self,
@@ -97,21 +90,16 @@ class HpuCommunicator(DeviceCommunicatorBase):
     def combine(
         self, hidden_states: torch.Tensor, is_sequence_parallel: bool = False
     ) -> torch.Tensor:
-        """hidden_states: [group_size * max_num_tokens, hidden_size], this rank's
-        part for every rank's tokens -> [num_tokens, hidden_size], the sum over
-        ranks for this rank's tokens: a reduce-scatter, so each rank receives
-        only its own rows' sums (as the reference's HCCL communicator does)."""
+        """[group_size * max_num_tokens, hidden] -> [num_tokens, hidden]: a
+        reduce-scatter, each rank getting its own rows' sums (as the reference)."""
         group, sizes = _exchange(is_sequence_parallel)
         mine = group.reduce_scatter(hidden_states, dim=0)
         return mine[: sizes[group.rank_in_group]]
 
 
 def _exchange(is_sequence_parallel: bool) -> tuple[GroupCoordinator, list[int]]:
-    """The group a MoE layer exchanges tokens over and each member's token
-    count: the data-parallel ranks' passes (the forward context's, agreed
-    among the ranks as the pass started), or with sequence-parallel experts
-    each expert-parallel rank's share (vLLM's local sizes, data-parallel rank
-    major as the expert group's ranks)."""
+    """The MoE exchange group and each member's token count: the DP ranks' agreed
+    passes, or with sequence-parallel experts each EP rank's share (DP major)."""
     dp_metadata = get_forward_context().dp_metadata
     assert dp_metadata is not None, "a MoE pass with data parallelism"
     if is_sequence_parallel:
@@ -124,8 +112,7 @@ def _exchange(is_sequence_parallel: bool) -> tuple[GroupCoordinator, list[int]]:
 def _gather_padded(
     tensor: torch.Tensor, max_num_tokens: int, group: GroupCoordinator
 ) -> torch.Tensor:
-    """[num_tokens, ...] padded to max_num_tokens rows, all-gathered over
-    ``group``: [group_size * max_num_tokens, ...]."""
+    """[num_tokens, ...] padded and all-gathered: [group_size * max_num_tokens, ...]."""
     padding = max_num_tokens - tensor.shape[0]
     padded = F.pad(tensor, (0, 0) * (tensor.dim() - 1) + (0, padding))
     return group.all_gather(padded.contiguous(), dim=0)

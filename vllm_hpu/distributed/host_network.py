@@ -1,8 +1,6 @@
 """The network interface gloo uses on this node: the one holding VLLM_HOST_IP.
-
-Without ``GLOO_SOCKET_IFNAME`` gloo binds to the address the host's name
-resolves to (or loopback), which other nodes may not reach, and the workers'
-process group never forms."""
+Without ``GLOO_SOCKET_IFNAME`` gloo binds to the host name's address (or
+loopback), which other nodes may not reach: the process group never forms."""
 
 import psutil
 from vllm import envs as vllm_envs

@@ -1,6 +1,5 @@
 """Ray for HPU engines: the emulated cards declared, too few cards named at once
-(vLLM alone starts Ray declaring none, then waits 30 minutes for ``HPU`` bundles).
-"""
+(vLLM alone starts Ray declaring none, then waits 30 minutes for ``HPU`` bundles)."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -35,9 +34,8 @@ def init_ray_with_hpus(parallel_config: "ParallelConfig") -> bool:
 
 
 def _connect_or_start(parallel_config: "ParallelConfig") -> None:
-    """As vLLM would (RAY_ADDRESS, the cluster `ray start` left on this node, else a
-    new one), a new one declaring the emulated HPUs, which Ray cannot find itself.
-    Not ``address="auto"``, which joins any cluster running on the node."""
+    """As vLLM would (RAY_ADDRESS, a `ray start` cluster here, else a new one declaring
+    the emulated HPUs); not ``address="auto"``, which joins any local cluster."""
     runtime_env = parallel_config.ray_runtime_env
     resources = device.emulated_ray_resources(parallel_config.world_size)
     if resources is not None:
@@ -46,8 +44,7 @@ def _connect_or_start(parallel_config: "ParallelConfig") -> None:
             logger.info("Started a Ray cluster on this node with %s", resources)
             return
         except ValueError:
-            # Ray found a running cluster, which takes no resources from drivers:
-            # it declares its own.
+            # A running cluster takes no resources from drivers: it declares its own.
             pass
     ray.init(runtime_env=runtime_env)
 
@@ -77,9 +74,8 @@ def _placement_group_given(parallel_config: "ParallelConfig") -> bool:
 
 
 class _HpuRay:
-    """Runs the checks above before vLLM's Ray start-up; at shutdown removes the
-    placement group vLLM made (it would hold the HPUs from the process's next
-    engine for 30 minutes) and Ray itself if this engine started it."""
+    """Runs the checks above before vLLM's Ray start-up; at shutdown removes vLLM's
+    placement group (it would hold the HPUs 30 minutes) and Ray if we started it."""
 
     parallel_config: "ParallelConfig"
     owns_ray = False

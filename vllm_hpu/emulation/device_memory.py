@@ -1,8 +1,6 @@
-"""Device memory in CPU emulation, over this process's host memory: a meter of
-what the process allocated since its device started (``VLLM_HPU_EMULATION_MEMORY_GB``
-in all), and host memory pooled as a device allocator pools its blocks.
-``device.py``'s memory functions use it when no Gaudi is present.
-"""
+"""Device memory in CPU emulation: a meter of what the process allocated since its
+device started (``VLLM_HPU_EMULATION_MEMORY_GB`` in all), and host memory
+pooled as a device allocator pools blocks."""
 
 import ctypes
 import functools
@@ -70,13 +68,11 @@ _NEVER_TRIM = (1 << 31) - 1
 
 
 def pool_host_memory() -> None:
-    """Keep freed host memory for the next step, as a device allocator keeps its pool.
-
-    glibc maps large tensors afresh on every allocation and its mmap threshold
-    adapts to what was freed, so a step's speed depended on which kernels ran
-    before it (docs/benchmarks.md). From here tensors up to 32 MiB come from the
-    heap, which keeps up to 2 GiB freed at its top (vLLM's CPU backend preloads
-    tcmalloc for the same reason). Left alone off glibc or under GLIBC_TUNABLES."""
+    """Keep freed host memory for the next step, as a device allocator pools: glibc's
+    adaptive mmap threshold made step speed depend on earlier kernels
+    (docs/benchmarks.md). Tensors up to 32 MiB now come from a heap keeping 2 GiB
+    freed (vLLM's CPU backend preloads tcmalloc); not off glibc, nor under
+    GLIBC_TUNABLES."""
     user_tuned = "glibc.malloc." in get_envs().glibc_tunables
     if platform.libc_ver()[0] != "glibc" or user_tuned:
         return

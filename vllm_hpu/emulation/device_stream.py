@@ -1,13 +1,9 @@
-"""A device stream: device work runs in submission order while the host goes on
-to the next step.
-
+"""A device stream: device work runs in submission order while the host goes on.
 On Gaudi the bridge queues device work itself, so a submitted function runs at
-once on the host thread, only enqueueing. In emulation one worker thread runs
-the functions in order, so the CPU computes step N while the host prepares step
-N+1 (torch releases the GIL in its kernels), and a host write to something
-queued work still reads shows up as a wrong token here, not first on hardware.
-What a submitted function reads belongs to the stream until its future is done.
-"""
+once, only enqueueing. In emulation one worker thread runs them in order, so
+the CPU computes step N while the host prepares N+1, and a host write to what
+queued work reads shows up as a wrong token here, not first on hardware. What
+a submitted function reads belongs to the stream until its future is done."""
 
 import contextvars
 import queue
@@ -39,8 +35,7 @@ def _run_in_order(
 
 class DeviceStream:
     def __init__(self, threaded: bool, num_threads: int | None = None):
-        # Seconds spent running device work, from the stream's side: the time
-        # the device was busy, in emulation (benchmarks/async_overlap.py).
+        # Seconds of device work, the stream's busy time (benchmarks/async_overlap.py).
         self.busy_s = 0.0
         self._work: queue.SimpleQueue[_Work | None] | None = None
         if threaded:
@@ -64,8 +59,7 @@ class DeviceStream:
         if self._work is None:
             self._execute(future, fn, args)
         else:
-            # The work sees the submitter's context variables (torch keeps its
-            # dynamo config in them: the recompile limit the runner sets).
+            # With the submitter's context variables (dynamo's recompile limit).
             context = contextvars.copy_context()
             self._work.put(lambda: context.run(self._execute, future, fn, args))
         return future

@@ -1,8 +1,6 @@
-"""Linear layers on the CPU: oneDNN matmuls on weights packed once, at load.
-
-MKL's sgemm (``F.linear`` in float32) is 3 to 4x slower than a packed oneDNN
-weight for a decode step's rows on some CPUs (docs/benchmarks.md), as vLLM's
-CPU backend knows; Gaudi runs linear layers as they are: only emulation packs."""
+"""Linear layers on the CPU: oneDNN matmuls on weights packed once, at load. MKL's
+float32 sgemm is 3-4x slower for a decode step's rows on some CPUs
+(docs/benchmarks.md), as vLLM's CPU backend knows; only emulation packs."""
 
 import functools
 from typing import Any
@@ -40,9 +38,8 @@ def _can_pack(dtype: torch.dtype) -> bool:
 
 
 def _packable_weight(module: torch.nn.Module) -> torch.Tensor | None:
-    """The weight of an unquantized linear layer or LM head that oneDNN can pack
-    (not the input embedding's: its rows are looked up, not multiplied). A LoRA
-    layer is skipped: its base layer, packed on its own, is what it calls."""
+    """The weight of an unquantized linear layer or LM head oneDNN can pack (not the
+    input embedding's); LoRA layers skipped: their packed base layer is called."""
     if hasattr(module, "base_layer"):
         return None
     method = type(getattr(module, "quant_method", None))
@@ -62,9 +59,8 @@ def _packable_weight(module: torch.nn.Module) -> torch.Tensor | None:
 
 
 def pack_linear_layers(model: torch.nn.Module) -> int:
-    """Pack every linear weight of ``model`` for oneDNN and route its layer there
-    (other dtypes keep ``F.linear``); returns how many were packed. A layer's own
-    weight is dropped, the LM head's kept (a tied embedding shares it)."""
+    """Pack ``model``'s linear weights for oneDNN (other dtypes keep ``F.linear``);
+    returns the count. Layer weights dropped, the LM head's kept (tied embedding)."""
     packed = 0
     for module in model.modules():
         weight = _packable_weight(module)

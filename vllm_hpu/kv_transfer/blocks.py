@@ -1,10 +1,7 @@
-"""Block copies between a device cache and a host buffer, by block id.
-
-The platform's ``insert_blocks_to_device`` / ``swap_out_blocks_to_host`` (NIXL's
-host buffer on Gaudi) and the offloading worker both copy whole blocks along dim
-0 of block-major tensors (``layout.py``). All source blocks are gathered before
-any destination is written, so overlapping id sets copy as one parallel copy.
-"""
+"""Block copies between a device cache and a host buffer, by block id, along dim
+0 of block-major tensors (``layout.py``), for ``insert_blocks_to_device`` /
+``swap_out_blocks_to_host`` and the offloading worker. All sources are gathered
+before any destination is written, so overlapping id sets are safe."""
 
 import torch
 
@@ -14,9 +11,8 @@ WORD = torch.int64
 
 
 def _indexable(cache: torch.Tensor) -> torch.Tensor:
-    """One-byte blocks (fp8 caches, the offloader's byte runs) as 8-byte words where
-    the rows allow: the CPU's index ops move bytes one at a time, and its
-    ``index_copy_`` does not take fp8 at all."""
+    """One-byte blocks (fp8, offloaded byte runs) as 8-byte words where rows allow: CPU
+    index ops move bytes singly, and ``index_copy_`` takes no fp8."""
     if cache.element_size() != 1:
         return cache
     as_bytes = cache.view(torch.uint8) if cache.dtype in FP8_DTYPES else cache
@@ -34,8 +30,7 @@ def copy_blocks(
     src_block_ids: torch.Tensor,
     dst_block_ids: torch.Tensor,
 ) -> None:
-    """``dst[dst_block_ids[i]] = src[src_block_ids[i]]``; src and dst may be on
-    different devices (the copy crosses once, after the gather)."""
+    """``dst[dst_ids[i]] = src[src_ids[i]]``, across devices once, after the gather."""
     blocks = _indexable(src).index_select(0, src_block_ids.to(src.device))
     dst_ids = dst_block_ids.to(dst.device)
     _indexable(dst).index_copy_(0, dst_ids, blocks.to(dst.device))

@@ -1,19 +1,13 @@
 """Which KV connectors run on the HPU plugin, checked before any weight loads.
 
-Run: vLLM's ``NixlConnector`` (prefill/decode disaggregation; NIXL reads the
-caches in host memory: the emulated device's, or on Gaudi a host buffer the
-blocks are staged through) and KV offloading to host memory
-(``--kv-offloading-size``, or ``OffloadingConnector``), routed to the plugin's
-connector and offloading spec (``offloading.py``). Every other connector
-(LMCache, P2P NCCL, Mooncake, MultiConnector, ...) is refused, naming the option.
-
-vLLM derives the transfer config from ``--kv-offloading-size`` after the
-platform's ``check_and_update_config``, on every pass over a config (the
-caller's, and the engine core's after its handshake), so this check also runs on
-the finished config (``patches.py``, in the caller's process) and in the worker
-before load; once routed, ``kv_offloading_size`` is cleared so that the engine
-core's pass derives nothing again.
-"""
+Run: ``NixlConnector`` (P/D disaggregation; NIXL reads host memory: the emulated
+device's, or a host staging buffer on Gaudi) and KV offloading to host memory
+(``--kv-offloading-size`` or ``OffloadingConnector``), routed to ``offloading.py``.
+Every other (LMCache, P2P NCCL, Mooncake, MultiConnector, ...) is refused by name.
+vLLM derives the transfer config from ``--kv-offloading-size`` after
+``check_and_update_config`` on every pass, so the check also runs on the
+finished config (``patches.py``, caller) and in the worker; once routed,
+``kv_offloading_size`` is cleared so the engine core's pass derives nothing."""
 
 import importlib.util
 from typing import TYPE_CHECKING
@@ -70,8 +64,7 @@ def resolve_kv_transfer_config(vllm_config: "VllmConfig") -> None:
 
 
 def check_offloading_backend(size: float | None, backend: str | None) -> None:
-    """Before vLLM builds its config, which imports the backend's connector:
-    only the native backend offloads here."""
+    """Before vLLM builds its config: only the native backend offloads here."""
     if size is not None and backend not in (None, NATIVE_OFFLOADING_BACKEND):
         raise ValueError(
             f"--kv-offloading-backend {backend}: the HPU plugin offloads KV to "
@@ -81,9 +74,8 @@ def check_offloading_backend(size: float | None, backend: str | None) -> None:
 
 
 def resolve_finished_config(vllm_config: "VllmConfig") -> None:
-    """The check on vLLM's finished config, in the caller's process: the
-    connector from ``--kv-offloading-size`` exists only now, and async
-    scheduling, still open to change, is turned off for it."""
+    """On vLLM's finished config, in the caller: the ``--kv-offloading-size``
+    connector exists only now, and async scheduling is turned off for it."""
     resolve_kv_transfer_config(vllm_config)
     scheduler_config = vllm_config.scheduler_config
     if has_kv_connector(vllm_config) and scheduler_config.async_scheduling:
@@ -92,8 +84,7 @@ def resolve_finished_config(vllm_config: "VllmConfig") -> None:
 
 
 def check_worker_config(vllm_config: "VllmConfig") -> None:
-    """The check in the worker, before the weights load: a config built
-    without vLLM's engine arguments has not been through the others."""
+    """In the worker: configs built without engine arguments skipped the others."""
     resolve_kv_transfer_config(vllm_config)
     if has_kv_connector(vllm_config) and vllm_config.scheduler_config.async_scheduling:
         raise ValueError(

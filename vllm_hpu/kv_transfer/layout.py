@@ -1,13 +1,10 @@
-"""Block-major views of the flat KV caches: what vLLM's KV connectors address.
-
-A layer's cache ``(2, (num_blocks + 1) * block_size, num_kv_heads, head_size)``
-(keys then values, slot-major, dummy block last) viewed as ``(num_blocks + 1, 2,
-block_size, num_kv_heads * head_size)``: no copy, and within each block the keys
-and the values are each one contiguous run (NIXL's two "segments"; vLLM's NIXL
-host buffer on Gaudi takes 4-D caches). Connectors are told of ``num_blocks + 1``
-blocks so both segments have the same length; the scheduler never hands out the
-dummy block. An MLA latent cache is block-major already.
-"""
+"""Block-major views of the flat KV caches, which vLLM's KV connectors address: a
+layer's ``(2, (num_blocks + 1) * block_size, kv_heads, head_size)`` cache (keys
+then values, dummy block last) viewed as ``(num_blocks + 1, 2, block_size,
+kv_heads * head_size)``: no copy, a block's keys and values each one contiguous
+run (NIXL's two "segments"; vLLM's Gaudi host buffer takes 4-D caches).
+Connectors see ``num_blocks + 1`` blocks so segments match; the dummy block is
+never handed out. An MLA latent cache is block-major already."""
 
 import dataclasses
 from typing import Any
@@ -17,9 +14,8 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 
 
 def block_major_view(kv_cache: Any, block_size: int) -> torch.Tensor:
-    """``(num_blocks + 1, 2, block_size, num_kv_heads * head_size)`` over a
-    layer's ``(key_cache, value_cache)``, or ``(num_blocks + 1, block_size,
-    latent_size)`` over an MLA latent cache."""
+    """``(num_blocks + 1, 2, block_size, kv_heads * head_size)`` over a layer's K/V
+    caches, or ``(num_blocks + 1, block_size, latent_size)`` over an MLA cache."""
     if isinstance(kv_cache, torch.Tensor):
         return kv_cache.unflatten(0, (-1, block_size))
     key_cache, value_cache = kv_cache
@@ -35,9 +31,8 @@ def block_major_view(kv_cache: Any, block_size: int) -> torch.Tensor:
 
 
 def block_pages(view: torch.Tensor) -> list[torch.Tensor]:
-    """The contiguous runs of every block of a :func:`block_major_view`, each as
-    bytes ``[num_blocks + 1, run_bytes]`` (int8, vLLM's offloading convention):
-    keys and values, or the latent."""
+    """Each block's contiguous runs (K and V, or the latent) as int8 bytes
+    ``[num_blocks + 1, run_bytes]``, vLLM's offloading convention."""
     runs = view.unbind(1) if view.ndim == 4 else (view,)
     return [run.flatten(1).view(torch.int8) for run in runs]
 

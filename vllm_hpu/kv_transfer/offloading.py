@@ -56,12 +56,8 @@ class HpuOffloadingSpec(CPUOffloadingSpec):
 
 
 class HostBlockCopier(OffloadingWorker):
-    """Stores and loads blocks between the device caches and host memory.
-
-    Each device run ``[num_blocks + 1, run_bytes]`` has a host twin of
-    ``num_chunks * blocks_per_chunk`` rows. A copy is done when ``submit_*``
-    returns: a store reads what the step's passes wrote, a load lands before the
-    next pass."""
+    """Block copies between device caches and host memory: each run ``[num_blocks + 1,
+    run_bytes]`` has a host twin; copies complete before ``submit_*`` returns."""
 
     def __init__(
         self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int

@@ -1,9 +1,6 @@
 """Out-of-tree overrides of vLLM's RMSNorm, RotaryEmbedding, Llama 4's vision
-rotary embedding, SiluAndMul and MMEncoderAttention.
-
-With an out-of-tree platform and custom_ops=["all"], vLLM constructs these
-subclasses and calls forward_oot: Gaudi's fused kernel, or forward_native without it.
-"""
+rotary, SiluAndMul and MMEncoderAttention: with custom_ops=["all"] vLLM calls
+forward_oot, Gaudi's fused kernel or else forward_native."""
 
 from collections.abc import Callable
 
@@ -88,9 +85,8 @@ class HpuRotaryEmbedding(RotaryEmbedding):
 
 
 class HpuLlama4VisionRotaryEmbedding(Llama4VisionRotaryEmbedding):
-    """Llama 4's 2-D vision rotary in real arithmetic: vLLM's multiplies complex
-    tensors, a dtype Gaudi lacks. ``cos_sin_cache [patches + 1, 1, head_size / 2,
-    2]`` holds (cos, sin) per pair of adjacent channels, the CLS token last."""
+    """Llama 4's 2-D vision rotary in real arithmetic (Gaudi lacks complex tensors):
+    ``cos_sin_cache [patches + 1, 1, head_size / 2, 2]``, CLS last."""
 
     def __init__(
         self,
@@ -139,14 +135,10 @@ class HpuSiluAndMul(SiluAndMul):
 
 
 class HpuMMEncoderAttention(MMEncoderAttention):
-    """One masked attention over the whole encoder pass instead of vLLM's
-    attention per image, so a bucketed pass keeps one shape on Gaudi.
-
-    Takes both layouts of MMEncoderAttention.forward: [batch, seq_len, hidden]
-    (CLIP, no cu_seqlens) and [batch, seq_len, heads, head_size] (Qwen2-VL, with
-    cu_seqlens). The classmethods vLLM forwards to us (maybe_compute_seq_lens,
-    maybe_recompute_cu_seqlens) stay vLLM's: with the torch SDPA backend our
-    platform reports, they only move cu_seqlens to the device."""
+    """One masked attention over the whole encoder pass (one shape per bucket), for
+    [batch, seq, hidden] (CLIP) and [batch, seq, heads, head_size] (Qwen2-VL, with
+    cu_seqlens). vLLM's cu_seqlens classmethods stay: with torch SDPA they only
+    move cu_seqlens to the device."""
 
     def __init__(
         self,
@@ -169,8 +161,7 @@ class HpuMMEncoderAttention(MMEncoderAttention):
         max_seqlen: torch.Tensor | None = None,
         sequence_lengths: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # max_seqlen and sequence_lengths size FlashAttention's and FlashInfer's
-        # varlen kernels; the mask needs neither.
+        # max_seqlen, sequence_lengths size FlashAttention; the mask needs neither.
         batch, seq_len = query.shape[:2]
         flat = query.dim() == 3
         query, key, value = self.view_qkv_to_4d(

@@ -1,8 +1,6 @@
-"""Attention of multimodal encoders (vision towers) over a whole padded pass.
-
-vLLM attends image by image, so on Gaudi each image size would be a graph.
-Here one attention covers the pass with a block-diagonal mask, so the shapes
-follow only the pass's (images, patches) bucket."""
+"""Attention of multimodal encoders over a whole padded pass: vLLM attends image
+by image (a graph per image size on Gaudi); one block-diagonal mask makes the
+shapes follow only the pass's (images, patches) bucket."""
 
 import torch
 
@@ -19,10 +17,9 @@ from vllm_hpu.ops.sliced_attention import NO_SLICING, PromptSlicing
 def block_diagonal_mask(
     cu_seqlens: torch.Tensor | None, batch: int, seq_len: int, device: torch.device
 ) -> PromptMask:
-    """Bidirectional mask of ``batch`` rows of ``seq_len`` tokens: token i sees token
-    j only when both lie in one span ``[cu_seqlens[k], cu_seqlens[k + 1])`` (tokens
-    past ``cu_seqlens[-1]`` form one more); no ``cu_seqlens``: every token. Built by
-    comparisons only, so its shapes never depend on the images' lengths."""
+    """Bidirectional mask of ``batch`` rows of ``seq_len``: i sees j only within one
+    span ``[cu_seqlens[k], cu_seqlens[k + 1])`` (tokens past ``cu_seqlens[-1]`` form
+    one more); no ``cu_seqlens``: all. Comparisons only, so shapes stay static."""
     positions = torch.arange(seq_len, device=device)
     image_ids = torch.zeros_like(positions)
     if cu_seqlens is not None:
@@ -41,13 +38,9 @@ def encoder_attention(
     cu_seqlens: torch.Tensor | None = None,
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """Non-causal attention of every batch row, within the spans of ``cu_seqlens``
-    (the same in every row) or over the whole row.
-
-    query: [batch, seq_len, num_heads, head_size]; key, value: [batch, seq_len,
-    num_kv_heads, head_size] -> [batch, seq_len, num_heads, head_size], through
-    :func:`prompt_attention`. A pass of at least ``slicing.threshold`` patches runs
-    in tiles, so no [P, P] mask (2 GiB in bf16 at 32k patches) is made."""
+    """Non-causal attention within ``cu_seqlens`` spans (alike in every row) or whole
+    rows: query [batch, seq, heads, D], key/value [batch, seq, kv_heads, D] -> query's
+    shape; ``slicing.threshold`` patches or more run in tiles (no 2 GiB [P, P] mask)."""
     batch, seq_len, _, head_size = query.shape
     mask = block_diagonal_mask(cu_seqlens, batch, seq_len, query.device)
     scoring = Scoring(scale, use_fused=head_size in FUSED_SDPA_HEAD_SIZES)

@@ -32,9 +32,8 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def normalize_qk(
     query: torch.Tensor, key: torch.Tensor, num_v_heads: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """L2-normalise ``query``/``key [..., k_heads, dk]``, scale ``query`` by
-    ``1/sqrt(dk)`` and repeat both to ``[..., num_v_heads, dk]`` (value head ``h``
-    reads key head ``h // (v_heads / k_heads)``), in float32+."""
+    """L2-normalise ``query``/``key [..., k_heads, dk]``, scale ``query`` by 1/sqrt(dk),
+    repeat both to ``[..., v_heads, dk]`` (head h reads h // (v/k)), float32+."""
     dtype = compute_dtype(query.dtype)
     repeats = num_v_heads // key.shape[-2]
     q = l2norm(query.to(dtype)) * query.shape[-1] ** -0.5
@@ -51,13 +50,11 @@ def _chunk_step(
     memory: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk of the delta rule for ``[B, H, l, d]`` inputs; ``(out, memory)``.
-
     ``memory [B, H, dk, dv]`` is the state transposed; ``cum`` the in-chunk
-    cumulative log decay. The chunk's sequential writes are folded into one unit
-    lower-triangular solve (the UT transform): ``(I + A) [u | w] = [beta v |
-    beta exp(cum) k]`` with ``A = strictly_lower(beta k k^T * exp(cum_i - cum_j))``;
-    the values actually written are then ``u - w memory``.
-    """
+    cumulative log decay. Sequential writes fold into one unit lower-triangular
+    solve (UT transform): ``(I + A) [u | w] = [beta v | beta exp(cum) k]`` with
+    ``A = strictly_lower(beta k k^T * exp(cum_i - cum_j))``; written values are
+    ``u - w memory``."""
     size = cum.shape[-1]
     upper = torch.ones(size, size, dtype=torch.bool, device=cum.device).triu(1)
     decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, -torch.inf).exp()
@@ -89,12 +86,10 @@ def chunk_gated_delta_rule(
     query_lens: torch.Tensor,
     chunk_size: int = 64,
 ) -> torch.Tensor:
-    """The gated delta rule over padded prompt rows; writes the final states.
-
+    """The gated delta rule over padded prompt rows, writing the final states.
     ``q``/``k [B, Q, H, dk]``, ``v [B, Q, H, dv]``, ``g``/``beta [B, Q, H]``, ``state
-    [slots, H, dv, dk]``. ``Q`` is padded to a multiple of ``chunk_size`` with
-    ``g = beta = 0`` and the chunks run in a loop of static length. Returns
-    ``[B, Q, H, dv]`` in ``v``'s dtype."""
+    [slots, H, dv, dk]``; ``Q`` padded to ``chunk_size`` multiples with ``g = beta =
+    0``, chunks in a static loop. Returns ``[B, Q, H, dv]`` in ``v``'s dtype."""
     num_tokens, out_dtype = q.shape[1], v.dtype
     dtype = compute_dtype(v.dtype)
     valid = valid_token_mask(query_lens, num_tokens)[..., None]

@@ -14,8 +14,7 @@ logger = init_logger("vllm.hpu.attention")
 
 
 def binding_window(sliding_window: int | None) -> int | None:
-    """The layer's window, or None where it can never bind (no shorter than the
-    model's length): such a layer is full attention."""
+    """The layer's window, or None where it never binds (full attention)."""
     config = get_current_vllm_config_or_none()
     if sliding_window is None or config is None or config.model_config is None:
         return sliding_window
@@ -26,8 +25,7 @@ def binding_window(sliding_window: int | None) -> int | None:
 def use_fused(
     head_size: int, logits_soft_cap: float | None, alibi_slopes: list[float] | None
 ) -> bool:
-    """Whether this layer may run the fused prompt kernel; when it may not while
-    the kernel is on, the start-up log says why."""
+    """Whether this layer may run the fused prompt kernel (else logged at start)."""
     reason = fused_unsupported_reason(
         head_size, logits_soft_cap, alibi_slopes is not None
     )

@@ -1,10 +1,7 @@
-"""Multi-head latent attention (DeepSeek-V2/V3) on one flat latent cache per layer.
-
-A cache row is ``[kv_c (kv_lora_rank) ; k_pe (qk_rope_head_dim)]`` of a token.
-Decode, and a prompt pass's cached context, attend in latent space (MQA: one
-head, the latent is also the value); a prompt pass's own tokens are expanded
-through ``kv_b_proj`` into per-head keys and values.
-"""
+"""Multi-head latent attention (DeepSeek-V2/V3) on one flat latent cache per layer,
+a row ``[kv_c (kv_lora_rank) ; k_pe (qk_rope_head_dim)]`` per token. Decode and
+a prompt's cached context attend in latent space (MQA: one head, the latent is
+also the value); a prompt's own tokens expand through ``kv_b_proj`` per head."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,10 +67,9 @@ def latent_decode_attention(
     kv_lora_rank: int,
     block_slice: int = ALL_BLOCKS,
 ) -> torch.Tensor:
-    """Flat decode attention in latent space. query: [bs, num_heads, kv_lora_rank +
-    rope] (W_UK absorbed); cache: [slots, kv_lora_rank + rope] -> [bs, num_heads,
-    kv_lora_rank], still to go through W_UV. The value is the key's latent part,
-    so blocks are gathered once."""
+    """Flat decode attention in latent space: query [bs, heads, L + R] (W_UK
+    absorbed), cache [slots, L + R] -> [bs, heads, L], before W_UV. The value is
+    the key's latent part, so blocks are gathered once."""
     block_size = blocks.block_bias.shape[-1]
 
     def gather(part: DecodeBlocks) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,8 +103,7 @@ class LatentExpansion:
     def keys_and_values(
         self, latent: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """latent: [..., L + R] -> key [..., N, P + R] (the rope part shared by
-        every head), value [..., N, V]."""
+        """latent [..., L + R] -> key [..., N, P + R], value [..., N, V]."""
         lead = latent.shape[:-1]
         kv_c, k_pe = latent.split(
             [self.kv_lora_rank, latent.shape[-1] - self.kv_lora_rank], dim=-1
@@ -127,9 +122,8 @@ def _pad_head(x: torch.Tensor, size: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class LatentKeys:
-    """A prompt pass's own tokens as latents [bs, q, L + R], expanded per head only
-    as a tile of keys is read, zero-padded to one ``head_size`` (the fused kernel
-    wants one). Cached context is never expanded: :func:`latent_chunk_attention`."""
+    """A pass's own tokens as latents [bs, q, L + R], expanded per head only per key
+    tile, zero-padded to one ``head_size``; context stays latent."""
 
     latent: torch.Tensor
     expand: LatentExpansion
@@ -193,9 +187,8 @@ def latent_prompt_attention(
     scale: float,
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """Prompt attention of a pass without cached context over its expanded
-    latents. query: [bs, q, N, P + R]; bias over [bs, q] x [bs, q]. Returns
-    [bs, q, N, V]."""
+    """Prompt attention of a pass without cached context over its expanded latents.
+    query [bs, q, N, P + R]; bias over [bs, q] x [bs, q] -> [bs, q, N, V]."""
     out = prompt_attention(
         _pad_head(query, keys.head_size),
         keys,
@@ -214,9 +207,8 @@ def latent_chunk_attention(
     scale: float,
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """Prompt attention of a pass with cached context. query: [bs, q, N, P + R];
-    bias over [bs, q] x [bs, K + q] -> [bs, q, N, V]: the context in latent space,
-    the pass's own tokens over their expanded latents, merged by log-sum-exp."""
+    """Prompt attention with cached context: query [bs, q, N, P + R] -> [bs, q, N, V];
+    context in latent space, own tokens expanded, merged by log-sum-exp."""
     past_len = context.past_len
     num_keys = past_len + keys.num_keys
     chunk = slicing.chunk_size if slicing.applies(num_keys) else num_keys

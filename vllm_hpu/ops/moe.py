@@ -1,15 +1,11 @@
 """Mixture-of-experts math in plain torch: top-k routing and the routed experts.
+Shapes are fixed by the bucketed token count, so one graph serves a bucket
+whatever the routing; Gaudi runs its fused kernel (``device.py``) instead."""
 
-Every shape is fixed by the (bucketed) token count, so one graph serves a bucket
-whatever the routing; Gaudi runs its fused kernel from ``device.py`` instead.
-"""
-
-# Why token-to-expert (experts_grouped) over dense (experts_dense): both have static
-# shapes, but dense runs every expert on every token, num_experts / top_k times the
-# work (4x for Mixtral). The shapes of benchmarks/ops.py (64 tokens, 8 experts, top
-# 2, hidden 1024, intermediate 3584), 2 CPU threads: float32 56 ms vs 104 ms dense
-# (315 ms for a per-token loop), bfloat16 9.5 ms vs 18.5 ms (107 ms). Dense stays
-# for the sizes torch's grouped GEMM refuses.
+# Why token-to-expert (experts_grouped) over dense: both static, dense does
+# E / top_k times the work. benchmarks/ops.py shapes, 2 threads: float32 56 ms vs
+# 104 ms dense (315 ms per-token loop), bf16 9.5 vs 18.5 ms (107 ms). Dense stays
+# for sizes torch's grouped GEMM refuses.
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -45,8 +41,7 @@ class MoeRouting:
 
 @dataclass(frozen=True)
 class ExpertExtras:
-    """What some experts add to the plain gated MLP (gpt-oss): a bias after each
-    projection, and the clamped SwiGLU's gain and limit."""
+    """gpt-oss's additions: per-projection biases, clamped SwiGLU gain and limit."""
 
     w13_bias: torch.Tensor | None = None  # [num_experts, 2 * intermediate]
     w2_bias: torch.Tensor | None = None  # [num_experts, hidden_size]
@@ -80,15 +75,10 @@ PLAIN_EXPERTS = ExpertExtras()
 def select_experts(
     hidden_states: torch.Tensor, router_logits: torch.Tensor, routing: MoeRouting
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k experts of each token and their weights.
-
-    hidden_states: [num_tokens, hidden_size]; router_logits: [num_tokens,
-    num_experts]. Returns topk_weights: [num_tokens, top_k] float32 and topk_ids:
-    [num_tokens, top_k]. vLLM's pure-torch CPU routing; an ungrouped layer is one
-    group of all experts, which scores all experts (softmax, or sigmoid plus the
-    correction bias for selection only), keeps the top k, renormalises and scales
-    them as the config says, with no data-dependent shape.
-    """
+    """Top-k experts: hidden_states [num_tokens, hidden], router_logits [num_tokens,
+    E] -> topk_weights [num_tokens, top_k] float32, topk_ids. vLLM's pure-torch
+    routing (ungrouped: one group): softmax, or sigmoid plus selection-only bias,
+    top k, renormalised and scaled as configured; no data-dependent shape."""
     grouped = routing.custom_routing_function is None
     return vllm_select_experts(
         hidden_states,
@@ -108,9 +98,8 @@ def select_experts(
 def weights_on_input(
     hidden_states: torch.Tensor, topk_weights: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Llama 4's routing: the expert's input, not its output, is scaled by the
-    routing weight. Top-1 only (as vLLM's kernels): the scaled input and unit
-    weights. hidden_states: [num_tokens, hidden_size]; topk_weights: [num_tokens, 1]."""
+    """Llama 4's routing scales the expert's input, not its output; top-1 only (as
+    vLLM). hidden_states [num_tokens, hidden], topk_weights [num_tokens, 1]."""
     scaled = hidden_states * topk_weights.to(hidden_states.dtype)
     return scaled, torch.ones_like(topk_weights)
 
@@ -137,10 +126,8 @@ def grouped_mm_fits(
 def reads_routed_only(
     hidden_size: int, intermediate_size: int, dtype: torch.dtype
 ) -> bool:
-    """Whether :func:`fused_experts`, given every expert, reads only the
-    weights of experts with rows: torch's grouped GEMM on the CPU multiplies
-    group by group (ATen's ``_grouped_mm`` fallback: a group without rows reads
-    nothing); Gaudi's fused kernel and the dense form read every expert."""
+    """Whether :func:`fused_experts` reads only experts with rows: ATen's CPU
+    ``_grouped_mm`` fallback skips empty groups; Gaudi's kernel and dense read all."""
     cpu_grouped = device.fused_moe() is None and not device.hpu_available()
     return cpu_grouped and grouped_mm_fits(hidden_size, intermediate_size, dtype)
 
@@ -154,14 +141,9 @@ def experts_grouped(
     activation: str = "silu",
     extras: ExpertExtras = PLAIN_EXPERTS,
 ) -> torch.Tensor:
-    """Routed experts, token-to-expert: each (token, k) pair's row is gathered,
-    sorted by expert, and one grouped GEMM per projection runs every expert on its
-    own rows. num_tokens * top_k rows in all, whatever the routing.
-
-    hidden_states: [num_tokens, hidden_size]; w13: [num_experts, 2 * intermediate,
-    hidden_size]; w2: [num_experts, hidden_size, intermediate]; topk_weights,
-    topk_ids: [num_tokens, top_k]. Returns [num_tokens, hidden_size].
-    """
+    """Routed experts, token-to-expert: (token, k) rows sorted by expert, one grouped
+    GEMM per projection, T * top_k rows for T tokens. hidden_states [T, hidden], w13
+    [E, 2 * I, hidden], w2 [E, hidden, I], topk [T, top_k] -> [T, hidden]."""
     num_experts, top_k = w13.shape[0], topk_ids.shape[1]
     expert_ids = topk_ids.flatten().long()  # [num_tokens * top_k]
     order = expert_ids.argsort(stable=True)
@@ -191,12 +173,8 @@ def experts_dense(
     activation: str = "silu",
     extras: ExpertExtras = PLAIN_EXPERTS,
 ) -> torch.Tensor:
-    """Routed experts, dense: every expert runs on every token and its output is
-    scaled by the token's routing weight for it (zero when not chosen). For sizes
-    the grouped GEMM refuses; num_experts / top_k times the work.
-
-    Shapes as :func:`experts_grouped`.
-    """
+    """Routed experts, dense: every expert on every token, weighted (0 if unchosen),
+    E / top_k times the work, for sizes grouped GEMM refuses. Shapes as above."""
     num_tokens, num_experts = hidden_states.shape[0], w13.shape[0]
     dense_weights = torch.zeros(
         num_tokens, num_experts, dtype=hidden_states.dtype, device=hidden_states.device
@@ -221,12 +199,10 @@ def fused_experts(
     num_experts: int | None = None,
     extras: ExpertExtras = PLAIN_EXPERTS,
 ) -> torch.Tensor:
-    """The routed experts' summed output, [num_tokens, hidden_size]: Gaudi's fused
-    MoE kernel where there is one (plain SiLU experts), else the token-to-expert
-    form, else dense. Shapes as :func:`experts_grouped`. A group of the layer's
-    ``num_experts`` (None: all are in ``w13``): ``w13[e]`` is expert
-    ``experts_min + e``, and (token, k) pairs routed to other experts add
-    nothing. ``extras``: biases (of the experts in ``w13``) and SwiGLU clamp."""
+    """The routed experts' summed output [num_tokens, hidden]: Gaudi's fused kernel
+    where it applies (plain SiLU), else token-to-expert, else dense. ``w13[e]`` is
+    expert ``experts_min + e`` of the layer's ``num_experts`` (None: all); pairs
+    routed elsewhere add nothing. ``extras``: biases and SwiGLU clamp."""
     kernel = device.fused_moe()
     plain = not extras.has_bias and extras.intermediate is None
     if kernel is not None and activation == "silu" and plain:
@@ -272,13 +248,10 @@ def routed_experts(
     num_experts: int,
     max_count: int,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """At small batch, the experts worth reading: those the (token, k) pairs
-    route to with a nonzero weight, padded with unrouted ones to the static
-    count ``num_tokens * top_k`` (fixed by the bucket: one graph whatever the
-    routing). Returns (experts [count] local ids, ascending among the routed;
-    topk_ids made slots of ``experts``), or None where that count passes
-    ``max_count`` (below ``num_experts``): every expert is read. Pairs of
-    weight 0 (routed to another rank) go to slot 0 and add nothing."""
+    """At small batch, the experts worth reading: those routed to with nonzero weight,
+    padded with unrouted ones to the bucket's static ``num_tokens * top_k``.
+    Returns (experts [count] local ids, routed ones ascending; topk_ids as slots of
+    ``experts``), or None past ``max_count``. Weight-0 pairs go to slot 0."""
     count = topk_ids.numel()
     if count > min(max_count, num_experts - 1):
         return None
@@ -295,10 +268,8 @@ def routed_experts(
 def local_experts(
     topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expert parallelism: the routing onto this rank's experts. expert_map:
-    [num_experts] the local slot of each global expert, -1 where another rank
-    owns it. Pairs routed elsewhere go to slot 0 with weight 0 (shapes stay
-    static); the ranks owning them add their outputs in the combine."""
+    """EP: expert_map [num_experts] is each global expert's local slot (-1 elsewhere);
+    pairs routed elsewhere go to slot 0, weight 0; their owners add them."""
     local = expert_map.index_select(0, topk_ids.flatten().long()).view_as(topk_ids)
     owned = local >= 0
     weights = torch.where(owned, topk_weights, torch.zeros_like(topk_weights))
@@ -310,11 +281,9 @@ def physical_experts(
     logical_to_physical: torch.Tensor,
     replica_count: torch.Tensor,
 ) -> torch.Tensor:
-    """Expert load balancing: each (token, k) pair's logical expert made one of
-    its physical replicas, picked by a hash of the token's index as vLLM's EPLB
-    kernel picks it. topk_ids: [num_tokens, top_k]; logical_to_physical:
-    [num_logical, max_replicas] (-1 past an expert's count); replica_count:
-    [num_logical]. Returns physical ids [num_tokens, top_k]."""
+    """EPLB: each pair's logical expert becomes a physical replica by a hash of the
+    token index, as vLLM's kernel. topk_ids [T, top_k]; logical_to_physical [L experts,
+    max_replicas] (-1 padded); replica_count [L] -> physical ids [T, top_k]."""
     ids = topk_ids.long()
     token = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
     hashed = (token * KNUTH_MULTIPLIER) & 0xFFFFFFFF
@@ -328,9 +297,8 @@ def record_expert_load(
     record: torch.Tensor,
     num_real_tokens: torch.Tensor,
 ) -> None:
-    """Add each real token's pairs to its physical expert's load ([num_physical],
-    vLLM's EPLB pass counters) while ``record`` (a bool scalar) is on; padding
-    tokens, past ``num_real_tokens``, count nothing."""
+    """Add real tokens' pairs to their physical expert's load ([num_physical], vLLM's
+    EPLB counters) while ``record`` (bool scalar) is on; padding counts nothing."""
     token = torch.arange(physical.shape[0], device=physical.device).unsqueeze(1)
     counted = ((token < num_real_tokens) & record).expand_as(physical)
     expert_load.index_add_(

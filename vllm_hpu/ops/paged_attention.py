@@ -1,11 +1,8 @@
-"""Decode attention over all blocks of a batch laid on one padded axis ("flat").
-
-A long and a short sequence in one batch do not pad each other: shapes depend
-only on (batch_size, num_blocks P, block_size), which is what Gaudi graphs need.
-A batch of many blocks may be read a slice of blocks at a time, the slices
-merged through each row's log-sum-exp (VLLM_HPU_DECODE_BLOCK_SLICE): a layer
-then holds the keys and values of one slice, not a copy of the batch's whole KV.
-"""
+"""Decode attention over all blocks of a batch laid on one padded axis ("flat"):
+sequences do not pad each other, and shapes depend only on (batch_size,
+num_blocks P, block_size), as Gaudi graphs need. Many blocks may be read a slice
+at a time, merged by each row's log-sum-exp (VLLM_HPU_DECODE_BLOCK_SLICE), so a
+layer holds one slice's KV, not a copy of the batch's."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -18,26 +15,21 @@ from vllm_hpu.ops.sliced_attention import merge_tiles
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 ALL_BLOCKS = 2**62  # a block slice that never cuts
-# Hidden keys score the dtype's most negative value, and a CPU's exp takes a
-# slow path (5 to 20 times a normal input's) where its result is subnormal or
-# underflows. Below this floor a key weighs under 1e-34 of its block maximum.
+# Hidden keys score the dtype's min, and a CPU's exp is 5-20x slower on subnormal
+# results; below this floor a key weighs under 1e-34 of its block maximum.
 EXP_FLOOR = -80.0
 
 
 @dataclass
 class DecodeBlocks:
-    """The flat block layout of a decode batch of ``bs`` rows and ``P`` blocks.
-
-    Padding blocks read the dummy block for the sink row ``bs`` with one valid
-    token, so every block has a finite maximum score."""
+    """Flat block layout of ``bs`` rows and ``P`` blocks; padding blocks read the
+    dummy block for sink row ``bs`` with one valid token (finite maxima)."""
 
     block_list: torch.Tensor  # [P] long: physical block id
     block_groups: torch.Tensor  # [P] long: owning batch row; padding -> bs
     block_mapping: torch.Tensor  # [P, bs] one-hot of block_groups, sink dropped
-    # [P, block_size] (or [P, num_heads, block_size] with ALiBi): 0 for valid
-    # tokens, -inf for tokens past the end or before the window. Verification
-    # (Q queries per row): [P, Q, 1 or num_heads, block_size], each query's
-    # hidden keys at the dtype's most negative value (a block may hide all).
+    # [P, block_size] ([P, num_heads, block_size] with ALiBi): 0 valid, -inf hidden;
+    # verification: [P, Q, 1 or num_heads, block_size], hidden at the dtype's min.
     block_bias: torch.Tensor
     block_offsets: torch.Tensor  # [P] long: block's first key position - query's
     # (verification: minus the row's first query's)
@@ -97,12 +89,9 @@ def paged_attention(
     kernels: AttentionKernels = PLAIN,
     block_slice: int = ALL_BLOCKS,
 ) -> torch.Tensor:
-    """One query token per row (or ``Q``, verifying drafts, causal among them)
-    against its cached blocks, ``block_slice`` blocks at a time.
-
-    query: [bs * Q, num_heads, head_size]; caches: [slots, num_kv_heads,
-    head_size] -> [bs * Q, num_heads, head_size]. Grouped-query heads share a K/V
-    block through the head-group axis, never by repeating K/V."""
+    """One query per row (or ``Q`` causal drafts) against its blocks, ``block_slice``
+    at a time: query [bs * Q, heads, D], caches [slots, kv_heads, D] -> query's
+    shape; GQA heads share K/V via the head-group axis, never repeated."""
     block_size = blocks.block_bias.shape[-1]
 
     def gather(part: DecodeBlocks) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,9 +112,8 @@ def sliced_block_attention(
     kernels: AttentionKernels,
     block_slice: int,
 ) -> torch.Tensor:
-    """:func:`flat_block_attention` over slices of at most ``block_slice`` blocks,
-    read by ``gather``, merged per row by log-sum-exp; attention sinks join each
-    row's softmax once, after the merge."""
+    """:func:`flat_block_attention` over ``gather``ed slices of <= ``block_slice``
+    blocks merged by lse; sinks join each row's softmax once, after the merge."""
     if blocks.block_list.shape[0] <= block_slice:
         if scoring.sinks is None:
             return flat_block_attention(
@@ -159,9 +147,8 @@ def flat_block_attention(
     scoring: Scoring,
     kernels: AttentionKernels = PLAIN,
 ) -> torch.Tensor:
-    """The flat kernel on gathered blocks. keys: [P, num_kv_heads, block_size,
-    head_size]; values: [P, num_kv_heads, block_size, value_size] (MLA: a slice
-    of the key) -> [bs, num_heads, value_size]."""
+    """The flat kernel on gathered blocks. keys [P, kv_heads, block_size, head_size],
+    values [P, kv_heads, block_size, V] (MLA: a key slice) -> [bs, heads, V]."""
     return flat_block_attention_lse(query, keys, values, blocks, scoring, kernels)[0]
 
 
@@ -173,12 +160,10 @@ def flat_block_attention_lse(
     scoring: Scoring,
     kernels: AttentionKernels = PLAIN,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`flat_block_attention` and each row's log-sum-exp [bs, num_heads] (fp32
-    for 16-bit models; a row without blocks: output 0, lse at the dtype's min).
-
-    With ``Q`` queries per row (verification) ``block_bias`` is [P, Q, 1 or
-    num_heads, block_size] and a block's queries ride along its heads (group
-    ``G`` becomes ``Q * G``), so the kernel is unchanged."""
+    """:func:`flat_block_attention` and each row's lse [bs, num_heads] (fp32 for
+    16-bit models; a row without blocks: output 0, lse at the dtype's min). With
+    ``Q`` queries per row ``block_bias`` is [P, Q, 1 or num_heads, block_size] and
+    queries ride along the heads (``G`` becomes ``Q * G``): the kernel is unchanged."""
     bs = blocks.block_mapping.shape[1]
     num_queries = query.shape[0] // bs
     num_heads, head_size = query.shape[1:]
@@ -222,24 +207,21 @@ def flat_block_attention_lse(
 def _queries_by_kv_head(
     q: torch.Tensor, num_queries: int, num_kv_heads: int, head_size: int
 ) -> torch.Tensor:
-    """[P, Q * num_heads * D] (query-major) -> [P, KVH, Q * G, D]: a KV head's
-    group holds every query's heads (one query: a view)."""
+    """[P, Q * num_heads * D] -> [P, KVH, Q * G, D]; one query: a view."""
     q = q.view(q.shape[0], num_queries, num_kv_heads, -1, head_size)
     return q.transpose(1, 2).reshape(q.shape[0], num_kv_heads, -1, head_size)
 
 
 def _tokens_by_head(x: torch.Tensor, num_queries: int) -> torch.Tensor:
-    """[bs, KVH, Q * G, X] -> [bs * Q, num_heads, X]: rows' tokens back in
-    pass order (the inverse of :func:`_queries_by_kv_head`)."""
+    """[bs, KVH, Q * G, X] -> [bs * Q, num_heads, X] (inverse of the above)."""
     bs, num_kv_heads, _, width = x.shape
     x = x.view(bs, num_kv_heads, num_queries, -1, width).transpose(1, 2)
     return x.reshape(bs * num_queries, -1, width)
 
 
 def _biased(scores: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Scores [P, KVH, G, B] plus the blocks' bias: [P, B] for every head,
-    [P, num_heads, B] per head (ALiBi), or per query [P, Q, 1 or num_heads, B]
-    (verification), whose queries sit in G as ``_queries_by_kv_head`` puts them."""
+    """Scores [P, KVH, G, B] plus bias [P, B], [P, num_heads, B] (ALiBi), or per query
+    [P, Q, 1 or num_heads, B] (verification; queries in G)."""
     num_blocks, num_kv_heads, group, block_size = scores.shape
     bias = bias.to(scores.dtype)
     if bias.dim() == 2:

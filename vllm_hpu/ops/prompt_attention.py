@@ -1,10 +1,6 @@
-"""Prompt (prefill) attention on a padded ``[bs, q]`` batch, optionally with the
-cached context of each row (prefix-cache hits, later chunks of a chunked prompt).
-
-Keys are ``[context blocks from the cache ; current tokens]``; the layer's
-``PromptBias`` (``ops/prompt_mask.py``) does the rest. A pass over at least
-``PromptSlicing.threshold`` keys is cut into tiles (``ops/sliced_attention.py``).
-"""
+"""Prompt attention on a padded ``[bs, q]`` batch, optionally with each row's
+cached context: keys ``[context blocks ; current tokens]``, masked by
+``PromptBias`` (``ops/prompt_mask.py``), in tiles from ``PromptSlicing.threshold``."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,8 +23,7 @@ from vllm_hpu.ops.sliced_attention import (
     sliced_attention,
 )
 
-# Head sizes the fused kernel (Gaudi's FusedSDPA) is validated with; any other
-# size runs the plain path.
+# Head sizes FusedSDPA is validated with; others run the plain path.
 FUSED_SDPA_HEAD_SIZES = (64, 80, 96, 112, 128, 192, 256)
 
 
@@ -111,13 +106,9 @@ def prompt_attention(
     kernels: AttentionKernels = PLAIN,
     slicing: PromptSlicing = NO_SLICING,
 ) -> torch.Tensor:
-    """query: [bs, q, num_heads, head_size]; keys: the pass's K keys and values
-    (:class:`PassKeys`, or MLA's expanded latents) -> [bs, q, num_heads,
-    value_size].
-
-    Every query row may see at least itself, so padded rows come out finite. A
-    layer with attention sinks runs the kernels that return their statistics,
-    never a quantizer's replacement of the fused one."""
+    """query [bs, q, heads, D]; keys: :class:`PassKeys` (or MLA's expanded latents)
+    -> [bs, q, heads, value_size]. Each query sees itself (padded rows finite); with
+    sinks, the statistics kernels run, never a quantizer's replacement."""
     if slicing.applies(keys.num_keys):
         grid = TileGrid(query.shape[1], keys.past_len, slicing.chunk_size, bias.causal)
         attend = tile_attention(scoring, kernels)
@@ -143,9 +134,8 @@ def _grouped_scores(
     scoring: Scoring,
     kernels: AttentionKernels,
 ) -> torch.Tensor:
-    """Scaled, soft-capped, biased scores [bs, KVH, G, q, K] (fp32 for 16-bit
-    models), grouped-query heads folded into the query axis so the K of a kv
-    head serves its group without being repeated."""
+    """Scaled, soft-capped, biased scores [bs, KVH, G, q, K] (fp32 for 16-bit), GQA
+    heads folded into the query axis so a kv head's K serves its group unrepeated."""
     bs, q_len, num_heads, head_size = query.shape
     num_keys, num_kv_heads = key.shape[1], key.shape[2]
     group = num_heads // num_kv_heads
@@ -220,8 +210,7 @@ def _fused_tile(
     value: torch.Tensor,
     attn_bias: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One tile through ``device.fused_sdpa_stats``, grouped-query heads folded into
-    the query axis as for the plain path."""
+    """One tile via ``device.fused_sdpa_stats``, GQA heads folded as plain."""
     bs, q_len, num_heads, head_size = query.shape
     num_kv_heads = key.shape[2]
     group = num_heads // num_kv_heads

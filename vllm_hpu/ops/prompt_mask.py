@@ -1,9 +1,7 @@
 """The mask of a prompt pass, kept per token ([bs, q] queries, [bs, K] keys) and
-made per tile, so no pass holds a [q, K] mask at once.
-
-One form serves padded batches, merged passes (block-diagonal) and encoder
-rows (bidirectional). Padding has owner -1 and sees only itself, so padded rows
-come out finite."""
+made per tile, never [q, K] at once. One form serves padded batches, merged
+passes (block-diagonal) and encoder rows (bidirectional); padding has owner -1
+and sees only itself, so padded rows come out finite."""
 
 from dataclasses import dataclass
 
@@ -18,8 +16,7 @@ OWNER_STRIDE = 1 << 40
 
 @dataclass(frozen=True)
 class PromptMask:
-    """Per-token owners and positions of a pass; the q current tokens are the
-    last q keys (key ``past_len + t`` is query ``t``)."""
+    """Per-token owners and positions; key ``past_len + t`` is current query ``t``."""
 
     query_owner: torch.Tensor  # [bs, q] long
     query_position: torch.Tensor  # [bs, q] long
@@ -53,11 +50,9 @@ class PromptMask:
         sliding_window: int | None = None,
         attention_chunk: int | None = None,
     ) -> torch.Tensor:
-        """[bs, len(queries), len(keys)] bool: which keys each query sees.
-
-        Every key gets one code, ``owner * OWNER_STRIDE + position`` (hidden keys a
-        negative one), so a query's visible keys are one range of codes: two
-        comparisons per score, where owners, positions and the diagonal took five."""
+        """[bs, len(queries), len(keys)] bool: which keys each query sees. Each key's
+        code ``owner * OWNER_STRIDE + position`` (hidden: negative) makes a query's
+        visible keys one range: two comparisons per score instead of five."""
         first, last = self._visible_codes(queries, sliding_window, attention_chunk)
         code = _key_codes(self.key_owner, self.key_position, keys)[:, None, :]
         return (code >= first[:, :, None]) & (code <= last[:, :, None])
@@ -68,9 +63,8 @@ class PromptMask:
         sliding_window: int | None,
         attention_chunk: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per query [bs, len(queries)]: the first and last key code it sees. A padding
-        query sees only its own (negative) code; a chunked layer's query sees from
-        the start of its chunk."""
+        """Per query [bs, len(queries)]: first and last key code it sees; padding sees
+        only its own (negative) code, a chunked layer's query from its chunk start."""
         owner = self.query_owner[:, queries]
         position = self.query_position[:, queries]
         base = owner * OWNER_STRIDE
@@ -104,9 +98,8 @@ class PromptMask:
 
 @dataclass(frozen=True)
 class PromptBias:
-    """A layer's additive score bias over a pass, made per tile: the mask (with
-    the layer's window or chunk, and the keys a sparse layer's indexer chose),
-    plus ALiBi when the layer has slopes."""
+    """A layer's additive score bias, made per tile: the mask (window or chunk, a
+    sparse layer's chosen keys) plus ALiBi when the layer has slopes."""
 
     mask: PromptMask
     dtype: torch.dtype  # of the bias; ALiBi's is always fp32
@@ -122,10 +115,10 @@ class PromptBias:
         return self.mask.causal and self.mask.query_span_end is None
 
     def tile(self, queries: slice, keys: slice) -> torch.Tensor:
-        """The bias of one tile: [bs, 1 or num_heads, len(queries), len(keys)]. A named
-        method: Dynamo 2.11 (Gaudi 1.24's torch) cannot trace ``__call__`` of a
-        dataclass made in a compiled region. Hidden keys get the dtype's most negative
-        finite value, so a tile where a query sees nothing merges finitely."""
+        """One tile's bias [bs, 1 or num_heads, len(queries), len(keys)]. A named
+        method: Dynamo 2.11 (Gaudi 1.24's torch) cannot trace a dataclass's
+        ``__call__`` made in a compiled region. Hidden keys get the dtype's most
+        negative finite value, so a tile where a query sees nothing merges finitely."""
         allowed = self.mask.allowed(
             queries, keys, self.sliding_window, self.attention_chunk
         )
@@ -167,10 +160,8 @@ def padded_rows_mask(
     causal: bool = True,
     query_span_end: torch.Tensor | None = None,
 ) -> PromptMask:
-    """The mask of a padded batch of one prompt per row: row i has
-    ``context_lens[i]`` cached tokens (of keys 0 .. past_len - 1) and
-    ``query_lens[i]`` of its ``query_len`` queries real ([bs] long, on the mask's
-    device)."""
+    """Mask of one prompt per row: row i has ``context_lens[i]`` cached tokens (keys
+    0 .. past_len - 1) and ``query_lens[i]`` real queries ([bs] long, mask device)."""
     device = query_lens.device
     offsets = torch.arange(query_len, device=device)
     past = torch.arange(past_len, device=device)

@@ -40,9 +40,8 @@ def lora_expand(
 
 
 class HpuPunicaWrapper(PunicaWrapperBase):
-    """vLLM's punica interface on ``lora_shrink``/``lora_expand``. The runner
-    sets one mapping per padded forward pass, so ``token_lora_indices`` has the
-    pass's bucket length; outputs are updated in place."""
+    """vLLM's punica interface on ``lora_shrink``/``lora_expand``: one mapping per
+    padded pass (``token_lora_indices`` of bucket length); outputs in place."""
 
     def __init__(
         self,
@@ -62,17 +61,15 @@ class HpuPunicaWrapper(PunicaWrapperBase):
         vocab_size: int,
         **kwargs: Any,
     ) -> None:
-        # Only the index tensors: vLLM's segment metadata reads tensor values
-        # back to the host, which a static-shape forward never needs.
+        # Only index tensors: vLLM's segment metadata reads values back to the host.
         num_tokens = len(mapping.index_mapping)
         if num_tokens > self.capacity:
             self._grow(num_tokens)
         self._update_base_metadata(mapping, lora_index_to_id, max_loras, vocab_size)
 
     def _grow(self, num_tokens: int) -> None:
-        """A padded bucket can hold more tokens than --max-num-batched-tokens,
-        which vLLM sized the index buffers by: grow them (warmup meets the
-        largest bucket first, so serving never does)."""
+        """A bucket may exceed --max-num-batched-tokens, which sized vLLM's index
+        buffers: grow them (warmup meets the largest bucket first, serving never)."""
         for name in (
             "_token_lora_indices",
             "_sampler_indices",

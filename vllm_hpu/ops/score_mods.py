@@ -31,9 +31,8 @@ def soft_cap(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 
 def alibi_bias(slopes: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
-    """Per-head linear bias, made per pass for the keys it attends (never a full
-    [heads, seq, seq] table). slopes: [num_heads] fp32; distance: [N, ...] key
-    position minus query position -> [N, num_heads, ...] fp32."""
+    """Per-head linear bias per pass (no [heads, seq, seq] table): slopes [num_heads]
+    fp32, distance [N, ...] (key - query position) -> [N, num_heads, ...] fp32."""
     shape = (1, -1) + (1,) * (distance.dim() - 1)
     return slopes.view(shape) * distance.unsqueeze(1).to(slopes.dtype)
 

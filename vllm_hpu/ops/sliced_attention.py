@@ -11,9 +11,8 @@ import torch
 
 from vllm_hpu.ops.score_mods import with_sinks
 
-# (query [bs, sq, H, D], key [bs, sk, KVH, D], value [bs, sk, KVH, Dv],
-#  bias [bs, 1 or H, sq, sk]) -> (output [bs, sq, H, Dv] normalised over the
-#  tile's keys, log-sum-exp of the tile's scores [bs, sq, H] fp32).
+# (query [bs, sq, H, D], key/value [bs, sk, KVH, D/Dv], bias [bs, 1 or H, sq, sk])
+# -> (output [bs, sq, H, Dv] over the tile's keys, lse [bs, sq, H] fp32).
 TileAttention = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     tuple[torch.Tensor, torch.Tensor],

@@ -12,9 +12,8 @@ from vllm_hpu.ops.paged_attention import DecodeBlocks
 def index_scores(
     query: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor
 ) -> torch.Tensor:
-    """query [..., Q, H, D], weights [..., Q, H] (the softmax and head scales
-    folded in), keys [..., K, D] -> [..., Q, K] fp32: the sum over heads of
-    weight * relu(query . key)."""
+    """query [..., Q, H, D], weights [..., Q, H] (softmax and head scales folded),
+    keys [..., K, D] -> [..., Q, K] fp32: sum over heads of weight * relu(q . k)."""
     keys = keys.float().transpose(-1, -2).unsqueeze(-3)  # [..., 1, D, K]
     scores = torch.matmul(query.float(), keys).relu_()  # [..., Q, H, K]
     return torch.matmul(weights.float().unsqueeze(-2), scores).squeeze(-2)
@@ -34,9 +33,8 @@ def prompt_selection(
     visible: torch.Tensor,
     index_topk: int,
 ) -> torch.Tensor:
-    """A prompt pass's chosen keys. query [bs, q, H, D], weights [bs, q, H],
-    keys [bs, K, D] (cached context, then the pass's own), visible [bs, q, K]
-    (the pass's mask) -> [bs, q, K] bool."""
+    """A prompt pass's chosen keys: query [bs, q, H, D], weights [bs, q, H], keys
+    [bs, K, D] (context, then own), visible [bs, q, K] -> [bs, q, K] bool."""
     return top_k_keys(index_scores(query, weights, keys), visible, index_topk)
 
 
@@ -71,9 +69,8 @@ def decode_selection(
 def rank_within_rows(
     scores: torch.Tensor, owner: torch.Tensor, num_rows: int
 ) -> torch.Tensor:
-    """scores [N] and their rows owner [N] (< num_rows) -> each score's rank
-    among its row's, 0 the best; ties in axis order. Two stable sorts: by
-    score, then by row."""
+    """scores [N], row owner [N] (< num_rows) -> each score's rank in its row, 0 best,
+    ties in axis order: two stable sorts, by score then by row."""
     order = scores.argsort(descending=True, stable=True)
     order = order[owner[order].argsort(stable=True)]
     positions = torch.arange(scores.shape[0], device=scores.device)

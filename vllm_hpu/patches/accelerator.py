@@ -1,21 +1,14 @@
 """torch.accelerator's cache calls where they fail: CPU emulation and Gaudi.
 
-Why: vLLM's model loader and shutdown call ``torch.accelerator.empty_cache``
-(and at shutdown ``empty_host_cache``) unconditionally. On a CPU-only torch
-they raise "Cannot access accelerator device when none is available"; vLLM
-skips them only for its own CPU platform (``vllm/v1/worker/cpu_model_runner.py``).
-On Habana's torch the device's allocator is a plain ``c10::Allocator``, so
-``empty_cache`` raises "Allocator for hpu is not a DeviceAllocator", and
-``empty_host_cache`` has no HPU hook (vllm-gaudi 091bbad
-``vllm_gaudi/patches.py:5-24``, which replaces both).
-How: in emulation without an accelerator, ``empty_cache``, ``synchronize`` and
-``empty_host_cache`` become no-ops (what they mean on a machine without one);
-on Gaudi ``empty_cache`` and ``empty_host_cache`` do: the bridge's allocator
-takes freed blocks back itself, and the host has no HPU cache to empty.
-Upstream change that removes it: vLLM guarding those calls with the
-platform's ``empty_cache`` (as its XPU and CUDA paths do) or Habana's torch
-registering a ``DeviceAllocator``.
-"""
+Why: vLLM's loader and shutdown call ``torch.accelerator.empty_cache`` (and
+``empty_host_cache``) unconditionally, except on its own CPU platform. A
+CPU-only torch raises "Cannot access accelerator device when none is
+available"; Habana's "Allocator for hpu is not a DeviceAllocator", with no
+``empty_host_cache`` hook (vllm-gaudi 091bbad patches.py:5-24).
+How: in emulation ``empty_cache``, ``synchronize`` and ``empty_host_cache``
+are no-ops; on Gaudi the cache calls are (the bridge frees blocks itself).
+Upstream change that removes it: vLLM guarding them with the platform's
+``empty_cache``, or Habana's torch registering a ``DeviceAllocator``."""
 
 import functools
 import time
@@ -24,14 +17,11 @@ import torch
 
 from vllm_hpu import device
 
-# In emulation, the same for the events and current stream of vLLM's expert
-# load balancing (distributed/eplb): rank 0 times each rearrangement with
-# ``torch.Event`` and the gloo weight exchange synchronizes
-# ``torch.accelerator.current_stream()``
-# before sending; on a CPU-only torch both raise ("cpu backend doesn't support
-# events"). Here an event is a host timestamp and the stream has nothing to
-# wait for: CPU work is done when its call returns. Upstream change that removes
-# it: the same guard there.
+# In emulation, likewise for EPLB's ``torch.Event`` timing and the gloo
+# exchange's ``torch.accelerator.current_stream()``, which raise on a CPU-only
+# torch ("cpu backend doesn't support events"): an event is a host timestamp,
+# the stream has nothing to wait for. Upstream change that removes it: the
+# same guard there.
 
 
 class HostEvent:

@@ -16,23 +16,18 @@ from typing import Any
 
 from vllm_hpu.patches.engine_args import patch_when_imported
 
-# Why: when vLLM's engine core or one of its workers fails, the caller's client
-# raises "Engine core initialization failed. See root cause above." or
-# EngineDeadError ("See stack trace (above) for the root cause"): the cause is only
-# in that process's log, which a notebook, or a program capturing its own output,
-# never shows. And a utility call already sent to the core (LLMEngine's
-# reset_mm_cache right after start-up, collective_rpc, sleep, ...) waits forever
-# when the core dies: vLLM's engine monitor marks the client dead and shuts it
-# down, but leaves the call's future unanswered (issue 50: a core that failed
-# after its handshake left LLM(...) waiting in reset_mm_cache).
-# How: the caller's first pass over a config names a folder for the engine's
-# processes (VLLM_HPU_FAILURE_NOTES, inherited by every process vLLM starts;
-# emptied for each engine, removed at exit). There, vLLM's records of a fatal
-# failure (EngineCore and WorkerProc "failed to start", "fatal error", "hit an
-# exception") also write their exception's last line into it; vLLM's start-up
-# failure and its EngineDeadError carry those lines in their messages. And
-# MPClient.shutdown, which the monitor calls once a core has died, fails the
-# utility calls still waiting with EngineDeadError.
+# Why: when the engine core or a worker fails, the caller gets "Engine core
+# initialization failed. See root cause above." or EngineDeadError, the cause
+# only in that process's log, which a notebook never shows. And a utility call
+# already sent (reset_mm_cache after start-up, collective_rpc, sleep) waits
+# forever: vLLM's monitor shuts the client down but leaves its future
+# unanswered (issue 50).
+# How: the caller's first config pass names a folder (VLLM_HPU_FAILURE_NOTES,
+# inherited, emptied per engine, removed at exit) where vLLM's fatal records
+# (EngineCore/WorkerProc "failed to start", "fatal error", "hit an exception")
+# also write their exception's last line; the start-up failure and
+# EngineDeadError carry those lines. MPClient.shutdown, called by the monitor
+# once a core died, fails waiting utility calls with EngineDeadError.
 # Upstream change that removes it: vLLM failing pending utility calls when its
 # monitor finds a core dead, and handing a dead engine's exception to its client.
 _FATAL_RECORDS = {
@@ -50,8 +45,7 @@ _caller_notes: list[pathlib.Path] = []  # the folder this process made, once mad
 
 
 def prepare_failure_notes() -> None:
-    """In the caller's process, before an engine starts: an empty folder for
-    what its processes say when they fail."""
+    """In the caller, before an engine starts: an empty folder for failure notes."""
     from vllm_hpu import envs
 
     if not _caller_notes:
@@ -64,8 +58,7 @@ def prepare_failure_notes() -> None:
 
 
 def failure_notes() -> str:
-    """What this process's engine processes said when they failed, oldest first
-    (empty: nothing, or no engine started from here)."""
+    """What this process's engines said when they failed, oldest first."""
     if not _caller_notes:
         return ""
     notes = sorted(_caller_notes[0].iterdir())  # named by the time written

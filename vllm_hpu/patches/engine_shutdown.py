@@ -7,26 +7,17 @@ from typing import Any
 from vllm_hpu.patches.engine_args import patch_when_imported
 
 # Engine processes stopped with --shutdown-timeout 0.
-# Why: ``vllm serve`` stops its engine with vLLM's default --shutdown-timeout 0
-# (in-flight requests aborted at once), and vLLM's process manager then uses the
-# same 0 as the engine core's time to exit after its SIGTERM: it kills the core
-# at once, with two warnings ("force killing remaining processes") and Python's
-# resource tracker reporting the core's semaphores as leaked. vLLM gives ROCm a
-# cleanup grace for exactly this case (``get_engine_process_shutdown_timeout``),
-# no other platform. The plugin's engine core exits within about a second of its
-# SIGTERM (worker/hpu_worker.py skips the collection of its heap at exit).
-# Given that time, ``vllm serve``'s AsyncLLM logged its own shutdown as a failure:
-# it stops the engine from a worker thread, closes the client's sockets, and
-# only then cancels its output handler, which meanwhile reads the closed queue
-# as the engine's death ("AsyncLLM output_handler failed ... EngineDeadError").
-# How: where the process manager is asked to stop engine processes with no time
-# at all, it waits up to vLLM's own best-effort window (5 s) for them to exit;
-# requests are still aborted at once, and a core that exits sooner is not waited
-# for. An AsyncLLM stopped with no time for requests (nothing left to drain)
+# Why: with vLLM's default --shutdown-timeout 0, the process manager kills the
+# engine core at once after SIGTERM ("force killing remaining processes", its
+# semaphores reported leaked); vLLM gives only ROCm a cleanup grace
+# (``get_engine_process_shutdown_timeout``). Our core exits within ~1 s. Given
+# that time, AsyncLLM closed the client's sockets before cancelling its output
+# handler, which logged "output_handler failed ... EngineDeadError".
+# How: a zero timeout waits up to vLLM's best-effort window (5 s) for engine
+# processes (requests still aborted at once); AsyncLLM stopped with no time
 # cancels its output handler first.
-# Upstream change that removes it: vLLM's cleanup grace for every platform, or
-# one the platform can declare; AsyncLLM cancelling its output handler before
-# closing the client when it aborts its requests.
+# Upstream change that removes it: a cleanup grace for every platform (or one
+# it can declare); AsyncLLM cancelling its handler before closing the client.
 EXIT_GRACE_S = 5.0
 
 

@@ -1,16 +1,13 @@
 """``--enable-eplb`` on the HPU platform, its config completed as vLLM would on CUDA.
 
-Why: vLLM 0.32's ``ParallelConfig`` validator refuses EPLB on any platform but
-CUDA, ROCm and XPU, before a platform hook runs; the plugin runs it
-(ops/fused_moe.py, worker/capabilities/eplb.py, vLLM's EplbState).
-How: EPLB is off while ``EngineArgs.create_engine_config`` builds the config;
-on the finished config the plugin checks what the validator would have, then
-turns EPLB on with the user's config, gloo weight exchange with host staging
-and synchronous rearrangement (the asynchronous mode needs a second
-accelerator stream driven from a thread, which neither Gaudi's bridge nor
-emulation offers).
-Upstream change that removes it: the validator asking the platform.
-"""
+Why: vLLM 0.32's ``ParallelConfig`` validator refuses EPLB off CUDA, ROCm and
+XPU before a platform hook runs; the plugin runs it (ops/fused_moe.py,
+worker/capabilities/eplb.py, vLLM's EplbState).
+How: EPLB is off while ``create_engine_config`` builds the config; on the
+finished config the plugin checks what the validator would, then turns EPLB on
+with gloo weight exchange via host staging and synchronous rearrangement (the
+async mode needs a second stream, which neither the bridge nor emulation has).
+Upstream change that removes it: the validator asking the platform."""
 
 import dataclasses
 import functools

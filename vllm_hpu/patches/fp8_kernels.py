@@ -9,13 +9,12 @@ import torch
 
 
 # a block-fp8 linear kernel for the platform.
-# Why: vLLM picks the kernel of a block-scaled fp8 layer (``fp8`` checkpoints with
-# ``weight_block_size``, compressed-tensors FP8_BLOCK) from
-# ``_POSSIBLE_FP8_BLOCK_KERNELS``, which lists CUDA, ROCm, CPU and XPU kernels only.
-# How: vLLM 0.33's ``register_linear_kernel`` takes the kind "fp8_block" (the hook
-# that removes this patch); on vLLM 0.32, which lacks it, the kernel becomes the
-# table's entry for ``PlatformEnum.OOT`` (compat.register_fp8_block_kernel).
-# Upstream change that removes it: vLLM 0.33 (the table entry goes with 0.32).
+# Why: vLLM picks block-scaled fp8 kernels from ``_POSSIBLE_FP8_BLOCK_KERNELS``
+# (CUDA, ROCm, CPU and XPU only).
+# How: on vLLM 0.32 the kernel becomes the table's ``PlatformEnum.OOT`` entry
+# (compat.register_fp8_block_kernel).
+# Upstream change that removes it: vLLM 0.33's ``register_linear_kernel``
+# with kind "fp8_block".
 @functools.cache
 def register_block_fp8_kernel() -> None:
     from vllm_hpu.compat import register_fp8_block_kernel
@@ -25,16 +24,13 @@ def register_block_fp8_kernel() -> None:
 
 
 # fp8 per-tensor scales of fused layers.
-# Why: a fused layer (q, k and v; gate and up) of a per-tensor fp8 checkpoint loads
-# one scale per shard; vLLM then requantizes every shard to the largest scale
-# (``w8a8_utils.requantize_with_max_scale``) with its CUDA quantizer
-# (``torch.ops._C.static_scaled_fp8_quant``), which is not there without vllm._C,
-# and rounds every weight a second time.
-# How: on this platform the shards keep their fp8 values and each output row takes
-# its shard's scale (vLLM's ``convert_to_channelwise``): a per-channel scale, which
-# the HPU fp8 kernel takes; one fused scale stays one scale, as in vLLM.
+# Why: a fused layer (qkv; gate/up) loads one scale per shard; vLLM requantizes
+# every shard to the largest (``requantize_with_max_scale``) with vllm._C's CUDA
+# quantizer, absent here, rounding every weight twice.
+# How: shards keep their fp8 values, each output row its shard's scale (vLLM's
+# ``convert_to_channelwise``); one fused scale stays one scale.
 # Upstream change that removes it: a platform hook for fused per-tensor scales
-# (the CPU int8 kernel already converts them to per-channel the same way).
+# (the CPU int8 kernel already converts them likewise).
 def _shard_scales_per_row(
     weight: torch.Tensor, weight_scale: torch.Tensor, logical_widths: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,12 +58,10 @@ def keep_fp8_shard_scales() -> None:
 
 
 # vLLM's activation quantizer within the card's e4m3 range.
-# Why: vLLM's ``QuantFP8`` (dynamic per-token, per-group and static activation
-# scales of fp8 layers) quantizes to module-level bounds taken from
-# ``torch.finfo(float8_e4m3fn)``, 448; Gaudi2's e4m3 stops at 240 and reads the
-# values past it as NaN (vllm-gaudi sets its own FP8_MAX to 240 there).
-# How: on such a card the module's bounds and smallest scale become the card's,
-# before any layer quantizes.
+# Why: ``QuantFP8`` quantizes to module bounds from ``finfo(float8_e4m3fn)``,
+# 448; Gaudi2's e4m3 stops at 240 and reads values past it as NaN (vllm-gaudi's
+# FP8_MAX is 240 there).
+# How: on such a card the module's bounds and smallest scale become the card's.
 # Upstream change that removes it: a platform hook for the fp8 range (vLLM asks
 # ``is_fp8_fnuz`` only, whose dtype Gaudi does not use).
 @functools.cache

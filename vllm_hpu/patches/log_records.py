@@ -7,17 +7,15 @@ from collections.abc import Callable
 
 import torch
 
-# Why: every process of a normal start printed them. torchao (installed with INC)
-# tries to load CUDA kernels that cannot load beside a CPU torch and that no CPU or
-# Gaudi path calls, and registers two enums in a deprecated way. vLLM warns that
-# Model Runner V2 needs Triton (the HPU worker runs neither of its runners) and
-# that "user settings" disabled Inductor (the platform did: our runner compiles
-# per bucket). vLLM's weight loader warns once per weight of a float32 checkpoint
-# run in 16 bits, which the platform and vLLM already say once at start-up.
+# Why: every process of a normal start printed them: torchao (with INC) fails to
+# load CUDA kernels no CPU or Gaudi path calls and registers two enums the
+# deprecated way; vLLM warns that Model Runner V2 needs Triton (we run neither
+# runner), that "user settings" disabled Inductor (the platform did), and once per
+# float32 weight run in 16 bits (already said once at start-up).
 # How: a filter on each emitting logger drops exactly those records.
-# Upstream change that removes it: torchao loading CUDA kernels only with a CUDA
-# torch and registering enums as opaque types; vLLM not warning about runners and
-# compilation modes the platform chose, nor per weight about the model's dtype.
+# Upstream change that removes it: torchao loading CUDA kernels only with CUDA
+# torch and registering opaque enums; vLLM not warning about choices the platform
+# made, nor per weight about the model's dtype.
 _TORCHAO_CUDA_KERNEL = re.compile(r"Failed to load \S*torchao[/\\]_C[^/\\:]*\.so: ")
 _HARMLESS_VLLM_WARNINGS = (
     "Model Runner V2 requires Triton",

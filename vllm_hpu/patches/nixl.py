@@ -8,11 +8,10 @@ import sys
 from types import ModuleType
 from typing import Any
 
-# Why: vLLM imports ``nixl._api``; the ``nixl-cu12`` wheel (no CUDA needed) installs
-# ``nixl_cu12``, and the ``nixl`` meta package mapping one to the other requires
-# both the cu12 and the cu13 wheels.
-# How: an import finder answers ``nixl`` and ``nixl.*`` with ``nixl_cu12``'s modules
-# when no real ``nixl`` is installed, importing nothing until vLLM asks.
+# Why: vLLM imports ``nixl._api``; the ``nixl-cu12`` wheel (no CUDA needed)
+# installs ``nixl_cu12``, and the ``nixl`` meta package needs cu12 and cu13 wheels.
+# How: without a real ``nixl``, an import finder answers ``nixl(.*)`` with
+# ``nixl_cu12``'s modules, importing nothing until vLLM asks.
 # Upstream change that removes it: a ``nixl`` meta package whose CUDA variants are
 # extras (or vLLM importing the variant packages itself, as it does for ROCm).
 _NIXL = "nixl"
@@ -37,8 +36,7 @@ class _NixlFromWheel(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        # Executed already, as nixl_cu12's; the import system has just set the
-        # alias's spec on it: the module keeps its own.
+        # Executed already as nixl_cu12's; it keeps its own spec, not the alias's.
         module.__spec__ = self.wheel_specs.pop(module.__name__)
 
 

@@ -8,13 +8,12 @@ import pathlib
 import sys
 from typing import Any
 
-# Why: transformers imports torchvision whenever it is installed, and the only
-# torchvision 0.28 on PyPI is built for CUDA torch: beside ``torch 2.13.0+cpu`` its
-# extension ``_C`` does not load and ``_meta_registrations.py`` fails on "operator
-# torchvision::nms does not exist".
-# How: before torchvision is first imported, load its extension as it does itself;
-# only if that fails, define the nms and qnms schemas without kernels (image
-# transforms work; detection ops stay unavailable). On Gaudi the extension loads.
+# Why: transformers imports torchvision whenever installed, and PyPI's torchvision
+# 0.28 is built for CUDA torch: beside ``torch 2.13.0+cpu`` its ``_C`` does not
+# load and ``_meta_registrations.py`` fails ("torchvision::nms does not exist").
+# How: before its first import, load the extension as torchvision does; only if
+# that fails, define nms/qnms schemas without kernels (transforms work, detection
+# ops do not). On Gaudi the extension loads.
 # Upstream change that removes it: a CPU torchvision wheel on PyPI, or torchvision
 # guarding those registrations like its other ops'.
 _TORCHVISION_SCHEMAS = (
@@ -51,9 +50,8 @@ def allow_torchvision_import() -> None:
         _torchvision_library.append(library)
 
 
-# The set-up's ``.pth`` file imports this module at interpreter start (a process
-# that imports transformers first reaches torchvision before any plugin code): it
-# only installs a finder; torch is imported once torchvision itself is.
+# Imported at interpreter start by the ``.pth`` file (transformers may reach
+# torchvision before any plugin code): only a finder; torch loads with torchvision.
 class _BeforeTorchvision(importlib.abc.MetaPathFinder):
     """Runs ``allow_torchvision_import`` before torchvision's first import."""
 

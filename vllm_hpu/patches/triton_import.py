@@ -4,26 +4,18 @@ import logging
 import sys
 
 # triton on a CPU run.
-# Why: torch's Dynamo imports triton whenever it is installed
-# (``torch.utils._triton.has_triton_package``, at import; vLLM imports Dynamo in
-# ``vllm/env_override.py``), and xgrammar, which vLLM's structured output needs,
-# requires the package. On the CPU nothing can run it (this triton has no CPU
-# backend, and vLLM turns triton off without an active driver), yet its nanobind
-# extension printed about 30 lines at the exit of every engine process
-# ("nanobind: leaked 64 types! ... likely caused by a reference counting issue"):
-# engine and worker processes exit without collecting their heap
-# (worker/hpu_worker.py ``_exit_quickly``, 3-5 s otherwise), so its
-# types are still alive when nanobind checks.
-# How: at interpreter start (the set-up's ``.pth`` file imports
-# ``interpreter_start``), with VLLM_HPU_EMULATION=1 and triton not imported yet,
-# ``import triton`` finds the package absent, as Python answers a blocked import
-# (a ``None`` entry in ``sys.modules``): torch, vLLM and xgrammar then take their
-# paths without it (Inductor's CPU code generation, xgrammar's CPU bitmask
-# kernel). The two lines saying so at import are dropped: torch's "Triton not
-# available", and vLLM's "Failed to import Triton kernels" (it finds its vendored
-# triton_kernels, which needs triton). On Gaudi nothing changes.
-# Upstream change that removes it: torch importing triton only to compile a triton
-# kernel, or triton switching nanobind's leak warnings off at exit.
+# Why: Dynamo imports triton whenever installed (``has_triton_package``; vLLM
+# imports Dynamo in ``vllm/env_override.py``) and xgrammar requires it. Nothing
+# runs it on the CPU, yet its nanobind extension printed ~30 lines ("nanobind:
+# leaked 64 types!") at every engine exit, since our processes exit without
+# collecting their heap (worker/hpu_worker.py ``_exit_quickly``).
+# How: at interpreter start (the ``.pth`` imports ``interpreter_start``), with
+# VLLM_HPU_EMULATION=1 and triton not yet imported, a ``None`` entry in
+# ``sys.modules`` blocks it: torch, vLLM and xgrammar take their CPU paths.
+# torch's "Triton not available" and vLLM's "Failed to import Triton kernels"
+# are dropped. On Gaudi nothing changes.
+# Upstream change that removes it: torch importing triton only to compile a
+# kernel, or triton silencing nanobind's leak warnings at exit.
 TRITON = "triton"
 # The loggers that say triton is absent, and how their records begin.
 _SAY_TRITON_IS_ABSENT = {

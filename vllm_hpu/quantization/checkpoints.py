@@ -14,12 +14,10 @@ RUNS = (
 )
 
 
-# Quantization methods vLLM reads that the plugin refuses with more to say than
-# vLLM's "... is currently not supported in hpu": method -> the whole message.
-# vLLM names gpt-oss's checkpoints (quant_method "mxfp4" on a gpt-oss config)
-# "gpt_oss_mxfp4", which runs (quantization/moe_configs.py); "mxfp4" is left
-# for any other model's checkpoint, whose experts vLLM would hand its GPU-only
-# method, and for a user's --quantization mxfp4 (nothing quantizes at load).
+# Methods refused with more to say than vLLM's "... is currently not supported
+# in hpu": method -> message. gpt-oss's checkpoints are "gpt_oss_mxfp4" and run
+# (moe_configs.py); "mxfp4" is any other model's (vLLM's GPU-only experts) or a
+# user's --quantization mxfp4 (nothing quantizes at load).
 _OTHER_MXFP4 = (
     "Quantization 'mxfp4' runs on HPU only as gpt-oss's own MXFP4 checkpoints "
     "(model_type 'gpt_oss', quantization_config quant_method 'mxfp4', read "
@@ -38,9 +36,8 @@ def method_refusal(method: str) -> str | None:
 
 
 def check_checkpoint_quantized(model_config: Any) -> None:
-    """Refuse ``gpt_oss_mxfp4`` on a checkpoint whose config.json has no
-    quantization_config: the method only reads experts stored as MXFP4, and
-    bf16 ones do not fit its parameters."""
+    """Refuse ``gpt_oss_mxfp4`` on a checkpoint without quantization_config: the
+    method reads only MXFP4 experts; bf16 ones do not fit its parameters."""
     if getattr(model_config, "quantization", None) != "gpt_oss_mxfp4":
         return
     if getattr(model_config.hf_config, "quantization_config", None) is None:
@@ -125,8 +122,7 @@ def _mxfp4_a16(weights: Any) -> str | None:
 
 
 def describe(scheme: dict[str, Any]) -> str:
-    """The scheme in a user's words: "weights int4 group 128 asymmetric,
-    activations int8 dynamic token"."""
+    """The scheme in words ("weights int4 group 128 asymmetric, activations ...")."""
     parts = [f"weights {_describe_args(scheme.get('weights'))}"]
     parts.append(f"activations {_describe_args(scheme.get('input_activations'))}")
     if scheme.get("output_activations") is not None:

@@ -25,9 +25,8 @@ def pack_factor(num_bits: int) -> int:
 def unpack_int32(
     packed: torch.Tensor, num_bits: int, dim: int, awq_order: bool = False
 ) -> torch.Tensor:
-    """The unsigned ``num_bits`` values of an int32 tensor along ``dim`` (which grows
-    by ``pack_factor``), value i in bits i*num_bits and up; ``awq_order`` reads
-    4-bit words in AutoAWQ's interleaved nibble order."""
+    """Unsigned ``num_bits`` values of an int32 tensor along ``dim`` (grows by
+    ``pack_factor``), value i at bit i*num_bits; ``awq_order``: AutoAWQ's nibbles."""
     shifts = torch.arange(0, PACK_BITS, num_bits, dtype=torch.int32)
     if awq_order:
         if num_bits != _NIBBLE:
@@ -45,9 +44,8 @@ def dequantize_groups(
     g_idx: torch.Tensor,
     dim: int,
 ) -> torch.Tensor:
-    """(values - zero) * scale of each input's group, in the scales' dtype.
-    ``scales``/``zeros`` (None: 0) have ``groups`` along ``dim``; ``g_idx``
-    ``[inputs]`` (or ``[E, inputs]``) is each input's group."""
+    """(values - zero) * scale per input group, in the scales' dtype: ``scales``/
+    ``zeros`` (None: 0) have ``groups`` along ``dim``; ``g_idx`` [(E,) inputs]."""
     shape = [1] * values.ndim
     shape[: g_idx.ndim - 1] = g_idx.shape[:-1]
     shape[dim] = g_idx.shape[-1]
@@ -79,9 +77,8 @@ def dequantize_contiguous(
 def dequantize_awq(
     qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
 ) -> torch.Tensor:
-    """AutoAWQ's GEMM layout: qweight ``[..., K, N/8]`` and qzeros ``[..., G, N/8]``
-    packed along the output in AWQ nibble order, scales ``[..., G, N]``; the
-    weight ``[..., K, N]`` in the scales' dtype."""
+    """AutoAWQ GEMM: qweight ``[..., K, N/8]``, qzeros ``[..., G, N/8]`` (AWQ nibble
+    order), scales ``[..., G, N]`` -> weight ``[..., K, N]`` in the scales' dtype."""
     values = unpack_int32(qweight, _NIBBLE, dim=-1, awq_order=True)
     zeros = unpack_int32(qzeros, _NIBBLE, dim=-1, awq_order=True)
     return dequantize_contiguous(values, scales, zeros, dim=-2)
@@ -117,10 +114,10 @@ def dequantize_pack_quantized(
     weight_zero_point: torch.Tensor | None = None,
     g_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """compressed-tensors' ``pack-quantized`` layout: values offset by
-    2**(num_bits-1), weight_packed ``[..., N, K/pack]``, weight_scale ``[..., N,
-    G]``, weight_zero_point ``[..., N/pack, G]`` (None: symmetric), g_idx ``[K]``
-    (None: consecutive groups); the weight ``[..., N, K]`` in the scale's dtype."""
+    """compressed-tensors' ``pack-quantized``: values offset by 2**(num_bits-1),
+    weight_packed ``[..., N, K/pack]``, weight_scale ``[..., N, G]``,
+    weight_zero_point ``[..., N/pack, G]`` (None: symmetric), g_idx ``[K]`` (None:
+    consecutive); the weight ``[..., N, K]`` in the scale's dtype."""
     values = unpack_int32(weight_packed, num_bits, dim=-1)
     zeros = None
     if weight_zero_point is not None:
@@ -137,9 +134,8 @@ def dequantize_pack_quantized(
 def expand_block_scales(
     scale: torch.Tensor, shape: torch.Size, block_size: tuple[int, int]
 ) -> torch.Tensor:
-    """A block scale ``[..., ceil(N/bn), ceil(K/bk)]`` repeated over its
-    ``[bn, bk]`` block to the weight's ``shape`` ``[..., N, K]``; the last row and
-    column of blocks may be partial."""
+    """A block scale ``[..., ceil(N/bn), ceil(K/bk)]`` repeated over its ``[bn, bk]``
+    blocks to ``shape`` ``[..., N, K]``; the last blocks may be partial."""
     rows, cols = shape[-2], shape[-1]
     block_rows, block_cols = block_size
     expanded = scale.repeat_interleave(block_rows, dim=-2)[..., :rows, :]
@@ -158,9 +154,8 @@ def dequantize_fp8(
     block_size: tuple[int, int] | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """An fp8 weight ``[..., N, K]`` times its scale, in float32: per tensor, per
-    output channel (``[N]`` or ``[..., N, 1]``) or, with ``block_size`` ``(bn,
-    bk)``, per block (DeepSeek's ``weight_scale_inv``)."""
+    """An fp8 weight ``[..., N, K]`` times its scale in float32: per tensor, per
+    channel (``[N]``/``[..., N, 1]``), or per ``block_size`` block (DeepSeek)."""
     scale = scale.float()
     if block_size is not None:
         scale = expand_block_scales(scale, weight.shape, block_size)
@@ -200,9 +195,8 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
 def dequantize_mxfp4(
     packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """MXFP4: e2m1 codes ``[..., N, K/2]`` (gpt-oss' ``*_blocks``
-    ``[..., N, K/32, 16]`` also), one e8m0 scale per 32 inputs
-    ``[..., N, K/32]``; the weight ``[..., N, K]``."""
+    """MXFP4: e2m1 codes ``[..., N, K/2]`` (or gpt-oss' ``[..., N, K/32, 16]``), one
+    e8m0 scale per 32 inputs ``[..., N, K/32]`` -> weight ``[..., N, K]``."""
     if packed.ndim == scales.ndim + 1:
         packed = packed.flatten(-2)
     values = unpack_e2m1(packed)
@@ -219,9 +213,8 @@ def scaled_matmul(
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(a * a_scale) @ (b * b_scale) + bias for 8-bit ``a`` [M, K] and ``b`` [K, N]:
-    values upcast to ``out_dtype`` (exact in bf16), the scales ([M, 1] or one,
-    and N values) applied to the result."""
+    """(a * a_scale) @ (b * b_scale) + bias, 8-bit ``a`` [M, K], ``b`` [K, N] upcast to
+    ``out_dtype`` (exact in bf16); scales ([M, 1] or one; N) applied to the result."""
     out = torch.matmul(a.to(out_dtype), b.to(out_dtype))
     out = out * (a_scale.float() * b_scale.float().reshape(1, -1)).to(out_dtype)
     return out if bias is None else out + bias

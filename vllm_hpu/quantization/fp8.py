@@ -1,11 +1,9 @@
-"""FP8 linear layers on HPU: vLLM's online per-tensor FP8 (``--quantization fp8``),
-and the kernels vLLM's linear methods select for fp8 checkpoints (``fp8`` and
-compressed-tensors W8A8-FP8): per-tensor or per-channel weight scales with static
-or dynamic activation scales, and block scales (DeepSeek's ``weight_scale_inv``).
-
-The fp8 values stay in device memory. Gaudi multiplies them with its fp8 matmul;
-emulation upcasts them (exact: e4m3 fits in bf16) and applies the scales.
-"""
+"""FP8 linear layers on HPU: vLLM's online per-tensor FP8 (``--quantization
+fp8``) and the kernels vLLM selects for ``fp8`` and compressed-tensors
+W8A8-FP8 checkpoints: per-tensor or per-channel weight scales with static or
+dynamic activation scales, and block scales (DeepSeek's ``weight_scale_inv``).
+The fp8 values stay on the device: Gaudi's fp8 matmul, or in emulation upcast
+(exact: e4m3 fits in bf16) with the scales applied."""
 
 import functools
 from typing import Any
@@ -43,12 +41,10 @@ _MIN_SCALE = 1e-12  # an all-zero tensor still gets a usable scale
 
 
 def fit_card_range(weight: torch.Tensor, *scales: torch.Tensor | None) -> None:
-    """Checkpoint fp8 values (up to e4m3fn's 448) on a card with a smaller e4m3
-    range (Gaudi2: 240), in place: halved, their scales (weight and static input
-    scales) doubled, as the reference plugin loads them (vllm-gaudi
-    extension/ops.py:968-993). The same numbers but for the smallest subnormals;
-    halved on the host, since the card reads values past its range as NaN.
-    Nothing on other devices."""
+    """Checkpoint fp8 values (up to 448) on a card with a smaller e4m3 range
+    (Gaudi2: 240), in place: halved on the host (the card reads values past its
+    range as NaN), their weight and static input scales doubled, as vllm-gaudi
+    loads them (extension/ops.py:968-993). Nothing on other devices."""
     if torch.finfo(FP8_DTYPE).max <= FP8_MAX:
         return
     halved = (weight.detach().cpu().float() * 0.5).to(FP8_DTYPE)
@@ -59,8 +55,7 @@ def fit_card_range(weight: torch.Tensor, *scales: torch.Tensor | None) -> None:
 
 
 def quantize_per_tensor(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8 tensor, float32 scale) with t ~= fp8 * scale, its largest magnitude
-    mapped to fp8's largest value."""
+    """(fp8 t, float32 scale), t * scale ~= tensor, its max magnitude at fp8's max."""
     scale = (t.abs().amax().float() / FP8_MAX).clamp(min=_MIN_SCALE)
     q = (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
@@ -74,9 +69,8 @@ def fp8_scaled_mm(
     out_dtype: torch.dtype,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(a * a_scale) @ (b * b_scale) + bias for fp8 ``a`` [M, K] and ``b`` [K, N];
-    ``a_scale`` one value or [M, 1] (per token), ``b_scale`` one value or N (per
-    output channel, any shape with N elements: vLLM keeps [N, 1])."""
+    """(a * a_scale) @ (b * b_scale) + bias, fp8 ``a`` [M, K], ``b`` [K, N]; a_scale one
+    or [M, 1], b_scale one or N elements (vLLM keeps [N, 1])."""
     gemm = device.fp8_gemm()
     if gemm is not None:
         return gemm(
@@ -87,8 +81,7 @@ def fp8_scaled_mm(
             D=None,
             out_dtype=out_dtype,
             A_scale_inv=a_scale,
-            # Per output column is [N] (the bridge's own fp8 tests): [N, 1]
-            # would scale rows of B, not its columns.
+            # Per column is [N] (the bridge's fp8 tests): [N, 1] would scale B's rows.
             B_scale_inv=b_scale if b_scale.numel() == 1 else b_scale.reshape(-1),
             bias=bias,
             accumulate=False,
@@ -102,8 +95,7 @@ def fp8_linear(
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x @ weight.T of an fp8 (out, in) weight, x cast to fp8 per tensor as an fp8
-    gemm would take it."""
+    """x @ weight.T of an fp8 (out, in) weight, x cast to fp8 per tensor."""
     xq, x_scale = quantize_per_tensor(x)
     return fp8_scaled_mm(xq, weight.t(), x_scale, weight_scale, x.dtype, bias)
 
@@ -134,10 +126,8 @@ class HpuFp8PerTensorOnlineLinearMethod(OnlineLinearBase):
 
 
 class HpuFp8Config(Fp8Config):
-    """vLLM's config of ``fp8`` checkpoints, which also runs float32 activations
-    here (vLLM allows only 16-bit ones: its CUDA kernels' limit, not ours). The
-    registered config is its subclass that also gives experts the plugin's
-    method (quantization/moe_configs.py)."""
+    """vLLM's ``fp8`` checkpoint config, also running float32 activations (the 16-bit
+    limit is CUDA's); registered via quantization/moe_configs.py's subclass."""
 
     @classmethod
     def get_supported_act_dtypes(cls) -> list[torch.dtype]:
@@ -145,11 +135,9 @@ class HpuFp8Config(Fp8Config):
 
 
 class HpuFp8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
-    """Per-tensor or per-channel fp8 weights ([K, N] once vLLM's method has
-    processed them) times fp8 activations: a static per-tensor scale from the
-    checkpoint, or dynamic scales, which are per token here whatever vLLM asks
-    (as Gaudi's reference path does): finer than one scale for the batch, and a
-    sequence's output then does not depend on the others in its batch."""
+    """Per-tensor or per-channel fp8 weights ([K, N] once processed) times fp8 inputs:
+    a static checkpoint scale, or per token whatever vLLM asks (as Gaudi's
+    reference), so a sequence's output does not depend on its batch."""
 
     def __init__(self, c: FP8ScaledMMLinearLayerConfig, layer_param_names: Any):
         super().__init__(c, layer_param_names)
@@ -192,9 +180,8 @@ class HpuFp8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
 
 
 class HpuFp8BlockScaledMMLinearKernel(Fp8BlockScaledMMLinearKernel):
-    """Block-scaled fp8 weights [N, K] with scales [ceil(N/bn), ceil(K/bk)] (the
-    last blocks may be partial), times activations quantized per token and group
-    of ``bn`` inputs by vLLM's QuantFP8: both dequantized, then multiplied."""
+    """Block-scaled fp8 weights [N, K], scales [ceil(N/bn), ceil(K/bk)], times inputs
+    QuantFP8 quantized per token and ``bn`` group: both dequantized, multiplied."""
 
     @classmethod
     def is_supported(
@@ -224,10 +211,8 @@ class HpuFp8BlockScaledMMLinearKernel(Fp8BlockScaledMMLinearKernel):
 
 @functools.cache
 def register() -> None:
-    """The checkpoint kernels through vLLM's registry (the block kernel through
-    patches/fp8_kernels.py: the registry has no kind for it); vLLM builds its
-    online config itself and looks its linear methods up in a module-level table,
-    with no registration hook: the per-tensor entry is ours."""
+    """Checkpoint kernels via vLLM's registry (block: patches/fp8_kernels.py); the
+    online config's hookless module-level table gets our per-tensor entry."""
     register_linear_kernel(HpuFp8ScaledMMLinearKernel, PlatformEnum.OOT, "fp8")
     methods: dict[Any, type] = online_base._ONLINE_LINEAR_METHODS
     methods[kFp8StaticTensorSym] = HpuFp8PerTensorOnlineLinearMethod

@@ -1,16 +1,12 @@
-"""FP8 experts of ``fp8`` checkpoints (per-tensor scales, or DeepSeek's blocks with
-``weight_scale_inv``) and of compressed-tensors W8A8-FP8 (per tensor, channel or
-block), as vLLM's methods load them, run by the plugin.
-
-Block-scaled experts run on their dequantized weights with the activations as
-they are (the Gaudi reference's path for them). Per-tensor and per-channel
-experts take fp8 activations, as their checkpoints ask: the static input scale,
-or one computed per tensor (per token for compressed-tensors' dynamic tokens).
-Per-tensor ones run on Gaudi's fp8 MoE kernel, which also rounds the
-intermediate through fp8 (with the down projection's static input scale, or per
-token); emulation rounds input and intermediate alike around the dequantized
-experts. With per-token inputs the intermediate stays in the model dtype.
-"""
+"""FP8 experts of ``fp8`` checkpoints (per-tensor, or DeepSeek's block
+``weight_scale_inv``) and compressed-tensors W8A8-FP8 (per tensor, channel or
+block), as vLLM's methods load them. Block-scaled experts run dequantized on
+unquantized activations (the Gaudi reference's path). Per-tensor and
+per-channel ones take fp8 activations (static scale, or per tensor; per token
+for compressed-tensors' dynamic tokens). Per-tensor ones run Gaudi's fp8 MoE
+kernel, which also rounds the intermediate through fp8 (static or per token);
+emulation rounds alike around dequantized experts. Per-token inputs keep the
+intermediate in the model dtype."""
 
 from dataclasses import replace
 from typing import Any
@@ -66,9 +62,8 @@ def dequantize_w13_blocks(
 
 
 class HpuFp8Experts(HpuQuantizedMoE):
-    """What both fp8 formats share once loaded: ``w13_weight`` / ``w2_weight``
-    fp8 [E, N, K]; scales per row [E, N, 1] (per-tensor ones are spread over
-    their shard's rows) or per block; the input's rounding mode."""
+    """Both fp8 formats once loaded: ``w13_weight``/``w2_weight`` fp8 [E, N, K];
+    scales per row [E, N, 1] (per-tensor spread over shards) or block; input mode."""
 
     block: tuple[int, int] | None
     input_mode: str | None
@@ -113,9 +108,8 @@ class HpuFp8Experts(HpuQuantizedMoE):
         return round_through_fp8(x, self.input_mode, layer.w13_input_scale)
 
     def extras(self, layer: Any) -> ExpertExtras:
-        """Per-tensor experts (static or dynamic input) round the intermediate
-        through fp8 as the fp8 kernel does: with the checkpoint's scale of the
-        down projection's input (as vLLM's own fp8 MoE kernels), or per token."""
+        """Per-tensor experts round the intermediate through fp8 as the kernel does:
+        with the down projection's checkpoint input scale (as vLLM's), or per token."""
         extras = super().extras(layer)
         if self.input_mode not in (STATIC, PER_TENSOR):
             return extras

@@ -123,9 +123,8 @@ def _refuse_variants(config: dict[str, Any]) -> None:
 
 @register_weight_loader_v2_supported_method
 class HpuGPTQLinearMethod(LinearMethodBase):
-    """y = x @ dequant(qweight); qweight (in / 8, out) is packed along the input,
-    qzeros (groups, out / 8) along the output, scales (groups, out), and g_idx
-    gives each input row's group when desc_act reordered them."""
+    """y = x @ dequant(qweight): qweight (in / 8, out) packed along the input, qzeros
+    (groups, out / 8), scales (groups, out), g_idx per input row under desc_act."""
 
     def __init__(self, quant_config: HpuGPTQConfig) -> None:
         self.quant_config = quant_config

@@ -1,7 +1,6 @@
-"""Start-up checks of the FP8 options Gaudi users pass (``--kv-cache-dtype``,
-``--quantization inc``, ``QUANT_CONFIG``): what runs is set, the rest refused
-with the file or option named. Intel Neural Compressor's flow itself is in
-``quantization/inc_flow.py``."""
+"""Start-up checks of Gaudi's FP8 options (``--kv-cache-dtype``, ``--quantization
+inc``, ``QUANT_CONFIG``): set what runs, refuse the rest naming the file or
+option. INC's flow itself is in ``quantization/inc_flow.py``."""
 
 import glob
 import json
@@ -97,9 +96,8 @@ def apply_fp8_options(vllm_config: "VllmConfig") -> None:
 
 
 def _name_inc(vllm_config: "VllmConfig") -> None:
-    """QUANT_CONFIG alone runs ``--quantization inc``: the method named, and its
-    config made as vLLM makes it from the name (vLLM made the config before this
-    hook ran; the engine core's second pass would make it there alone)."""
+    """QUANT_CONFIG alone runs ``--quantization inc``, its config made as vLLM makes
+    it (vLLM made the config before this hook; the core's pass would not)."""
     from vllm_hpu.quantization.inc_config import HpuIncConfig
 
     vllm_config.model_config.quantization = "inc"

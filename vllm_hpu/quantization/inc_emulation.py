@@ -1,10 +1,8 @@
 """Intel Neural Compressor's Gaudi FP8 path on the CPU, for emulation only.
-
-Why: INC has no CPU backend for its Gaudi path. How (docs/fp8.md): the Gaudi
-module entries in INC's CPU table, torch stand-ins for the fp8 ops (the fused
-MoE measuring op as a ``torch.ops.hpu`` op) and a config parser that takes the
-real path with Gaudi 3 scales, set by ``inc_flow.enable_inc`` before the first
-``prepare``/``convert``. Removed by: an INC whose CPU accelerator takes that path."""
+Why: INC has no CPU backend for it. How (docs/fp8.md): Gaudi module entries in
+INC's CPU table, torch stand-ins for the fp8 ops (the fused MoE measuring op as
+a ``torch.ops.hpu`` op) and a config parser taking the real path with Gaudi 3
+scales, set by ``inc_flow.enable_inc``. Removed by: an INC CPU accelerator."""
 
 import functools
 from collections.abc import Callable
@@ -117,10 +115,8 @@ def fp8_fused_sdpa(
     is_amax_s: bool = False,
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gaudi's fp8_fused_sdpa: q, k, v [bs, heads, len, head_size] dequantized,
-    probabilities through fp8 with ``q_scale_s``, the output quantized with
-    ``q_scale_o``; returns (output, amax of the probabilities or None). Query rows
-    go in chunks so a long prompt's scores fit in memory."""
+    """Gaudi's fp8_fused_sdpa: q, k, v [bs, heads, len, D] dequantized, probabilities
+    via ``q_scale_s``, output ``q_scale_o``; (output, amax or None), chunked."""
     group = q.shape[1] // k.shape[1]
     key = _dequantize(k, d_scale_k, torch.float32).repeat_interleave(group, 1)
     value = _dequantize(v, d_scale_v, torch.float32).repeat_interleave(group, 1)
@@ -217,9 +213,8 @@ def fp8_moe(
     experts_min: int = 0,
     experts_max: int = 0,
 ) -> torch.Tensor:
-    """torch.ops.hpu.mixture_of_experts.fp8_fused_weights: fp8 tokens and
-    expert weights dequantized with their scales, each expert's intermediate
-    rounded through fp8 with its own scale; bf16 output."""
+    """``mixture_of_experts.fp8_fused_weights``: fp8 tokens and experts dequantized,
+    each expert's intermediate rounded through fp8 with its scale; bf16 out."""
     w_in = [_dequantize(w, s, FP32) for w, s in zip(w12, d_scale_w12, strict=True)]
     w_out = [_dequantize(w, s, FP32) for w, s in zip(w3, d_scale_w3, strict=True)]
 
@@ -291,9 +286,8 @@ def _add_op_wrappers() -> None:
 
 
 def _define_moe_measurement() -> None:
-    """2b. INC's MoE measurement calls the Gaudi op itself, not through its op
-    table: the stand-in is defined as that ``torch.ops.hpu`` op (the namespace
-    is free without Gaudi's bridge; emulation only)."""
+    """2b. INC's MoE measurement calls the Gaudi op directly, so the stand-in is that
+    ``torch.ops.hpu`` op (free without the bridge; emulation only)."""
     library = torch.library.Library("hpu", "FRAGMENT")
     library.define(MOE_MEASUREMENT_OP + MOE_MEASUREMENT_SCHEMA)
     library.impl(MOE_MEASUREMENT_OP, moe_measurement, "CompositeExplicitAutograd")

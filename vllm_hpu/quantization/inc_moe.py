@@ -1,8 +1,7 @@
-"""The routed experts as Intel Neural Compressor measures and quantizes them:
-modules with the Gaudi reference's class names (INC patches by class name),
-one ``MoeMatmul`` per expert projection, so each expert gets its own scale and
-the measurement files name ``<layer>.moe_op.w13_list.<expert>`` as on Gaudi.
-The stacked weights stay the storage until INC has made its fp8 copies."""
+"""Routed experts as INC measures and quantizes them: Gaudi reference class names,
+one ``MoeMatmul`` per expert projection, so each expert has its own scale and
+files name ``<layer>.moe_op.w13_list.<expert>`` as on Gaudi. The stacked
+weights stay the storage until INC has made its fp8 copies."""
 
 import re
 from collections import Counter
@@ -30,9 +29,8 @@ class MoeMatmul(torch.nn.Module):
 
 
 class VllmMixtureOfExpertsOp(torch.nn.Module):
-    """The routed experts of one layer, called as Gaudi's fused MoE op is. INC
-    replaces it by its patched module; unpatched (blocklisted), it runs the
-    experts in bf16 as the plugin's unquantized method does."""
+    """One layer's routed experts, called as Gaudi's fused MoE op; INC replaces it,
+    and unpatched (blocklisted) it runs bf16 experts as the unquantized method."""
 
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
         super().__init__()
@@ -71,9 +69,8 @@ def attach_moe_ops(model: torch.nn.Module) -> None:
 
 
 def release_bf16_experts(model: torch.nn.Module) -> None:
-    """After INC's convert: the stacked bf16 expert weights of every layer whose
-    experts all became fp8 are dropped (what INC's own MoE patch does for the
-    layer class it knows), so only the fp8 copies stay in device memory."""
+    """After INC's convert, layers whose experts all became fp8 drop their stacked bf16
+    weights (as INC's own MoE patch does): only the fp8 copies stay."""
     for module in model.modules():
         moe_op = getattr(module, "moe_op", None)
         if not isinstance(module, RoutedExperts) or moe_op is None:
@@ -86,8 +83,7 @@ def release_bf16_experts(model: torch.nn.Module) -> None:
 
 
 def layers_inc_cannot_take(model: torch.nn.Module, table: dict) -> str:
-    """The linear layers whose class INC's module table lacks (MoE routers:
-    vLLM's ``GateLinear``), grouped over layer numbers: '' when none."""
+    """Linear layers INC has no module for (MoE routers) by layer; '' if none."""
     names = [
         f"{LAYER_NUMBER.sub('.*.', name)} ({type(module).__name__})"
         for name, module in model.named_modules()

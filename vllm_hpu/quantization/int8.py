@@ -35,8 +35,7 @@ def quantize_int8(
 
 
 class HpuInt8ScaledMMLinearKernel(Int8ScaledMMLinearKernel):
-    """Symmetric int8 activations only: asymmetric ones are refused at start-up
-    (``quantization/checkpoints.py``)."""
+    """Symmetric int8 activations only (asymmetric refused: checkpoints.py)."""
 
     @classmethod
     def is_supported(

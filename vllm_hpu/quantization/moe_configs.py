@@ -1,12 +1,8 @@
-"""``fp8``, compressed-tensors and gpt-oss's MXFP4 checkpoints: vLLM's own
-configs, except that their experts get the plugin's methods.
-
-vLLM's configs ask its kernel oracle for a CUDA/ROCm/CPU/XPU MoE backend; an
-out-of-tree platform gets none ("Unsupported FP8 MoE backend: NONE") and vLLM
-0.32 cannot register one. So these subclasses, registered under vLLM's names,
-change the experts' method only, and refuse what the plugin cannot run while
-the model is built, before any weight loads.
-"""
+"""``fp8``, compressed-tensors and MXFP4 checkpoints: vLLM's configs, except that
+their experts get the plugin's methods. vLLM's configs ask its oracle for a
+CUDA/ROCm/CPU/XPU MoE backend; an OOT platform gets none ("Unsupported FP8 MoE
+backend: NONE") and 0.32 cannot register one. These subclasses, under vLLM's
+names, change the experts' method and refuse what we cannot run before load."""
 
 from typing import Any
 

@@ -1,8 +1,7 @@
-"""The plugin's MoE methods as loaded models use them: the base of the quantized
-ones (quantization/fp8_moe.py, packed_moe.py: vLLM's method of the format keeps
-its weights and loaders, the plugin routes and runs the experts with
-ops/fused_moe.py and ops/moe.py), and the load-time check that every MoE layer
-runs on one of the plugin's methods as its model asks."""
+"""The plugin's MoE methods: the base of the quantized ones (fp8_moe.py,
+packed_moe.py: vLLM's method keeps its weights and loaders, the plugin runs the
+experts with ops/fused_moe.py and ops/moe.py), and the load-time check that
+every MoE layer runs on one of the plugin's methods."""
 
 import abc
 from typing import Any
@@ -29,11 +28,8 @@ from vllm_hpu.ops.fused_moe import (
 
 
 class HpuQuantizedMoE(HpuMoEMethod, abc.ABC):
-    """The plugin's quantized experts, a mixin ahead of the vLLM MoE method of the
-    format: vLLM's ``create_weights`` stays (the checkpoint's tensors and their
-    loaders), its kernels do not. Weights stay packed in device memory; each
-    forward dequantizes the experts it reads (``HpuMoEMethod``: the routed ones
-    at small batch), group by group."""
+    """Mixin ahead of vLLM's MoE method: its ``create_weights`` stays, its kernels do
+    not. Weights stay packed; each forward dequantizes the experts it reads."""
 
     copies_weights = True
 
@@ -41,8 +37,7 @@ class HpuQuantizedMoE(HpuMoEMethod, abc.ABC):
         return None  # vLLM's kernels' description: no kernel of vLLM runs
 
     def process_weights_after_loading(self, layer: Any) -> None:
-        """Instead of vLLM's repacking for its kernels: the weights are used as
-        loaded (a format may normalise its scales)."""
+        """Instead of vLLM's repacking: weights as loaded (scales maybe normalised)."""
 
     @abc.abstractmethod
     def dequantize(
@@ -93,9 +88,8 @@ def check_router(router: FusedMoERouter) -> None:
 
 
 def check_moe_layers(model: torch.nn.Module) -> None:
-    """Run at load time over every MoE layer of the model: each is checked, and
-    its routed experts get their runner's router, whose EPLB state and capture
-    the plugin's routing serves (ops/fused_moe.py::route)."""
+    """At load time, check every MoE layer and give its routed experts their runner's
+    router, whose EPLB state and capture ops/fused_moe.py::route serves."""
     for module in model.modules():
         if isinstance(module, RoutedExperts):
             check_layer(module)

@@ -1,8 +1,6 @@
-"""The MXFP4 linear kernel vLLM's compressed-tensors MXFP4 method selects for
-weight-only checkpoints (``mxfp4-pack-quantized``, W4A16): e2m1 codes two per
-byte with one power-of-two scale per 32 inputs stay in device memory and are
-dequantized in plain torch inside the forward. Checkpoints that also quantize
-activations (W4A4) are refused at start-up (``quantization/checkpoints.py``)."""
+"""The MXFP4 linear kernel for compressed-tensors ``mxfp4-pack-quantized`` (W4A16):
+e2m1 codes, two per byte, one power-of-two scale per 32 inputs, dequantized in
+the forward. W4A4 is refused at start-up (``quantization/checkpoints.py``)."""
 
 import functools
 from typing import Any

@@ -1,9 +1,7 @@
-"""Experts whose weights are packed integers or MXFP4, weight-only (activations in
-the model dtype): compressed-tensors WNA16 (``pack-quantized``, 4 or 8 bits,
-groups or channels, symmetric or with zero points), MXFP4A16 and gpt-oss's own
-MXFP4 as vLLM's methods load them, and AutoAWQ / GPTQ checkpoints in their own
-layouts. Each forward dequantizes a group of experts with quantization/dequant.py (see
-``HpuQuantizedMoE``)."""
+"""Weight-only experts packed as integers or MXFP4: compressed-tensors WNA16 (4 or
+8 bits, groups or channels, zero points or not), MXFP4A16, gpt-oss's MXFP4 and
+AutoAWQ / GPTQ layouts. Each forward dequantizes a group of experts with
+quantization/dequant.py (see ``HpuQuantizedMoE``)."""
 
 import abc
 from fractions import Fraction
@@ -38,13 +36,11 @@ MXFP4_GROUP_SIZE = dequant.MXFP4_GROUP_SIZE
 class HpuCompressedTensorsWNA16MoEMethod(
     HpuQuantizedMoE, CompressedTensorsWNA16MoEMethod
 ):
-    """compressed-tensors ``pack-quantized`` experts: ``w13_weight_packed`` int32
-    [E, N, K / pack], ``w13_weight_scale`` [E, N, groups], zero points
-    [E, N / pack, groups] when asymmetric."""
+    """compressed-tensors ``pack-quantized`` experts: ``w13_weight_packed`` int32 [E,
+    N, K / pack], ``w13_weight_scale`` [E, N, groups], zeros [E, N / pack, groups]."""
 
     def __init__(self, weight_quant: Any, moe: FusedMoEConfig) -> None:
-        # vLLM's __init__ asks its oracle for a CUDA or CPU kernel; these are the
-        # fields its create_weights reads.
+        # vLLM's __init__ asks for a CUDA or CPU kernel; create_weights reads these.
         CompressedTensorsMoEMethod.__init__(self, moe)
         self.weight_quant, self.input_quant = weight_quant, None
         self.symmetric = weight_quant.symmetric
@@ -80,8 +76,7 @@ class HpuCompressedTensorsMxfp4MoEMethod(
     uint8 [E, N, K / 2], e8m0 ``w13_weight_scale`` uint8 [E, N, K / 32]."""
 
     def __init__(self, moe: FusedMoEConfig) -> None:
-        # vLLM's __init__ picks a CUDA or XPU kernel (and logs it); its
-        # create_weights reads the group size.
+        # vLLM's __init__ picks a CUDA/XPU kernel; create_weights reads the group size.
         CompressedTensorsMoEMethod.__init__(self, moe)
         self.group_size = MXFP4_GROUP_SIZE
 
@@ -92,9 +87,8 @@ class HpuCompressedTensorsMxfp4MoEMethod(
 
 
 class HpuGptOssMxfp4MoEMethod(HpuQuantizedMoE, GptOssMxfp4MoEMethod):
-    """gpt-oss's own MXFP4 experts (quant_method ``mxfp4``) as vLLM's gpt-oss
-    loader fills them: e2m1 pairs ``w13_weight`` uint8 [E, 2 * I, H / 2], gate
-    and up rows interleaved (the clamped SwiGLU's order), e8m0
+    """gpt-oss's MXFP4 experts (``mxfp4``) as vLLM's loader fills them: e2m1 pairs
+    ``w13_weight`` uint8 [E, 2 * I, H / 2] (gate/up interleaved), e8m0
     ``w13_weight_scale`` [E, 2 * I, H / 32], ``w2_*`` alike, bf16 biases."""
 
     def __init__(self, moe: FusedMoEConfig) -> None:
@@ -114,8 +108,7 @@ class HpuGptOssMxfp4MoEMethod(HpuQuantizedMoE, GptOssMxfp4MoEMethod):
 def mxfp4_experts(
     layer: Any, codes: str, experts: slice | torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """w13 and w2 of ``experts`` from their e2m1 ``w*_{codes}`` and e8m0
-    ``w*_weight_scale``, in ``dtype``."""
+    """w13 and w2 of ``experts`` from e2m1 codes and e8m0 scales, in ``dtype``."""
     w13, w2 = (
         dequant.dequantize_mxfp4(
             getattr(layer, f"{name}_{codes}")[experts],
@@ -128,9 +121,8 @@ def mxfp4_experts(
 
 
 class HpuInt4CheckpointMoEMethod(HpuQuantizedMoE, FusedMoEMethodBase):
-    """AutoAWQ or GPTQ experts stacked as the checkpoint has them (input dimension
-    first: ``is_transposed``), scales [E, groups, N]; a subclass names the
-    tensors and dequantizes."""
+    """AutoAWQ or GPTQ experts as stacked in the checkpoint (input first:
+    ``is_transposed``), scales [E, groups, N]; subclasses name and dequantize."""
 
     def __init__(self, quant_config: Any, moe: FusedMoEConfig) -> None:
         super().__init__(moe)

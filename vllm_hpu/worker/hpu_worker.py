@@ -1,8 +1,5 @@
-"""HpuWorker: the process-level half of the plugin, driven by vLLM's engine core.
-
-It owns the device, the distributed group and the memory split, and hands every
-step to :class:`HpuModelRunner`.
-"""
+"""HpuWorker: the process-level half of the plugin, driven by vLLM's engine core:
+the device, the distributed group and the memory split; steps go to the runner."""
 
 import atexit
 import gc
@@ -121,9 +118,8 @@ class HpuWorker(WorkerBase):
         return self.runner.take_draft_token_ids()
 
     def determine_available_memory(self) -> int:
-        """Bytes for the KV cache: an explicit size, or the documented split;
-        less a hybrid model's state slots and checkpoints, which the runner
-        allocates itself."""
+        """Bytes for the KV cache: an explicit size, or the documented split, less a
+        hybrid model's state slots and checkpoints (the runner allocates those)."""
         return self.runner.kv_cache_share(self._kv_cache_bytes())
 
     def _kv_cache_bytes(self) -> int:
@@ -172,8 +168,7 @@ class HpuWorker(WorkerBase):
         return CompilationTimes(language_model=elapsed, encoder=0.0)
 
     def _graph_mem(self) -> int:
-        """Bytes for graphs: the split's share, or with an explicit KV cache size
-        the same share of what is free now."""
+        """Bytes for graphs: the split's share (of free memory, with a KV size set)."""
         if self.memory_split is not None:
             return self.memory_split.graph
         free, _ = device.mem_get_info()
@@ -189,8 +184,7 @@ class HpuWorker(WorkerBase):
         self, scheduler_output: SchedulerOutput
     ) -> ModelRunnerOutput | None:
         if self.metrics is None and self.rank == 0:
-            # Built on the first step, so it counts from the end of warmup; rank 0
-            # only, since every rank pads the same shapes.
+            # From the first step (end of warmup); rank 0 only: all ranks pad alike.
             self.metrics = HpuMetrics(self.runner.buckets)
         received = None
         stage = self.runner.stage
@@ -240,8 +234,7 @@ class HpuWorker(WorkerBase):
         return self.runner.lora_adapters().list_loras()
 
     def reset_encoder_cache(self) -> None:
-        """Forget encoder outputs, as vLLM's scheduler forgets which it holds
-        (a pause that clears caches, sleep)."""
+        """Forget encoder outputs, as vLLM's scheduler does (pause, sleep)."""
         self.runner.reset_encoder_cache()
 
     # ---- RL frameworks: sleep mode (capabilities/sleep.py) and weight
@@ -312,8 +305,7 @@ class HpuWorker(WorkerBase):
         return
 
     def shutdown_inc(self) -> None:
-        """Write Intel Neural Compressor's measurements now (MEASURE only; the
-        reference's name): ``llm.collective_rpc("shutdown_inc")``."""
+        """Write INC's measurements (MEASURE): ``collective_rpc("shutdown_inc")``."""
         if self.model_runner is not None:
             self.model_runner.shutdown_inc()
 
@@ -329,18 +321,10 @@ class HpuWorker(WorkerBase):
 
 
 def _exit_quickly() -> None:
-    """In a process vLLM started for the engine (an engine core, a worker): the
-    heap (vLLM, torch, the model; about a million objects) is kept out of the
-    garbage collection Python runs as it exits. That collection took 3 to 5 s
-    on a busy core, past vLLM's 5-second grace for an engine to stop ("force
-    killing" in the log); the process's memory goes back to the system anyway,
-    and what the engine held was released above. vLLM does the same on ROCm
-    after a clean shutdown. And a second stop signal no longer interrupts the
-    exit: a terminal's Ctrl-C reaches every process of ``vllm serve``, whose
-    API server then sends the core another (vLLM's handler is gone by then),
-    and a core killed by it left its semaphores to Python's resource tracker
-    ("leaked semaphore objects"). A caller's own process (an in-process
-    engine) is left alone."""
+    """In an engine process vLLM started, the heap (~1M objects) skips Python's exit
+    collection: 3-5 s on a busy core, past vLLM's 5 s grace (as vLLM on ROCm). A
+    second stop signal (Ctrl-C, then the API server's) no longer interrupts the
+    exit, which left "leaked semaphore objects". In-process engines: untouched."""
     if multiprocessing.parent_process() is None:
         return
     atexit.register(gc.freeze)

@@ -73,9 +73,8 @@ class DataParallelPasses(PassAlignment):
     def align(
         self, passes: list[ForwardPass], cache: CacheGeometry
     ) -> list[ForwardPass]:
-        """The step's passes, then idle ones up to the busiest rank's count, each told
-        every rank's token count. The two all-reduces run here on the host thread, so
-        the passes in the device stream run no collective but the exchanges."""
+        """The step's passes, then idle ones up to the busiest rank's, with every rank's
+        token counts; the all-reduces run here, off the device stream."""
         group = get_dp_group().cpu_group
         count = torch.tensor([len(passes)], dtype=torch.int64)
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)

@@ -13,8 +13,7 @@ from vllm_hpu.emulation.device_stream import DeviceStream
 
 
 class ExpertBalancing:
-    """What the runner and worker ask of expert load balancing; without
-    --enable-eplb (this class) the experts stay where they were loaded."""
+    """The runner's and worker's EPLB calls; without --enable-eplb (this class) none."""
 
     def before_load(self) -> None:
         pass

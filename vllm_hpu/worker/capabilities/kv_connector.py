@@ -1,14 +1,10 @@
-"""The worker's and runner's side of vLLM's KV connector contract, in the order
-vLLM's GPU worker and runner follow it, through vLLM's own mixin where it has one.
-
-The worker creates the connector before the caches exist, reports its handshake
-metadata and shuts it down. The runner (:class:`KVConnectorSteps`) registers the
-caches as block-major views (``kv_transfer/layout.py``), and per step handles
-preempted requests in ``before_update``, binds the connector metadata around the
-passes inside ``step`` (loads, saves, finished transfers into the step's
-``KVConnectorOutput``), and answers a step with no tokens with
-``no_forward_output``. Warmup's synthetic steps bypass all of it.
-"""
+"""The worker's and runner's side of vLLM's KV connector contract, in vLLM's GPU
+order, through vLLM's own mixin where it has one. The worker creates the
+connector before the caches, reports its handshake metadata and shuts it down.
+The runner (:class:`KVConnectorSteps`) registers block-major cache views
+(``kv_transfer/layout.py``), handles preempted requests in ``before_update``,
+binds connector metadata around the passes in ``step``, and answers a step with
+no tokens with ``no_forward_output``. Warmup's synthetic steps bypass it all."""
 
 import contextlib
 from collections.abc import Iterator, Mapping

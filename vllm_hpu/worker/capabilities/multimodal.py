@@ -1,6 +1,5 @@
 """Multimodal inputs: vision encoder passes, vLLM's encoder cache, and the input
-embeddings of each forward pass with the encoder outputs merged in.
-"""
+embeddings of each forward pass with the encoder outputs merged in."""
 
 import itertools
 from collections.abc import Sequence
@@ -62,10 +61,8 @@ class TextInputs:
 
 
 class MultimodalInputs(TextInputs):
-    """Runs the model's encoder once per scheduled item, keeps the outputs by the
-    item's hash until the scheduler frees them, and builds every pass's input
-    embeddings. Encoder passes are padded to a bucket (of items, of images and
-    patches, or of tiles), so the encoder sees only the shapes :meth:`warm_up` ran."""
+    """Runs the encoder once per item, keeps outputs by hash until freed, builds the
+    input embeddings; encoder passes use the buckets :meth:`warm_up` ran."""
 
     def __init__(
         self,
@@ -305,10 +302,8 @@ class MultimodalInputs(TextInputs):
         return inputs_embeds
 
     def _hold_deepstack_rows(self, num_tokens: int) -> None:
-        """Qwen3-VL reads its deepstack buffer's first rows only when a Python int says
-        they hold features, and torch.compile specializes on that int: every pass says
-        ``num_tokens`` rows (zeros where no image put features), and the buffer grows
-        here, outside the graph, so each bucket compiles once."""
+        """Qwen3-VL reads deepstack rows only if a Python int (compile-specialised) says
+        so: every pass says ``num_tokens``; the buffer grows here, outside the graph."""
         buffers = getattr(self.model, "deepstack_input_embeds", None)
         if not buffers:
             return
@@ -334,9 +329,8 @@ class MultimodalInputs(TextInputs):
         first_index: int,
         is_multimodal: torch.Tensor,
     ) -> list[torch.Tensor]:
-        """The encoder output rows for the part of ``feature`` within the scheduled
-        tokens [start, end), whose first sits at ``first_index`` of the pass; marks
-        their tokens in ``is_multimodal``. A chunk may hold part of an item."""
+        """Encoder rows of ``feature`` in scheduled tokens [start, end), the first at
+        ``first_index``; marks them in ``is_multimodal``. Chunks may split an item."""
         placeholder = feature.mm_position
         lo = max(start - placeholder.offset, 0)
         hi = min(end - placeholder.offset, placeholder.length)

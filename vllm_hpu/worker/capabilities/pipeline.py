@@ -1,10 +1,6 @@
-"""Pipeline stages: what one rank hands the next when a step runs several passes.
-
-A step runs as one or more padded forward passes (prompt batches, then decodes),
-and every stage plans the same passes from the same scheduler output. So a stage
-sends one message per step: each intermediate tensor of every pass, joined along
-the token axis; the next stage splits it back by the passes' padded sizes.
-"""
+"""Pipeline stages: every stage plans the same padded passes from the same
+scheduler output, so a stage sends one message per step, each pass's
+intermediate tensors joined along the token axis, split back by padded sizes."""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,9 +27,8 @@ def stage_inputs(
     received: IntermediateTensors | None,
     make_empty: Callable[[int], IntermediateTensors],
 ) -> Sequence[IntermediateTensors | None]:
-    """Per pass of ``sizes`` tokens, what this stage starts from: nothing on the
-    first stage, the previous stage's tensors (or ``make_empty`` zeros, when
-    warming up) on the others."""
+    """Per pass of ``sizes`` tokens, this stage's input: nothing on the first stage,
+    else the previous stage's tensors (``make_empty`` zeros in warmup)."""
     if stage.is_first:
         return [None] * len(sizes)
     if received is None:

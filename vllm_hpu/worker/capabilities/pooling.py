@@ -1,8 +1,5 @@
-"""Pooling models (``--runner pooling``): embeddings and scores from prompt passes.
-
-The model's own pooler (vLLM's) wants a step's scheduled tokens packed in batch-row
-order; our passes are padded to buckets, so the real tokens are gathered first.
-"""
+"""Pooling models (``--runner pooling``): vLLM's pooler wants a step's tokens
+packed in batch-row order; our passes are padded, so real tokens are gathered."""
 
 from collections.abc import Iterable
 from typing import Any

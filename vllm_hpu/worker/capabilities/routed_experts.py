@@ -1,13 +1,9 @@
-"""Routed experts returned with the output (``enable_return_routed_experts``,
-for RL frameworks that replay the routing), through vLLM's own auxiliary-output
-connector.
-
-vLLM's GPU runner captures one flat batch per step; the plugin runs padded
-passes (with data parallelism, every rank's tokens gathered). So each MoE
-layer's routing (logical ids, before EPLB) lands in a pass buffer, this rank's
-real tokens are copied into the step's rows in vLLM's order, and at the end of
-the step the rows go to vLLM's capturer, layer by layer.
-"""
+"""Routed experts returned with the output (``enable_return_routed_experts``, for
+RL replay), through vLLM's auxiliary-output connector. vLLM's GPU runner
+captures one flat batch per step; our passes are padded (with DP, every rank's
+tokens gathered), so each MoE layer's routing (logical ids, before EPLB) lands
+in a pass buffer, this rank's real tokens are copied into the step's rows in
+vLLM's order, and at step end go to vLLM's capturer, layer by layer."""
 
 import functools
 from concurrent.futures import Future
@@ -37,9 +33,8 @@ class _LayerSink(torch.nn.Module):
 
 
 class StepBatch:
-    """The step's rows as vLLM's connector reads a GPU input batch: the
-    scheduled requests in batch order, where each one's rows start, and the
-    tokens each had computed before the step."""
+    """The step's rows as vLLM's connector reads a GPU batch: scheduled requests in
+    batch order, where each one's rows start, and its tokens computed before."""
 
     def __init__(self, scheduler_output: SchedulerOutput, batch: InputBatch) -> None:
         scheduled = scheduler_output.num_scheduled_tokens
@@ -175,9 +170,8 @@ class RoutedExpertsCapture(RoutedExpertsOutput):
 
 @dataclass(frozen=True)
 class CaptureLayout:
-    """Where a pass's tokens sit among the rows a MoE layer routes: the pass alone;
-    with data parallelism every rank's padded pass, rank after rank; with
-    sequence-parallel experts each expert-parallel rank's ceil(n / tp) share."""
+    """Where a pass's tokens sit among a MoE layer's rows: the pass; with DP every
+    rank's padded pass in turn; with sequence-parallel experts each ceil(n / tp)."""
 
     dp_rank: int
     tp_size: int  # > 1 where the experts are sequence-parallel

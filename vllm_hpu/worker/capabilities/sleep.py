@@ -1,16 +1,10 @@
 """Sleep mode (``enable_sleep_mode=True``): give the device back between rollouts.
-
-``sleep(level=1)`` moves parameters and buffers to the host and frees the KV
-cache; ``level=2`` frees both, keeping on the host only buffers (rotary tables:
-not in checkpoints) and ``sleep_preserve_parameter_names``. ``wake_up(tags)``
-restores the weights and the (empty) KV cache separately.
-
-Each tensor object stays the one the model holds; only its storage is swapped,
-with the same shape, strides and dtype on wake. So torch.compile graphs stay
-valid (dynamo guards on exactly these), while HPU graphs, which replay fixed
-device addresses, are dropped (``device.reset_graphs``) and recorded again on
-their next call (the bridge finds the recipe in its cache).
-"""
+``sleep(level=1)`` moves weights and buffers to the host and frees the KV cache;
+``level=2`` frees both, keeping only buffers (rotary tables: not in
+checkpoints) and ``sleep_preserve_parameter_names``. ``wake_up(tags)`` restores
+weights and the (empty) KV cache separately. Only storages are swapped (same
+shape, strides, dtype), so torch.compile graphs stay valid; HPU graphs (fixed
+addresses) are dropped (``device.reset_graphs``) and recorded again."""
 
 import fnmatch
 from collections.abc import Callable, Iterator

@@ -1,15 +1,11 @@
-"""Prefix caching of a hybrid model's states (vLLM's Mamba cache mode "align",
-docs/design_align.md).
+"""Prefix caching of a hybrid model's states (Mamba "align", docs/design_align.md).
 
-vLLM hands a prefix hit of ``h`` tokens the block that, once full, held the
-state after exactly ``h`` tokens, and ends every prefill chunk but a prompt's
-last on a block boundary. The live state stays in the request's slot
-(state_cache.py); each state layer keeps a pool of checkpoints, one page per
-block id of its group: a pass ending on a block boundary saves the slot into
-block ``end // bs - 1``; a request getting its slot past token 0 (a prefix hit)
-restores it from its last hit block. Both run on the pass's stream, around its
-forward, copying whole pages (conv and recurrent state).
-"""
+A prefix hit of ``h`` tokens gets the block that held the state after exactly
+``h`` tokens; every prefill chunk but a prompt's last ends on a block boundary.
+The live state stays in the request's slot (state_cache.py); each state layer
+keeps one checkpoint page per block id: a pass ending on a boundary saves the
+slot into block ``end // bs - 1``; a prefix hit restores from its last hit
+block. Both copy whole pages (conv and recurrent) on the pass's stream."""
 
 from collections.abc import Mapping
 

@@ -1,9 +1,7 @@
-"""Weight updates from a trainer (``weight_transfer_config``): vLLM's session of
+"""Weight updates from a trainer (``weight_transfer_config``): vLLM's
 ``init_weight_transfer_engine``, then per round ``start_weight_update``,
-``update_weights`` (one or more chunks) and ``finish_weight_update``, each
-handed to the engine vLLM's factory builds for the configured backend (on Gaudi
-and in emulation: ``"hpu"``, see ``vllm_hpu/distributed/weight_transfer.py``).
-"""
+``update_weights`` (chunks) and ``finish_weight_update``, handed to the engine
+vLLM builds for backend ``"hpu"`` (``distributed/weight_transfer.py``)."""
 
 from collections.abc import Iterable
 from typing import Any
@@ -33,9 +31,8 @@ def reload_model_weights(
     weights_path: str | None = None,
     is_checkpoint_format: bool = True,
 ) -> None:
-    """vLLM's in-place reload: from ``weights_iterator``, else from the
-    checkpoint at ``weights_path`` or the model's own. ``packed``: the runner
-    repacked the linear layers for the CPU at start-up."""
+    """vLLM's in-place reload from ``weights_iterator``, ``weights_path`` or the
+    model's checkpoint; ``packed``: linear layers were repacked for the CPU."""
     if packed:
         raise RuntimeError(
             "reload_weights cannot load into the linear layers packed for the "

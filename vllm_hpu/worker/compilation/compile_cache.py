@@ -1,11 +1,8 @@
-"""Warm restarts: compiled graphs kept across processes in VLLM_HPU_CACHE_DIR.
-
-In emulation torch.compile's own caches live in one folder per configuration,
-named by a hash of everything the graphs depend on (vLLM's graph hash, the
-bucket sets, the KV cache's block count, the backend, the plugin's and torch's
-versions), so a restarted server loads its graphs and a stale one is never
-loaded. On Gaudi the bridge's recipe cache plays this part (device.py).
-"""
+"""Warm restarts: compiled graphs kept across processes in VLLM_HPU_CACHE_DIR. In
+emulation torch.compile's caches live in a folder per configuration, named by a
+hash of all the graphs depend on (vLLM's graph hash, buckets, KV block count,
+backend, plugin and torch versions): a restart loads its graphs, never a stale
+one. On Gaudi the bridge's recipe cache does this (device.py)."""
 
 import contextlib
 import hashlib

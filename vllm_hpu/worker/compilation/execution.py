@@ -1,10 +1,7 @@
-"""How the model runs: torch.compile, eager, HPU graphs or lazy mode.
-
-On Gaudi ``PT_HPU_LAZY_MODE`` x ``enforce_eager`` picks the mode. In emulation
-torch.compile runs only when VLLM_HPU_COMPILE_BACKEND names a backend (a dynamo
-trace of SmolLM2 costs about 10 s per bucket on a CPU, an inductor compile 35 to 75 s),
-else the model runs eagerly.
-"""
+"""How the model runs: torch.compile, eager, HPU graphs or lazy mode. On Gaudi
+``PT_HPU_LAZY_MODE`` x ``enforce_eager`` picks; in emulation torch.compile runs
+only if VLLM_HPU_COMPILE_BACKEND names a backend (a dynamo trace of SmolLM2
+costs ~10 s per bucket on a CPU, inductor 35-75 s), else eager."""
 
 import dataclasses
 import enum
@@ -70,21 +67,17 @@ class CompileOptions:
 
 
 def pack_linear_weights(model: Any, mode: ExecutionMode, keep_layout: bool) -> bool:
-    """Pack the linear weights for the CPU once in eager mode; whether any was.
-    Inductor cannot take oneDNN's packed weights as graph inputs, and weights that
-    may change or sleep (``keep_layout``) stay as vLLM loaded them."""
+    """Pack linear weights for the CPU once in eager mode (Inductor cannot take packed
+    inputs; ``keep_layout`` weights stay as loaded); whether any was."""
     if mode is not ExecutionMode.EAGER or keep_layout:
         return False
     return device.prepare_weights(model)
 
 
 def compile_model(model: torch.nn.Module, options: CompileOptions) -> None:
-    """Compile the whole model in place, one static-shape graph per bucket.
-
-    Per decoder layer, dynamo specialised each layer's graph on its attention
-    layer name (60 graphs per bucket pair on SmolLM2, against 1). Dynamo counts a
-    code object's compiles process-wide, freed models included: each model adds
-    its entries to both caps, or a second engine silently runs eager."""
+    """One static-shape graph per bucket for the whole model, in place (per layer,
+    dynamo specialised on layer names: 60 graphs per bucket pair on SmolLM2). Each
+    model adds to dynamo's process-wide caps, or a second engine silently runs eager."""
     dynamo_config: Any = torch._dynamo.config
     dynamo_config.recompile_limit += options.max_entries
     dynamo_config.accumulated_recompile_limit += options.max_entries
@@ -93,9 +86,8 @@ def compile_model(model: torch.nn.Module, options: CompileOptions) -> None:
 
 
 def compile_options(num_buckets: int, num_models: int) -> CompileOptions | None:
-    """How ``num_models`` models (a draft model of the target's class compiles
-    the same code once more) compile a forward per bucket; None without a
-    backend (emulation's default)."""
+    """How ``num_models`` models (a same-class draft compiles the code again) compile
+    a forward per bucket; None without a backend (emulation's default)."""
     backend = device.model_compile_backend()
     if backend is None:
         return None
@@ -112,10 +104,9 @@ def graph_key(forward_pass: ForwardPass) -> GraphKey:
 
 class GraphedModel(torch.nn.Module):
     """A model as a step runs it: ``forward`` takes every layer's metadata as
-    arguments and sets vLLM's forward context itself, so a replayed graph reads
-    this pass's metadata (the bridge copies only its arguments' tensors). ``run``
-    replays a bucket's graph if it is in ``graphed`` (shared with a draft model),
-    else runs eagerly."""
+    arguments and sets vLLM's forward context, so a replayed graph reads this
+    pass's metadata (the bridge copies only argument tensors). ``run`` replays a
+    bucket's graph if in ``graphed`` (shared with a draft), else runs eagerly."""
 
     def __init__(self, model: Any, vllm_config: VllmConfig, graphed: set[GraphKey]):
         super().__init__()
@@ -182,9 +173,8 @@ class GraphedModel(torch.nn.Module):
 
 
 def graph_form(value: Any) -> Any:
-    """``value`` as the bridge takes graph inputs: dicts, lists and tuples of
-    tensors and hashable constants (it hashes and copies nothing else), each
-    dataclass as a tuple of its class and its fields' values."""
+    """``value`` as the bridge takes graph inputs (it hashes/copies nothing else):
+    containers of tensors and constants, dataclasses as (class, field values)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = dataclasses.fields(value)
         return (type(value), *(graph_form(getattr(value, f.name)) for f in fields))
@@ -192,8 +182,7 @@ def graph_form(value: Any) -> Any:
 
 
 def from_graph_form(value: Any) -> Any:
-    """What ``graph_form`` took apart, each dataclass built again around the
-    tensors given (its ``__init__`` is not run again)."""
+    """Rebuild what ``graph_form`` took apart around the given tensors (no __init__)."""
     cls = value[0] if isinstance(value, tuple) and value else None
     if isinstance(cls, type) and dataclasses.is_dataclass(cls):
         rebuilt = object.__new__(cls)

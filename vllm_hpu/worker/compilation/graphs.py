@@ -1,8 +1,5 @@
-"""The graph capture budget (hpu-algorithms.md section 6): which buckets get graphs.
-
-Pure arithmetic over a bucket list and a ``capture(phase, bucket) -> bytes`` meter,
-so it is tested with a fake meter; the warmup passes the real one.
-"""
+"""The graph capture budget (hpu-algorithms.md section 6): pure arithmetic over
+buckets and a ``capture(phase, bucket) -> bytes`` meter (faked in tests)."""
 
 import sys
 from collections.abc import Callable
@@ -73,9 +70,8 @@ class PhaseCapture:
 def capture_within(
     state: PhaseCapture, budget: int, capture: CaptureFn, free: FreeFn
 ) -> int:
-    """Capture, in order, every bucket whose estimate fits what is left of ``budget``
-    and the free device memory (a bucket that does not runs uncaptured); returns
-    the budget left."""
+    """Capture in order every bucket fitting the rest of ``budget`` and free memory
+    (others run uncaptured); returns the budget left."""
     for bucket in state.order:
         if bucket in state.captured:
             continue

@@ -1,9 +1,6 @@
-"""Graph splits between decoder layers (VLLM_CONFIG_HIDDEN_LAYERS).
-
-In lazy mode a forward pass is one graph unless ``mark_step`` closes it earlier;
-closing it every N decoder layers bounds the graph size the compiler sees, as the
-reference Gaudi plugin does. Elsewhere ``device.mark_step`` does nothing.
-"""
+"""Graph splits between decoder layers (VLLM_CONFIG_HIDDEN_LAYERS): in lazy mode
+``mark_step`` every N layers bounds the graph the compiler sees, as the
+reference plugin does; elsewhere it does nothing."""
 
 import torch
 from vllm.logger import init_logger
@@ -24,8 +21,7 @@ def _mark_step_hook(*args: object) -> None:
 
 
 def split_graph_every(model: torch.nn.Module, num_layers: int | None) -> int:
-    """Close the lazy graph after every ``num_layers``-th decoder layer (lazy mode,
-    variable set); the number of splits installed."""
+    """Close the lazy graph every ``num_layers`` decoder layers; returns splits made."""
     layers = decoder_layers(model)
     if num_layers is None or not device.is_lazy() or layers is None:
         return 0

@@ -1,8 +1,5 @@
-"""Graph compilations per engine step (VLLM_HPU_LOG_STEP_GRAPH_COMPILATION[_ALL]).
-
-After warmup no step inside the bucket ranges should compile anything; these logs
-show the ones that do. Counts come from torch's own counters via ``device.py``.
-"""
+"""Graph compilations per step (VLLM_HPU_LOG_STEP_GRAPH_COMPILATION[_ALL]): after
+warmup none should compile inside the bucket ranges; counts via ``device.py``."""
 
 import contextlib
 from collections.abc import Iterator

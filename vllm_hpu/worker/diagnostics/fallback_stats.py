@@ -1,9 +1,5 @@
-"""Operators that fell back to the host per engine step
-(VLLM_HPU_LOG_STEP_CPU_FALLBACKS[_ALL]), from the bridge's counters via ``device.py``.
-
-In emulation every operator runs on the host, so there is nothing to count: that
-is said once instead of logging empty steps.
-"""
+"""Operators that fell back to the host per step (VLLM_HPU_LOG_STEP_CPU_FALLBACKS
+[_ALL]), from the bridge's counters; in emulation said once, not counted."""
 
 import contextlib
 from collections.abc import Iterator

@@ -1,8 +1,6 @@
-"""Plugin metrics for Gaudi operators: bucket hits and misses, padding, compilations.
-
-They are prometheus_client objects in the worker's process, counted from the end
-of warmup, and logged every VLLM_LOG_STATS_INTERVAL seconds and at shutdown.
-"""
+"""Plugin metrics for Gaudi operators: bucket hits and misses, padding,
+compilations; prometheus_client objects in the worker, counted from the end of
+warmup, logged every VLLM_LOG_STATS_INTERVAL seconds and at shutdown."""
 
 import dataclasses
 import functools

@@ -1,9 +1,6 @@
-"""A step trace in the Chrome trace JSON format (VLLM_PROFILER_ENABLED).
-
-Spans (prepare, forward, sample) are kept in memory and written at shutdown to
-``VLLM_HPU_PROFILE_DIR/trace_rank<N>_<pid>.json``; Perfetto and chrome://tracing
-open it.
-"""
+"""A step trace in Chrome trace JSON (VLLM_PROFILER_ENABLED): spans (prepare,
+forward, sample) written at shutdown to
+``VLLM_HPU_PROFILE_DIR/trace_rank<N>_<pid>.json`` for Perfetto."""
 
 import contextlib
 import json

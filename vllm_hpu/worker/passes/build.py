@@ -1,12 +1,8 @@
-"""Step 3 of planning: a group of scheduled seqs as one padded forward pass.
-
-The pass is padded to the bucket the manager finds for its shape and carries the
-attention metadata ``attention/`` builds for it. Prompt row ``i``'s token ``t``
-sits at flat index ``i * query_len + t``; a merged pass packs its chunks one
-after another; decode row ``i`` sits at ``i``; a verification pass packs its
-rows' tokens into groups of ``Q`` slots (``attention/verify.py``). Padding tokens
-are id 0 at position 0 and write their KV into the dummy block.
-"""
+"""Step 3 of planning: a group of scheduled seqs as one padded forward pass, with
+``attention/``'s metadata. Prompt row ``i``'s token ``t`` is at ``i * query_len
++ t``; a merged pass packs its chunks in turn; decode row ``i`` is at ``i``;
+verification packs rows into groups of ``Q`` slots (``attention/verify.py``).
+Padding is id 0 at position 0, writing the dummy block."""
 
 from collections.abc import Callable
 
@@ -79,9 +75,8 @@ def build_prompt_forward(
     token_ids: np.ndarray,
     cache: CacheGeometry,
 ) -> ForwardPass:
-    """The prompt pass over ``seqs``: one row per chunk, or under merged
-    prefill the chunks packed one after another into one row;
-    ``token_ids`` is InputBatch.token_ids_cpu."""
+    """The prompt pass over ``seqs``: a row per chunk, or merged, all chunks in one
+    row; ``token_ids`` is InputBatch.token_ids_cpu."""
     merged = buckets.config.merged_prefill
     bucket = buckets.find_prompt_bucket(*pass_shape(seqs, merged, cache.block_size))
     if merged:

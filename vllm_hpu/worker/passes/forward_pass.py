@@ -30,8 +30,7 @@ class ForwardPass:
     # A hybrid model's state layers: each row's state slot (set after planning
     # by worker/capabilities/state_cache.py); None for other models.
     state_metadata: HpuStateMetadata | None = None
-    # With prefix caching (Mamba cache mode "align"): the state copies around
-    # the pass; None when it has none.
+    # Prefix caching (Mamba "align"): the state copies around the pass, or None.
     state_checkpoints: StateCheckpointCopies | None = None
 
     @property

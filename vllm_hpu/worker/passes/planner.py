@@ -35,8 +35,7 @@ from vllm_hpu.worker.passes.seqs import (
 @dataclass
 class StepPlan:
     prompts: list[ForwardPass]  # prompt chunks in bucketed batches
-    # One decode batch, if any row decodes: a verification pass (Q query
-    # tokens per row) when some row verifies drafts.
+    # One decode batch if any row decodes: a verification pass if any row verifies.
     decode: ForwardPass | None
 
     @property
@@ -58,8 +57,7 @@ class PassPlanner:
         self.buckets = buckets
         self.block_size = vllm_config.cache_config.block_size
         self.max_num_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-        # Pooling models never decode: a one-token prompt (or last chunk) runs
-        # as a prompt pass, so only prompt buckets are ever used.
+        # Pooling never decodes: a one-token prompt runs as a prompt pass.
         is_pooling = vllm_config.model_config.runner_type == "pooling"
         self.min_prompt_tokens = 1 if is_pooling else 2
         self.vllm_config = vllm_config

@@ -42,10 +42,8 @@ class ScheduledSeq:
 
 @dataclass(frozen=True)
 class ImageSpans:
-    """vLLM's PrefixLM ranges (``ModelConfig.is_mm_prefix_lm``: Gemma 3): the
-    embedding tokens of each image or video item see each other both ways.
-    As vLLM's GPU runner does, a span longer than ``max_length`` (the text
-    model's sliding window) stays causal."""
+    """vLLM's PrefixLM ranges (Gemma 3): an item's tokens see each other both ways;
+    as vLLM's GPU runner, spans longer than ``max_length`` stay causal."""
 
     max_length: int | None
 
@@ -94,9 +92,8 @@ def split_by_phase(
     min_prompt_tokens: int,
     drafted_rows: frozenset[int] = frozenset(),
 ) -> tuple[list[ScheduledSeq], list[ScheduledSeq]]:
-    """(prompt chunks, decodes): a row scheduling fewer than
-    ``min_prompt_tokens`` tokens decodes, and so does a row verifying drafts
-    (``drafted_rows``: its last token and its drafts)."""
+    """(prompt chunks, decodes): rows scheduling < ``min_prompt_tokens`` tokens
+    decode, as do rows verifying drafts (``drafted_rows``)."""
 
     def decodes(seq: ScheduledSeq) -> bool:
         return (

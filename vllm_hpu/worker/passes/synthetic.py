@@ -11,9 +11,8 @@ from vllm_hpu.worker.passes.seqs import ScheduledSeq
 def merged_fake_chunks(
     bucket: Bucket, context_blocks: int, block_size: int, max_len: int
 ) -> list[tuple[int, int]]:
-    """(total tokens, cached tokens) of requests whose chunks pack into
-    ``bucket.query_len`` tokens over ``context_blocks`` whole context blocks, each
-    request within ``max_len`` tokens and computing at least 2 (warmup's seqs)."""
+    """(total, cached) tokens of requests packing into ``bucket.query_len`` over
+    ``context_blocks`` whole blocks, each <= ``max_len`` and computing >= 2."""
     chunks: list[tuple[int, int]] = []
     tokens, blocks = bucket.query_len, context_blocks
     while tokens > 0:
@@ -40,9 +39,8 @@ def largest_prompt_bucket(buckets: HpuBucketManager) -> Bucket:
 def profile_seqs(
     bucket: Bucket, merged: bool, block_size: int, max_len: int
 ) -> list[ScheduledSeq]:
-    """Chunks filling a context-free prompt bucket for the memory profile: its
-    rows, or packed requests of at most ``max_len`` tokens; every slot in block 0
-    (the profile's scratch cache has one block)."""
+    """Chunks filling a context-free prompt bucket for the memory profile (rows, or
+    packs of <= ``max_len``); all slots in block 0, the scratch cache's only block."""
     if merged:
         lengths = [n for n, _ in merged_fake_chunks(bucket, 0, block_size, max_len)]
     else:

@@ -1,9 +1,7 @@
-"""Speculative decoding in the HPU runner: a request's last token and its drafts
-run as one row of a verification pass (decode with ``k + 1`` queries per row
-over its cached blocks, ``passes/build.py``), the rejection sampler verifies the
-drafts, and a proposer drafts the next step's tokens: vLLM's n-gram proposer
-(``ngram.py``), a draft model (``draft_model.py``) or an EAGLE head
-(``eagle.py``), each reading the runner through ``interface.TargetRunner``."""
+"""Speculative decoding: a request's last token and drafts are one row of a
+verification pass (``k + 1`` queries per row, ``passes/build.py``), the
+rejection sampler verifies, and a proposer (``ngram.py``, ``draft_model.py``,
+``eagle.py``) drafts, reading the runner through ``interface.TargetRunner``."""
 
 from collections.abc import Mapping
 from typing import Any

@@ -1,22 +1,12 @@
-"""The ``draft_model`` proposer: a smaller model sharing the target's tokenizer,
-with its own KV cache in the target's blocks.
-
-The draft loads under the prefix ``draft_model`` into the same forward context,
-so vLLM sizes one KV cache config over both models and both index their caches
-with the same block tables (prefix caching, preemption and freed blocks need
-nothing more). Instead of vLLM's CUDA-graph drafting, the plugin's own passes:
-
-1. each row that sampled drafts ``k`` tokens greedily in ``k`` decode passes
-   (into the lookahead slots vLLM's scheduler reserves); a deterministic draft
-   is verified as the n-gram's are, which keeps the target's distribution;
-2. every target pass whose tokens the draft has not written yet runs through
-   the draft too (``after_target_pass``); where the target accepted every
-   draft, the last one is read by the next proposal's first decode instead of
-   one more decode over every row.
-
-Passes come from the plugin's builders and buckets, so warmup compiles the
-draft's graphs too.
-"""
+"""The ``draft_model`` proposer: a smaller model with the target's tokenizer and
+its own KV cache in the target's blocks, loaded under prefix ``draft_model``
+into the same forward context, so vLLM sizes one KV cache config over both,
+indexed by the same block tables. Instead of vLLM's CUDA-graph drafting, the
+plugin's passes (so warmup compiles them): (1) each sampling row drafts ``k``
+tokens greedily in ``k`` decode passes (into the lookahead slots), verified as
+n-gram drafts are; (2) every target pass the draft has not seen runs through
+it too (``after_target_pass``); where every draft was accepted, the next
+proposal's first decode reads the last one, saving a decode over all rows."""
 
 from typing import Any
 
@@ -89,8 +79,7 @@ class HpuDraftModelProposer(Proposer):
         self.model: Any = None
         self.graphed_model: GraphedModel  # set by load_model
         self.layer_names: list[str] = []
-        # Per request: the positions [start, end) whose tokens the last
-        # proposal's decodes wrote into the draft's KV.
+        # Per request: positions [start, end) the last proposal wrote to the draft's KV.
         self._written: dict[str, tuple[int, int]] = {}
 
     def load_model(self) -> None:
@@ -119,9 +108,8 @@ class HpuDraftModelProposer(Proposer):
     def _forward(
         self, forward_pass: ForwardPass, hidden_states: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(states to compute logits from, states the next decode reads): a
-        head returning one tensor reads it back (vLLM's rule for the MTP
-        layers that return no pair); a draft model reads only tokens."""
+        """(states for logits, states the next decode reads): a head returning one
+        tensor reads it back (vLLM's rule for MTP); a draft model reads only tokens."""
         inputs = {
             "input_ids": forward_pass.input_ids,
             "positions": forward_pass.positions,
@@ -141,8 +129,7 @@ class HpuDraftModelProposer(Proposer):
         return hidden
 
     def _caught_up(self, seqs: list[ScheduledSeq]) -> None:
-        """The draft's KV holds every token of ``seqs``' rows (a profile
-        run's rows, in no batch, were never proposed for)."""
+        """The draft KV holds all tokens of ``seqs`` (profile rows never drafted)."""
         if not self._written:
             return
         req_ids = self.runner.input_batch.req_ids
@@ -162,9 +149,8 @@ class HpuDraftModelProposer(Proposer):
         return None
 
     def _pass_starts(self, rows: list[int], first: np.ndarray) -> np.ndarray:
-        """Where each row's first pass starts: ``first``, or where the last proposal's
-        decodes stopped when the target accepted every draft (the row catches up in
-        its first pass rather than one more decode over every row)."""
+        """Where each row's first pass starts: ``first``, or where the last decodes
+        stopped if all drafts were accepted (catching up beats decoding every row)."""
         req_ids = self.runner.input_batch.req_ids
         ends = [self._written.get(req_ids[row], (0, -1))[1] for row in rows]
         starts = np.minimum(first, np.where(np.array(ends) >= 0, ends, first))

@@ -1,20 +1,15 @@
-"""The ``eagle``, ``eagle3`` and ``mtp`` proposers: a draft head that reads the
-target's hidden states (EAGLE-3: several layers', combined by its ``fc``;
-``mtp``: the target's own multi-token-prediction layer, drafting as EAGLE-1).
+"""The ``eagle``, ``eagle3`` and ``mtp`` proposers: a draft head reading the
+target's hidden states (EAGLE-3: several layers' through its ``fc``; ``mtp``:
+the target's own MTP layer, drafting as EAGLE-1).
 
-As in vLLM's ``EagleProposer``, the head's KV at position ``p`` comes from
-``(token p + 1, target hidden state at p)`` and predicts token ``p + 2``; the
-plugin's passes replace its CUDA-graph buffers, as for a draft model:
-
-1. every target pass runs through the head with the same bucket and metadata,
-   tokens shifted one to the left per request (a request's last position waits
-   for its next token: known inside a prompt, else sampled in this step);
-2. after sampling, each row's first decode runs at its last verified position
-   ``N - 2``, then each draft with the head's own hidden state, greedily.
-
-Every position the target kept then holds the head's KV for the true next
-token, so prefix caching and preemption need nothing more.
-"""
+As in vLLM's ``EagleProposer``, the head's KV at ``p`` comes from (token p + 1,
+target state at p) and predicts token p + 2; the plugin's passes replace its
+CUDA-graph buffers: (1) every target pass runs through the head with the same
+bucket and metadata, tokens shifted one left per request (the last waits for
+its next token: in the prompt, else sampled this step); (2) after sampling,
+each row's first decode runs at its last verified position ``N - 2``, then
+each draft with the head's own state, greedily. Every kept position then holds
+the head's KV for the true next token: prefix caching and preemption just work."""
 
 from dataclasses import replace
 from typing import Any
@@ -33,8 +28,7 @@ from vllm_hpu.worker.spec_decode.interface import TargetRunner
 class HpuEagleProposer(HpuDraftModelProposer):
     # The first decode reads the last sampled token at the position before it.
     first_decode_offset = 2
-    # The head's KV at a position comes from the target's states there, which
-    # only the target's passes give.
+    # The head's KV at a position needs the target's states there, from its passes.
     decodes_write_target_tokens = False
 
     def __init__(self, runner: TargetRunner):
@@ -42,8 +36,7 @@ class HpuEagleProposer(HpuDraftModelProposer):
         spec = runner.vllm_config.speculative_config
         assert spec is not None
         self.num_speculative_tokens = spec.num_speculative_tokens
-        # Per row of this step: (position of the first kept state, the target's
-        # hidden states at its last 1 + k positions).
+        # Per row: (first kept state's position, target states at its last 1 + k).
         self._target_hidden: dict[int, tuple[int, torch.Tensor]] = {}
 
     def _load(self) -> Any:
@@ -74,9 +67,8 @@ class HpuEagleProposer(HpuDraftModelProposer):
         return hidden
 
     def _next_tokens(self, forward_pass: ForwardPass) -> torch.Tensor:
-        """Each token's successor in its request: the pass's next token, or
-        for a request's last one the prompt's next token if it has one (0
-        until sampled otherwise; the first decode rewrites that position)."""
+        """Each token's successor: the pass's next token, or for a request's last the
+        prompt's next (else 0 until sampled: the first decode rewrites it)."""
         batch = self.runner.input_batch
         next_ids = torch.roll(forward_pass.input_ids, -1)
         for seq, last in zip(
@@ -97,10 +89,8 @@ class HpuEagleProposer(HpuDraftModelProposer):
 
 
 def share_target_weights(model: Any, target: Any) -> None:
-    """The target's embeddings and LM head in the head, as vLLM's proposer
-    shares them (``_maybe_share_embeddings``, ``_maybe_share_lm_head``): an
-    MTP model (no ``has_own_*`` flags) always, an EAGLE head where its
-    checkpoint has none; each MTP layer's ``shared_head.head`` too."""
+    """The target's embeddings and LM head shared as vLLM does: always for MTP, for
+    EAGLE where its checkpoint has none; each MTP ``shared_head.head`` too."""
     if not getattr(model, "has_own_embed_tokens", False):
         model.model.embed_tokens = target.model.embed_tokens
     if getattr(model, "has_own_lm_head", False):
@@ -116,9 +106,9 @@ def share_target_weights(model: Any, target: Any) -> None:
 
 
 class HpuEagle3Proposer(HpuEagleProposer):
-    """EAGLE-3: the head reads the target's states at several layers (returned once
-    asked, ``set_aux_hidden_state_layers``), combined by its ``fc``; a smaller
-    draft vocabulary is mapped by the head's ``compute_logits``."""
+    """EAGLE-3: the head reads several target layers' states
+    (``set_aux_hidden_state_layers``), combined by its ``fc``; a smaller draft
+    vocabulary is mapped by the head's ``compute_logits``."""
 
     def _load(self) -> Any:
         model = super()._load()

@@ -121,9 +121,8 @@ def _check_draft_target(vllm_config: VllmConfig) -> None:
 
 
 def _check_draft_kv_shape(vllm_config: VllmConfig) -> None:
-    """A draft model's layers take KV caches shaped as the target's: vLLM
-    puts layers of other KV heads or head sizes in a cache group of mixed
-    specs, which the HPU caches are not allocated for."""
+    """A draft model's layers take caches shaped as the target's: vLLM would group
+    other KV shapes into a mixed-spec group the HPU caches do not allocate."""
     spec = vllm_config.speculative_config
     assert spec is not None
     parallel = vllm_config.parallel_config

@@ -25,9 +25,8 @@ class NgramDrafts(Proposer):
 
 
 def _use_workqueue_threads() -> None:
-    """Run numba's parallel kernels on its workqueue threads unless the user chose
-    a layer (NUMBA_THREADING_LAYER): its default OpenMP layer left torch's CPU ops
-    100 to 2000 times slower, n-gram speculation at a fifth of the tokens/s."""
+    """numba on its workqueue layer unless NUMBA_THREADING_LAYER is set: its OpenMP
+    default made torch's CPU ops 100-2000x slower (n-gram at 1/5 the tokens/s)."""
     import numba
 
     if numba.config.THREADING_LAYER == "default":

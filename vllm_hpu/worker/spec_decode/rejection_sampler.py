@@ -1,9 +1,6 @@
-"""vLLM's RejectionSampler with its triton kernels replaced by plain torch.
-
-Same interface and algorithm (Leviathan et al., arXiv 2211.17192): vLLM's bonus
-sampling, logits processors and logprobs are reused; only the per-token kernels
-(expand, greedy and random acceptance, recovered tokens) are written here.
-"""
+"""vLLM's RejectionSampler with its triton kernels in plain torch (Leviathan et
+al., arXiv 2211.17192): bonus sampling, logits processors and logprobs are
+vLLM's; only expand, acceptance and recovered-token kernels are here."""
 
 from dataclasses import replace
 
@@ -27,9 +24,8 @@ class HpuRejectionSampler(RejectionSampler):
         logits: torch.Tensor,
         sampling_metadata: SamplingMetadata,
     ) -> SamplerOutput:
-        """``logits``: [num_draft_tokens + batch_size, vocab], each request's
-        draft positions then its bonus position; ``draft_probs`` None for
-        proposers without a distribution (n-gram)."""
+        """``logits`` [num_draft_tokens + batch_size, vocab]: draft then bonus positions
+        per request; ``draft_probs`` None without a distribution (n-gram)."""
         bonus = self.sampler(
             logits=logits[metadata.bonus_logits_indices],
             sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
@@ -95,9 +91,8 @@ def rejection_sample(
     bonus_token_ids: torch.Tensor,
     sampling_metadata: SamplingMetadata,
 ) -> torch.Tensor:
-    """[batch_size, max_spec_len + 1] tokens: each request's accepted drafts,
-    then the target's token at the first rejection or the bonus token;
-    ``PLACEHOLDER_TOKEN_ID`` after."""
+    """[batch_size, max_spec_len + 1]: accepted drafts, then the target's token at the
+    first rejection (or the bonus); ``PLACEHOLDER_TOKEN_ID`` after."""
     counts = metadata.num_draft_tokens
     device = target_logits.device
     output = torch.full(
@@ -174,9 +169,8 @@ def _recovered_tokens(
     counts: list[int],
     generators: dict[int, torch.Generator],
 ) -> torch.Tensor:
-    """A token from norm(max(p - q, 0)) per draft position, drawn as
-    argmax(weight / E) with E ~ Exp(1): one E per request, seeded by the
-    request's generator as vLLM draws it."""
+    """A token from norm(max(p - q, 0)) per draft position, as argmax(weight / E), E ~
+    Exp(1), one E per request from its generator, as vLLM draws it."""
     if draft_probs is None:
         residual = probs.scatter(1, drafts.unsqueeze(1), 0.0)
     else:

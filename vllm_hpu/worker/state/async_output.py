@@ -1,18 +1,13 @@
-"""Async scheduling: step N's sampled tokens feed step N+1 on the device.
-
-The scheduler plans step N+1 before step N's tokens reach the host, so the
-runner keeps them on the device (``InFlightTokens``), writes them into the next
-decode pass's input ids there, and records them on the host before anything on
-the host reads them.
-
-The device work runs on the device stream (``emulation/device_stream.py``)
-while the host prepares the next step. Ownership meanwhile:
+"""Async scheduling: step N's sampled tokens feed step N+1 on the device. The
+scheduler plans N+1 before N's tokens reach the host, so the runner keeps them
+on the device (``InFlightTokens``), writes them into the next decode's input
+ids, and records them on the host before the host reads them. Device work runs
+on the device stream while the host prepares. Ownership meanwhile:
 - a step's input tensors are fresh per step: the host never writes them again;
 - the KV cache and the weights: only queued work touches them;
-- the InputBatch: the host's, but queued sampling reads its sampling state, so
-  the host waits for the stream before changing the batch (``before_update``);
-- sampled tokens: the stream's, read by the host only through the step's future.
-"""
+- the InputBatch: the host's, but queued sampling reads it, so the host waits
+  for the stream before changing the batch (``before_update``);
+- sampled tokens: the stream's, read by the host only through the future."""
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -165,18 +160,16 @@ class AsyncTokenFeed(TokenFeed):
         self.in_flight: InFlightTokens | None = None
 
     def before_update(self, scheduler_output: SchedulerOutput) -> None:
-        """Before the host applies a step that changes the batch: wait for the stream
-        (queued sampling reads the batch) and record the tokens in flight (a request
-        coming back is rebuilt from them). A step keeping the batch waits for nothing,
-        unless a request still counts tokens towards ``min_tokens``."""
+        """Before applying a batch-changing step: wait for the stream (queued sampling
+        reads the batch) and record tokens in flight (returning requests are rebuilt
+        from them). Otherwise wait only while a request counts ``min_tokens``."""
         if self._changes_batch(scheduler_output) or self._counts_min_tokens():
             self.record_on_host()
             self.stream.synchronize()
 
     def _counts_min_tokens(self) -> bool:
-        """vLLM's min-tokens processor counts each request's host tokens and swaps the
-        stop-token mask the queued sampling reads: while it holds requests, steps see
-        every token on the host and no sampling in flight."""
+        """vLLM's min-tokens processor counts host tokens and swaps the stop-token mask
+        queued sampling reads: while it holds requests, no sampling is in flight."""
         return any(
             isinstance(processor, MinTokensLogitsProcessor) and processor.min_toks
             for processor in self.input_batch.logitsprocs.all
@@ -243,9 +236,8 @@ class AsyncTokenFeed(TokenFeed):
         on_host: Callable[[], ModelRunnerOutput],
         aux_output: dict[str, Any] | None,
     ) -> HpuAsyncOutput:
-        """The sampled tokens stay on the device for the next step and in
-        flight; the output's host copy completes on demand (never with
-        drafts)."""
+        """The sampled tokens stay on the device for the next step; the output's host
+        copy completes on demand (never with drafts)."""
         output = ModelRunnerOutput(
             req_ids=list(self.input_batch.req_ids),
             req_id_to_index=dict(self.input_batch.req_id_to_index),

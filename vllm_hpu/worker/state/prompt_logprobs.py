@@ -1,8 +1,5 @@
-"""Prompt logprobs, gathered chunk by chunk as a prompt is prefilled.
-
-Position ``p`` of a prompt scores the prompt's token ``p + 1``; a request's
-tensors are handed back once its last prompt chunk has run.
-"""
+"""Prompt logprobs, gathered chunk by chunk as a prompt is prefilled: position
+``p`` scores token ``p + 1``; a request's tensors go back after its last chunk."""
 
 from collections.abc import Callable
 
@@ -38,9 +35,8 @@ class PromptLogprobs:
         hidden: torch.Tensor,
         compute_logits: Callable[[torch.Tensor, list[int]], torch.Tensor],
     ) -> None:
-        """Score the prompt positions this pass computed, for requests that ask.
-        ``compute_logits(hidden, rows)``: logits of hidden states of InputBatch
-        ``rows`` (a LoRA's LM head tells requests apart by row)."""
+        """Score this pass's prompt positions for requests that ask; ``compute_logits``
+        takes InputBatch ``rows`` (a LoRA's LM head tells requests apart)."""
         wanted = self.states.num_prompt_logprobs
         if not wanted:
             return

@@ -1,9 +1,6 @@
-"""Per-request state kept across engine steps, mirrored into vLLM's InputBatch.
-
-The scheduler sends only what changed each step (new, resumed, preempted and
-finished requests, new block ids, computed-token counts); this module applies it.
-vLLM's ``InputBatch`` holds the batch rows and builds the full sampling metadata.
-"""
+"""Per-request state across steps, mirrored into vLLM's InputBatch: applies what
+the scheduler sends as changed (new, resumed, preempted, finished requests,
+block ids, computed counts); ``InputBatch`` builds the sampling metadata."""
 
 import torch
 from vllm.config import VllmConfig

@@ -1,9 +1,7 @@
 """Warmup: one engine step per bucket through the real step path, before serving.
-
-Synthetic scheduler outputs land exactly on each bucket (hpu-algorithms.md
-section 5), so every shape a served request can take is compiled here; then, where
-graphs are in use, the capture budget picks which buckets get graphs (section 6).
-"""
+Synthetic scheduler outputs land on each bucket (hpu-algorithms.md section 5),
+so every served shape compiles here; with graphs, the capture budget picks
+which buckets get them (section 6)."""
 
 import contextlib
 import time
@@ -49,9 +47,8 @@ REQ_PREFIX = "hpu-warmup-"
 
 @dataclass(frozen=True)
 class FakeSeq:
-    """One synthetic request: ``num_tokens`` in all, the first ``num_computed``
-    already in the KV cache, the rest scheduled in this step, and
-    ``num_drafts`` draft tokens after them to verify."""
+    """A synthetic request of ``num_tokens``: the first ``num_computed`` cached, the
+    rest scheduled now, then ``num_drafts`` draft tokens to verify."""
 
     num_tokens: int
     num_computed: int
@@ -82,9 +79,8 @@ class HpuWarmup:
     # ---- synthetic requests ----------------------------------------------
 
     def prompt_seqs(self, bucket: Bucket) -> list[FakeSeq] | None:
-        """Requests whose prompt pass pads to ``bucket``, or None if no request
-        within the limits does. Largest first: the most context blocks and rows,
-        then as long a chunk as the limits allow."""
+        """Requests whose prompt pass pads to ``bucket`` (None if none can): largest
+        first, most context blocks and rows, then the longest chunk allowed."""
         if self.runner.buckets.config.merged_prefill:
             return self._merged_prompt_seqs(bucket)
         for blocks in range(bucket.num_blocks, -1, -1):
@@ -109,9 +105,8 @@ class HpuWarmup:
     def _prompt_rows(
         self, context: int, query_len: int, num_seqs: int
     ) -> list[FakeSeq] | None:
-        """``num_seqs`` rows of ``query_len`` tokens after ``context`` cached ones, each
-        on its own blocks; where the KV cache is too small, rows after the first start
-        without context, or None if even those do not fit."""
+        """``num_seqs`` rows of ``query_len`` after ``context`` cached, own blocks each;
+        if the KV cache is too small later rows lack context, or None if none fit."""
         assert self.runner.cache is not None, "initialize_kv_cache() first"
         row = FakeSeq(context + query_len, context)
         first = cdiv(row.num_tokens, self.block_size)
@@ -140,9 +135,8 @@ class HpuWarmup:
         return None
 
     def decode_seqs(self, bucket: Bucket) -> list[FakeSeq]:
-        """Sequences holding ``bucket.num_blocks`` KV blocks between them, each
-        decoding one token at the end of its last block; in a verification
-        bucket (``query_len`` Q > 1), that token and Q - 1 drafts."""
+        """Sequences holding ``bucket.num_blocks`` blocks, each decoding a token at its
+        last block's end; for verification (Q > 1), that token and Q - 1 drafts."""
         num_seqs = min(bucket.batch_size, self.max_num_seqs, bucket.num_blocks)
         num_drafts = bucket.query_len - 1
         seqs = []
@@ -155,8 +149,7 @@ class HpuWarmup:
     def _new_request(self, seq: FakeSeq) -> NewRequestData:
         assert self.runner.cache is not None, "initialize_kv_cache() first"
         num_kv_blocks = self.runner.cache.num_blocks
-        # Blocks of their own: a context block another request of the step writes
-        # would make the runner run the two in separate passes.
+        # Own blocks: a context block another request writes would split the passes.
         num_blocks = cdiv(seq.num_tokens + seq.num_drafts, self.block_size)
         block_ids = [(self._next_block + j) % num_kv_blocks for j in range(num_blocks)]
         self._next_block += num_blocks
@@ -168,8 +161,7 @@ class HpuWarmup:
             mm_features=[],
             sampling_params=sampling_params,
             pooling_params=pooling_params,
-            # The same blocks in every KV cache group: the passes' shapes are
-            # what warmup is for.
+            # The same blocks in every KV cache group: only the shapes matter here.
             block_ids=(block_ids,) * len(self.runner.cache.group_geometries()),
             num_computed_tokens=seq.num_computed,
             lora_request=self.runner.caps.lora.warmup_request(self._next_id),
