@@ -6,6 +6,7 @@ Both are cheap and idempotent; nothing here imports vLLM at module level.
 """
 
 import functools
+import os
 
 PLATFORM_CLS = "vllm_hpu.platform.HpuPlatform"
 
@@ -30,6 +31,11 @@ def register() -> str | None:
     torchvision_import.allow_torchvision_import()
     nixl.import_nixl_from_wheel()
     if device.hpu_available() or device.is_emulation():
+        # CUDA's breakable graphs never run here; left unset, vLLM writes
+        # VLLM_USE_BREAKABLE_CUDAGRAPH=1 into the process's environment for
+        # DeepSeek-V3.2 and kin, forcing compilation mode NONE on every later
+        # config of the process (an RL loop, a test worker).
+        os.environ.setdefault("VLLM_USE_BREAKABLE_CUDAGRAPH", "0")
         log_records.drop_harmless_log_records()
         engine_failures.report_engine_failures()
         engine_shutdown.give_engines_time_to_exit()

@@ -85,3 +85,15 @@ def test_defaults_log_nothing_about_compilation(vllm_log):
     engine_config()
     assert not [m for m in vllm_log.messages() if "compilation-config" in m]
     assert not [m for m in vllm_log.messages() if m.startswith("-O")]
+
+
+def test_a_deepseek_v32_config_leaves_later_configs_their_mode(hpu_env):
+    """vLLM turns its breakable CUDA graphs on for DeepSeek-V3.2 by writing
+    VLLM_USE_BREAKABLE_CUDAGRAPH=1 into the process's environment, which then
+    forces mode NONE on every later config; on HPU the variable stays 0."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    EngineArgs(model=model_path("tiny-deepseek-v32")).create_engine_config()
+    hpu_env()
+    with pytest.raises(ValueError, match="set VLLM_HPU_COMPILE_BACKEND"):
+        engine_config(compilation_config={"mode": 1})
