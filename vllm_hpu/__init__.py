@@ -6,7 +6,6 @@ Both are cheap and idempotent; nothing here imports vLLM at module level.
 """
 
 import functools
-import os
 
 PLATFORM_CLS = "vllm_hpu.platform.HpuPlatform"
 
@@ -17,7 +16,7 @@ def register() -> str | None:
     Either way it lets vLLM take ``--device hpu`` / ``device="hpu"`` and check it,
     since vLLM calls this as it is imported, before it builds any ``EngineArgs``.
     """
-    from vllm_hpu import device
+    from vllm_hpu import device, envs
     from vllm_hpu.patches import (
         engine_args,
         engine_failures,
@@ -35,7 +34,7 @@ def register() -> str | None:
         # VLLM_USE_BREAKABLE_CUDAGRAPH=1 into the process's environment for
         # DeepSeek-V3.2 and kin, forcing compilation mode NONE on every later
         # config of the process (an RL loop, a test worker).
-        os.environ.setdefault("VLLM_USE_BREAKABLE_CUDAGRAPH", "0")
+        envs.set_default("VLLM_USE_BREAKABLE_CUDAGRAPH", "0")
         log_records.drop_harmless_log_records()
         engine_failures.report_engine_failures()
         engine_shutdown.give_engines_time_to_exit()

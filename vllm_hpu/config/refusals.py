@@ -32,24 +32,7 @@ def reject_unsupported_features(vllm_config: "VllmConfig") -> None:
             and compat.legacy_ray_executor_requested()
         ),
     }
-    sleep_backend = model_config.sleep_mode_backend if model_config else "cumem"
-    # The worker's own sleep mode (capabilities/sleep.py) answers vLLM's sleep
-    # RPCs; vLLM's backends (cumem, xpumem, plugins') are never called.
-    unsupported[f"the '{sleep_backend}' sleep mode backend (--sleep-mode-backend)"] = (
-        sleep_backend != "cumem"
-    )
-    weights_change = model_config is not None and (
-        model_config.enable_sleep_mode or vllm_config.weight_transfer_config
-    )
-    unsupported["sleep mode or weight transfer with a draft model"] = bool(
-        weights_change and vllm_config.speculative_config is not None
-    )
-    # A connector registered the caches that sleep would free and reallocate.
-    unsupported["sleep mode with a KV connector"] = bool(
-        model_config is not None
-        and model_config.enable_sleep_mode
-        and has_kv_connector(vllm_config)
-    )
+    unsupported |= _sleep_limits(vllm_config)
     # Gemma 4 then skips its KV-sharing layers' queries of prompt tokens that
     # sample nothing: logits indices the runner does not pass.
     unsupported["--kv-sharing-fast-prefill"] = bool(
@@ -76,6 +59,26 @@ def reject_unsupported_features(vllm_config: "VllmConfig") -> None:
 
     check_speculative_config(vllm_config)
     _require_optional_packages(vllm_config)
+
+
+def _sleep_limits(vllm_config: "VllmConfig") -> dict[str, bool]:
+    """What sleep mode and weight updates do not run with."""
+    model_config = vllm_config.model_config
+    sleep_backend = model_config.sleep_mode_backend if model_config else "cumem"
+    sleeps = model_config is not None and model_config.enable_sleep_mode
+    weights_change = sleeps or bool(vllm_config.weight_transfer_config)
+    return {
+        # The worker's own sleep mode (capabilities/sleep.py) answers vLLM's
+        # sleep RPCs; vLLM's backends (cumem, xpumem, plugins') are never called.
+        f"the '{sleep_backend}' sleep mode backend (--sleep-mode-backend)": (
+            sleep_backend != "cumem"
+        ),
+        "sleep mode or weight transfer with a draft model": (
+            weights_change and vllm_config.speculative_config is not None
+        ),
+        # A connector registered the caches that sleep would free and reallocate.
+        "sleep mode with a KV connector": sleeps and has_kv_connector(vllm_config),
+    }
 
 
 def _sparse_attention_limits(vllm_config: "VllmConfig") -> dict[str, bool]:
