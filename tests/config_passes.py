@@ -27,7 +27,12 @@ def config_fields(config: Any, path: str = "", depth: int = 0) -> dict[str, str]
         return {path: ADDRESS.sub("", repr(config))}
     fields: dict[str, str] = {}
     for field in dataclasses.fields(config):
-        value = getattr(config, field.name, None)
+        try:
+            value = getattr(config, field.name, None)
+        except Exception as error:
+            # transformers refuses a global read of a per-layer attribute
+            # (Gemma 4's head_dim): the same refusal on both passes.
+            value = f"<{type(error).__name__}>"
         fields |= config_fields(value, f"{path}.{field.name}", depth + 1)
     return fields
 
