@@ -20,7 +20,12 @@ print("after mem_get_info", native.is_acquired())
 
 def test_queries_take_no_card_and_memory_calls_do(tmp_path):
     log = tmp_path / "acquired.jsonl"
-    out = run_double(QUERIES_THEN_MEMORY, HPU_DOUBLE_ACQUIRE_LOG=str(log))
+    # Cards of its own: the lane's other processes share the default lock folder.
+    out = run_double(
+        QUERIES_THEN_MEMORY,
+        HPU_DOUBLE_ACQUIRE_LOG=str(log),
+        HPU_DOUBLE_STATE_DIR=str(tmp_path),
+    )
     assert "after queries False" in out and "after mem_get_info True" in out
     (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert entry["api"] == "torch.hpu.memory_stats" and entry["acquired"]
