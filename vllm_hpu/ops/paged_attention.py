@@ -28,11 +28,16 @@ class DecodeBlocks:
     block_list: torch.Tensor  # [P] long: physical block id
     block_groups: torch.Tensor  # [P] long: owning batch row; padding -> bs
     block_mapping: torch.Tensor  # [P, bs] one-hot of block_groups, sink dropped
-    # [P, block_size] ([P, num_heads, block_size] with ALiBi): 0 valid, -inf hidden;
-    # verification: [P, Q, 1 or num_heads, block_size], hidden at the dtype's min.
+    # [P, block_size] ([P, num_heads, block_size] with ALiBi), verification
+    # [P, Q, 1 or num_heads, block_size]: 0 valid, the dtype's min hidden (a
+    # finite floor: a block may hide every key from a query).
     block_bias: torch.Tensor
     block_offsets: torch.Tensor  # [P] long: block's first key position - query's
     # (verification: minus the row's first query's)
+
+    def visible_keys(self) -> torch.Tensor:
+        """Where ``block_bias`` lets a query see the key (same shape, bool)."""
+        return self.block_bias > torch.finfo(self.block_bias.dtype).min
 
     def split(self, size: int) -> list["DecodeBlocks"]:
         """The layout cut along P into slices of ``size`` blocks."""

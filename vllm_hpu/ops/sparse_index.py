@@ -55,9 +55,7 @@ def decode_selection(
     block_query = block_query.view(num_blocks, 1, -1, keys.shape[-1])
     block_weights = (mapping @ weights.float()).unsqueeze(1)
     scores = index_scores(block_query, block_weights, keys).flatten()
-    # Hidden keys carry the dtype's most negative bias (attention/metadata.py).
-    hidden = torch.finfo(blocks.block_bias.dtype).min
-    visible = (blocks.block_bias > hidden).flatten()
+    visible = blocks.visible_keys().flatten()
     owner = blocks.block_groups.repeat_interleave(block_size)
     num_rows = blocks.block_mapping.shape[1] + 1  # and the padding blocks' sink row
     rank = rank_within_rows(
