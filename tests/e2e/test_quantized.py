@@ -17,10 +17,9 @@ from e2e.harness import (
     vllm_greedy,
 )
 from e2e.test_quantized_checkpoints import (
-    METER_SHARE,
+    assert_meter_saw_the_saving,
     bf16_bytes,
     compressed_path,
-    metered_load,
 )
 
 pytestmark = pytest.mark.slow
@@ -65,10 +64,7 @@ def test_packed_checkpoint_holds_under_30_percent_of_bf16_weight_bytes(tmp_path)
     and 16-bit embeddings: about 27 %)."""
     wide = compressed_path("wide-llama")
     quant_dir, _ = write_checkpoints(wide, tmp_path, Scheme("awq"))
-    metered, held = metered_load(str(quant_dir))
-    bf16_metered, _ = metered_load(str(wide))
-    print(f"awq: meter {metered / bf16_metered:.1%} of bf16's")
-    assert metered <= METER_SHARE["awq"] * bf16_metered
+    held = assert_meter_saw_the_saving(quant_dir, wide)
     assert 0.25 * bf16_bytes(wide) < held <= 0.3 * bf16_bytes(wide)
 
 
