@@ -280,6 +280,16 @@ def compiled_graphs() -> int:
     return int(dynamo_counters["stats"]["unique_graphs"])
 
 
+def _worker_compiled_graphs(worker: object) -> int:
+    return compiled_graphs()
+
+
+def workers_compiled_graphs(llm: Any) -> list[int]:
+    """:func:`compiled_graphs` in each of ``llm``'s workers, wherever they run
+    (a default engine's need SENDS_CALLABLES)."""
+    return llm.collective_rpc(_worker_compiled_graphs)
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineSpec:
     """What a shared engine is keyed by: equal specs share one engine."""

@@ -3,7 +3,8 @@ its indexer changes them.
 
 tiny-deepseek-v32 (scripts/tiny_deepseek.py): each layer's indexer keeps a
 query's 16 best keys, far fewer than the prompts' 33 to 188 tokens. One engine,
-compiled (dynamo's eager backend: nothing compiles after warmup), runs prompts
+through vLLM's default path (its core in a process of its own), compiled
+(dynamo's eager backend: nothing compiles after warmup), runs prompts
 of mixed lengths split into chunks by a 48-token step budget, preempted by a
 20-block cache, and a prefix-cache hit: the indexer's keys of cached context
 come from their own cache. transformers with every key kept (an ``index_topk``
@@ -18,13 +19,16 @@ from conftest import MODELS_DIR
 from models import model_path
 
 from e2e.harness import (
-    compiled_graphs,
+    DEFAULT_ENGINE,
+    SENDS_CALLABLES,
+    core_in_own_process,
     counted,
     counters,
     engine_spec,
     one_bucket,
     uses_engines,
     vllm_greedy,
+    workers_compiled_graphs,
 )
 from e2e.references import cached_tokens
 from e2e.test_families import greedy_tokens, prompt_batches
@@ -36,6 +40,8 @@ SPARSE = engine_spec(
     MODEL,
     name=f"{MODEL}-preempting-compiled",
     env={
+        **DEFAULT_ENGINE,
+        **SENDS_CALLABLES,  # compiled_graphs read in the engine's process
         "VLLM_HPU_COMPILE_BACKEND": "eager",
         **one_bucket("PROMPT_SEQ", 48),
         **one_bucket("PROMPT_BLOCK", 16),
@@ -77,12 +83,13 @@ def test_sparse_attention_matches_hf_with_chunks_prefix_hits_and_preemption(llm)
     first, second = prompt_batches(MODEL)
     assert min(len(p) for p in first[1:] + second) > 2 * INDEX_TOPK
     expected = reference(INDEX_TOPK)
-    before, warmed = counters(llm), compiled_graphs()
+    assert core_in_own_process(llm)
+    before, (warmed,) = counters(llm), workers_compiled_graphs(llm)
     actual = vllm_greedy(llm, first, 24) + vllm_greedy(llm, second, 24)
     after = counters(llm)
     assert counted(before, after, "vllm:num_preemptions") > 0
     assert counted(before, after, "vllm:prefix_cache_hits") > 0
-    assert warmed > 0 and compiled_graphs() == warmed
+    assert warmed > 0 and workers_compiled_graphs(llm) == [warmed]
     for i, (want, got) in enumerate(zip(expected, actual, strict=True)):
         assert got == want, f"prompt {i} diverged"
 
