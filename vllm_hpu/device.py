@@ -157,6 +157,13 @@ def mark_step() -> None:
         _htcore().mark_step()
 
 
+def mark_scales_const(model: torch.nn.Module) -> None:
+    """After INC prepared or converted ``model`` on Gaudi: its scales become graph
+    constants (the bridge's hpu_initialize, as the reference calls it)."""
+    if hpu_available():
+        _htcore().hpu_initialize(model, mark_only_scales_as_const=True)
+
+
 def synchronize() -> None:
     if hpu_available():
         torch.hpu.synchronize()  # type: ignore[attr-defined]

@@ -142,6 +142,34 @@ def test_eager_mode_patches_inc_scales_at_run_time():
     assert "runtime scale patching 1" in out
 
 
+@pytest.mark.parametrize("mode", ["MEASURE", "QUANTIZE"])
+def test_inc_marks_scales_as_graph_constants(mode, monkeypatch, tmp_path):
+    """D11: once INC prepared or converted the model, its scales become graph
+    constants through the bridge's hpu_initialize, as the reference calls it
+    (INC itself stubbed: the double models the bridge, not INC's own calls)."""
+    import habana_frameworks.torch.core as htcore
+    from neural_compressor.torch import quantization
+
+    from vllm_hpu.quantization.inc import IncSettings
+    from vllm_hpu.quantization.inc_flow import IncFlow
+
+    marked = []
+    bridge_call = htcore.hpu_initialize
+    monkeypatch.setattr(
+        htcore,
+        "hpu_initialize",
+        lambda *a, **kw: marked.append((a, kw, bridge_call(*a, **kw))),
+    )
+    for step in ("prepare", "convert"):
+        monkeypatch.setattr(quantization, step, lambda model, config: model)
+    config = tmp_path / "quant_config.json"
+    config.write_text(f'{{"mode": "{mode}", "dump_stats_path": "{tmp_path}/x"}}')
+    settings = IncSettings(str(config), mode, f"{tmp_path}/x", "maxabs_hw", (), False)
+    model = torch.nn.Linear(4, 4, device="hpu")
+    assert IncFlow(settings).apply(model) is model
+    assert marked == [((model,), {"mark_only_scales_as_const": True}, None)]
+
+
 def test_pinned_host_buffers():
     """U2: the bridge pins host memory for HPU (habana_eager/ops/pin_memory.cpp,
     its pinned allocator behind the accelerator hooks), so vLLM's pinned

@@ -58,6 +58,7 @@ class IncFlow(QuantizationFlow):
         else:
             model = convert(model, config)
             inc_moe.release_bf16_experts(model)
+        device.mark_scales_const(model)
         _warn_left_in_bf16(model)
         logger.info(
             "Intel Neural Compressor %s (%s) took %.2f s.",
