@@ -6,66 +6,26 @@ and what it accepts, before any engine is built."""
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-Parser = Callable[[str, str], Any]
+from vllm_hpu.env_values import (
+    Parser,
+    boolean,
+    choice,
+    fraction,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    text,
+)
 
-_TRUE = ("1", "true", "yes", "on")
 # Prompt attention slicing: passes of this many keys are cut, by default into
 # tiles of half of it, rounded up to this multiple (the reference's on Gaudi).
 SLICE_THRESHOLD = 8192
 SLICE_CHUNK_MULTIPLE = 1024
-_FALSE = ("0", "false", "no", "off")
 # Where VLLM_HPU_FAIL_AT can make an engine fail (fail_if_injected).
 FAILURE_STAGES = ("config", "model_load", "kv_allocation", "warmup", "first_step")
-
-
-def _bad(name: str, raw: str, accepted: str) -> ValueError:
-    return ValueError(f"{name}={raw!r} is not valid: {name} accepts {accepted}.")
-
-
-def _bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise _bad(name, raw, "one of " + "/".join(_TRUE + _FALSE))
-
-
-def _number(convert: type, accepts: Callable[[Any], bool], accepted: str) -> Parser:
-    """A parser converting with ``convert`` and keeping values ``accepts`` allows."""
-
-    def parse(name: str, raw: str) -> Any:
-        try:
-            value = convert(raw)
-        except ValueError:
-            raise _bad(name, raw, accepted) from None
-        if not accepts(value):
-            raise _bad(name, raw, accepted)
-        return value
-
-    return parse
-
-
-_positive_int = _number(int, lambda v: v > 0, "a positive integer")
-_non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
-_fraction = _number(float, lambda v: 0.0 <= v <= 1.0, "a number between 0 and 1")
-_positive_float = _number(float, lambda v: v > 0.0, "a positive number")
-
-
-def _choice(*choices: str) -> Parser:
-    def parse(name: str, raw: str) -> str:
-        if raw not in choices:
-            raise _bad(name, raw, "one of " + ", ".join(choices))
-        return raw
-
-    return parse
-
-
-def _text(name: str, raw: str) -> str:
-    return raw
 
 
 def _var(name: str, parse: Parser, default: Any, doc: str, no_effect: str = "") -> Any:
@@ -73,7 +33,7 @@ def _var(name: str, parse: Parser, default: Any, doc: str, no_effect: str = "") 
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def _no_effect(name: str, reason: str, parse: Parser = _bool) -> Any:
+def _no_effect(name: str, reason: str, parse: Parser = boolean) -> Any:
     """A reference Gaudi variable accepted (and checked) that does nothing here."""
     return _var(name, parse, None, f"no effect: {reason}", no_effect=reason)
 
@@ -81,31 +41,34 @@ def _no_effect(name: str, reason: str, parse: Parser = _bool) -> Any:
 def _bucket_var(phase: str, dim: str, part: str) -> Any:
     name = f"VLLM_{phase}_{dim}_BUCKET_{part}"
     doc = f"{phase.lower()} {dim.lower()} bucket {part.lower()}; unset: the default"
-    return _var(name, _non_negative_int if dim == "BLOCK" else _positive_int, None, doc)
+    return _var(name, non_negative_int if dim == "BLOCK" else positive_int, None, doc)
 
 
 @dataclasses.dataclass(frozen=True)
 class HpuEnvs:
     emulation: bool = _var(
-        "VLLM_HPU_EMULATION", _bool, False, "run the HPU plugin on the CPU (emulation)"
+        "VLLM_HPU_EMULATION",
+        boolean,
+        False,
+        "run the HPU plugin on the CPU (emulation)",
     )
     # Memory the emulated device pretends to have; the KV cache is sized from it.
     emulation_memory_gb: float = _var(
         "VLLM_HPU_EMULATION_MEMORY_GB",
-        _positive_float,
+        positive_float,
         4.0,
         "device memory of the emulated HPU, in GiB",
     )
     quant_config: str = _var(
         "QUANT_CONFIG",
-        _text,
+        text,
         "",
         "Intel Neural Compressor FP8 config file (MEASURE or QUANTIZE JSON)",
     )
     # Read, not set: the emulated device's torch threads (device.compute_threads).
     omp_num_threads: str = _var(
         "OMP_NUM_THREADS",
-        _text,
+        text,
         "",
         "OpenMP's own; in emulation the torch threads of device work (unset: every "
         "usable core but the host thread's)",
@@ -113,7 +76,7 @@ class HpuEnvs:
     # Read, not set: libgomp reads it when torch loads (device.compute_threads).
     omp_wait_policy: str = _var(
         "OMP_WAIT_POLICY",
-        _text,
+        text,
         "",
         "OpenMP's own; PASSIVE (threads sleep while they wait) lets emulation's "
         "synchronous steps compute on every core",
@@ -121,53 +84,53 @@ class HpuEnvs:
     # vllm.utils.torch_utils.OMP_NUM_THREADS_SET_BY_VLLM (vLLM not imported here).
     omp_num_threads_set_by_vllm: bool = _var(
         "VLLM_OMP_NUM_THREADS_SET_BY_VLLM",
-        _bool,
+        boolean,
         False,
         "vLLM's own: OMP_NUM_THREADS is its share of the cores per worker process",
     )
     # Read, not set: emulation pools host memory unless these tune glibc's malloc.
     glibc_tunables: str = _var(
         "GLIBC_TUNABLES",
-        _text,
+        text,
         "",
         "glibc's own; with glibc.malloc.* settings emulation keeps malloc as set",
     )
     skip_warmup: bool = _var(
-        "VLLM_SKIP_WARMUP", _bool, False, "skip warmup (development only)"
+        "VLLM_SKIP_WARMUP", boolean, False, "skip warmup (development only)"
     )
     full_warmup: bool = _var(
         "VLLM_FULL_WARMUP",
-        _bool,
+        boolean,
         False,
         "fail instead of warning when a shape was not warmed up",
     )
     graph_reserved_mem: float = _var(
         "VLLM_GRAPH_RESERVED_MEM",
-        _fraction,
+        fraction,
         0.1,
         "share of usable memory kept for graphs (0 with enforce_eager)",
     )
     graph_prompt_ratio: float = _var(
         "VLLM_GRAPH_PROMPT_RATIO",
-        _fraction,
+        fraction,
         0.3,
         "share of the graph memory for prompt graphs; decode gets the rest",
     )
     graph_prompt_strategy: str = _var(
         "VLLM_GRAPH_PROMPT_STRATEGY",
-        _choice("min_tokens", "max_bs"),
+        choice("min_tokens", "max_bs"),
         "min_tokens",
         "order in which prompt graphs are captured",
     )
     graph_decode_strategy: str = _var(
         "VLLM_GRAPH_DECODE_STRATEGY",
-        _choice("min_tokens", "max_bs"),
+        choice("min_tokens", "max_bs"),
         "max_bs",
         "order in which decode graphs are captured",
     )
     exponential_bucketing: bool | None = _var(
         "VLLM_EXPONENTIAL_BUCKETING",
-        _bool,
+        boolean,
         None,
         "true: exponential buckets, false: linear ones; unset: "
         "VLLM_HPU_BUCKETING_STRATEGY",
@@ -175,14 +138,14 @@ class HpuEnvs:
     # Measures what bucketing costs: on Gaudi every new shape compiles a graph.
     exact_shapes: bool = _var(
         "VLLM_HPU_EXACT_SHAPES",
-        _bool,
+        boolean,
         False,
         "no bucketing: every pass runs at its exact shape (benchmarks, debugging)",
     )
     # Bucket sets beyond the range variables (docs/bucketing.md, "Strategies").
     bucketing_strategy: str = _var(
         "VLLM_HPU_BUCKETING_STRATEGY",
-        _choice("compact", "linear", "exponential", "reference", "reference-merged"),
+        choice("compact", "linear", "exponential", "reference", "reference-merged"),
         "compact",
         "how buckets are generated: compact (default), linear, exponential, "
         "reference (the reference Gaudi plugin's default buckets, one prompt per "
@@ -190,14 +153,14 @@ class HpuEnvs:
     )
     bucketing_from_file: str = _var(
         "VLLM_BUCKETING_FROM_FILE",
-        _text,
+        text,
         "",
         "a bucket file (reference format) to warm up instead of generated buckets",
     )
     # Prompt passes pack their chunks into one sequence (docs/bucketing.md).
     merged_prefill: bool | None = _var(
         "VLLM_HPU_MERGED_PREFILL",
-        _bool,
+        boolean,
         None,
         "pack a step's prompt chunks into one sequence with a block-diagonal mask "
         "(prompt buckets by total tokens); false: one padded row per prompt; unset: "
@@ -206,7 +169,7 @@ class HpuEnvs:
     # Written by the runner after warmup; read by python -m vllm_hpu.bucketing.
     bucket_trace: str = _var(
         "VLLM_HPU_BUCKET_TRACE",
-        _text,
+        text,
         "",
         "record every step's real shape to this file (JSON lines) for the planner",
     )
@@ -231,7 +194,7 @@ class HpuEnvs:
     decode_seq_bucket_max: int | None = _bucket_var("DECODE", "SEQ", "MAX")
     prompt_use_fusedsdpa: bool = _var(
         "VLLM_PROMPT_USE_FUSEDSDPA",
-        _bool,
+        boolean,
         True,
         "fused SDPA kernel for prompt attention, cached context included (Gaudi's "
         "FusedSDPA; torch's scaled_dot_product_attention in emulation)",
@@ -239,20 +202,20 @@ class HpuEnvs:
     # Tiles merged by log-sum-exp: never a whole [q, K] (docs/long-context.md).
     fsdpa_slice_enabled: bool = _var(
         "VLLM_HPU_FSDPA_SLICE_ENABLED",
-        _bool,
+        boolean,
         True,
         "cut long prompt attention into tiles (every path: fused, plain, merged, "
         "MLA); false: one [q, K] attention per pass",
     )
     fsdpa_slice_seq_len_thld: int = _var(
         "VLLM_HPU_FSDPA_SLICE_SEQ_LEN_THLD",
-        _positive_int,
+        positive_int,
         SLICE_THRESHOLD,
         "a prompt pass attending at least this many keys (context + queries) is cut",
     )
     fsdpa_slice_chunk_size: int = _var(
         "VLLM_HPU_FSDPA_SLICE_CHUNK_SIZE",
-        _positive_int,
+        positive_int,
         SLICE_THRESHOLD // 2,
         "queries and keys per tile, at most the threshold; unset: half the "
         "threshold rounded up to a multiple of 1024",
@@ -260,7 +223,7 @@ class HpuEnvs:
     # A layer copies one slice of the batch's KV at a time (docs/long-context.md).
     decode_block_slice: int = _var(
         "VLLM_HPU_DECODE_BLOCK_SLICE",
-        _positive_int,
+        positive_int,
         4096,
         "decode attention reads at most this many KV blocks of the batch at a time",
     )
@@ -270,26 +233,26 @@ class HpuEnvs:
     )
     log_step_graph_compilation: bool = _var(
         "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION",
-        _bool,
+        boolean,
         False,
         "log the number of compilations each step caused, when non-zero",
     )
     log_step_graph_compilation_all: bool = _var(
         "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION_ALL",
-        _bool,
+        boolean,
         False,
         "log the number of compilations of every step",
     )
     profiler_enabled: bool = _var(
         "VLLM_PROFILER_ENABLED",
-        _bool,
+        boolean,
         False,
         "write a Chrome-trace JSON of engine steps (opens in Perfetto)",
     )
     # The bridge's own switch, checked here; the mode is asked of the bridge.
     pt_hpu_lazy_mode: str | None = _var(
         "PT_HPU_LAZY_MODE",
-        _choice("0", "1"),
+        choice("0", "1"),
         None,
         "Habana bridge: 0 eager/torch.compile backend, 1 lazy mode; unset: the "
         "bridge's default",
@@ -297,46 +260,46 @@ class HpuEnvs:
     # Off in emulation by default: tracing every bucket takes minutes on a CPU.
     compile_backend: str = _var(
         "VLLM_HPU_COMPILE_BACKEND",
-        _choice("hpu_backend", "eager", "aot_eager", "inductor"),
+        choice("hpu_backend", "eager", "aot_eager", "inductor"),
         "",
         "torch.compile backend; unset: hpu_backend on Gaudi, no compile in emulation",
     )
     compile_fullgraph: bool = _var(
         "VLLM_T_COMPILE_FULLGRAPH",
-        _bool,
+        boolean,
         False,
         "torch.compile(fullgraph=True): a graph break is an error",
     )
     # Warm restarts: a volume kept across pod restarts (README_GAUDI.md).
     cache_dir: str = _var(
         "VLLM_HPU_CACHE_DIR",
-        _text,
+        text,
         "",
         "folder that keeps compiled graphs across restarts (one file per model, "
         "dtype, parallel sizes, bucket set and plugin version); unset: none kept",
     )
     profile_dir: str = _var(
         "VLLM_HPU_PROFILE_DIR",
-        _text,
+        text,
         "hpu_profile",
         "folder for VLLM_PROFILER_ENABLED traces (trace_rank<N>_<pid>.json)",
     )
     # The bridge's counters; emulation has no fallbacks to count and says so once.
     log_step_cpu_fallbacks: bool = _var(
         "VLLM_HPU_LOG_STEP_CPU_FALLBACKS",
-        _bool,
+        boolean,
         False,
         "log the operators that fell back to the host in a step, when any did",
     )
     log_step_cpu_fallbacks_all: bool = _var(
         "VLLM_HPU_LOG_STEP_CPU_FALLBACKS_ALL",
-        _bool,
+        boolean,
         False,
         "log the host fallbacks of every step",
     )
     config_hidden_layers: int | None = _var(
         "VLLM_CONFIG_HIDDEN_LAYERS",
-        _positive_int,
+        positive_int,
         None,
         "lazy mode: close the graph (mark_step) every N decoder layers; unset: one "
         "graph per forward pass",
@@ -344,7 +307,7 @@ class HpuEnvs:
     # The reference's newer name for the spacing; VLLM_EXPONENTIAL_BUCKETING wins.
     reference_bucketing_strategy: str | None = _var(
         "VLLM_BUCKETING_STRATEGY",
-        _choice("exp", "lin"),
+        choice("exp", "lin"),
         None,
         "exp: exponential buckets, lin: linear (VLLM_EXPONENTIAL_BUCKETING in the "
         "reference's newer name)",
@@ -352,14 +315,14 @@ class HpuEnvs:
     # The reference's name for async scheduling; --(no-)async-scheduling wins.
     delayed_sampling: bool | None = _var(
         "VLLM_DELAYED_SAMPLING",
-        _bool,
+        boolean,
         None,
         "true: async scheduling on (vLLM's default), false: off; unset: vLLM decides",
     )
     # Test hook (tests/e2e/test_failures.py): every caller must get the failure.
     fail_at: str | None = _var(
         "VLLM_HPU_FAIL_AT",
-        _choice(*FAILURE_STAGES),
+        choice(*FAILURE_STAGES),
         None,
         "test hook: the engine fails at this stage (config: the engine core's "
         "pass over the config; model_load, kv_allocation, warmup, first_step); "
@@ -367,7 +330,7 @@ class HpuEnvs:
     )
     failure_notes: str | None = _var(
         "VLLM_HPU_FAILURE_NOTES",
-        _text,
+        text,
         None,
         "set by the plugin, not by users: the folder where an engine or worker "
         "process that fails writes why, for the caller's exception",
@@ -394,12 +357,12 @@ class HpuEnvs:
     engine_iteration_timeout_s: int | None = _no_effect(
         "VLLM_ENGINE_ITERATION_TIMEOUT_S",
         "vLLM 0.32 dropped it; VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS bounds a step",
-        _positive_int,
+        positive_int,
     )
     rpc_timeout: int | None = _no_effect(
         "VLLM_RPC_TIMEOUT",
         "vLLM 0.32 dropped it; VLLM_ENGINE_READY_TIMEOUT_S bounds the engine start",
-        _positive_int,
+        positive_int,
     )
     contiguous_pa: bool | None = _no_effect(
         "VLLM_CONTIGUOUS_PA",
@@ -504,7 +467,7 @@ def emulation_at_start() -> bool:
     """VLLM_HPU_EMULATION as an interpreter starts, before the table is read (a
     malformed value reads as off here; get_envs reports it at start-up)."""
     try:
-        return _bool("VLLM_HPU_EMULATION", os.environ.get("VLLM_HPU_EMULATION", "0"))
+        return boolean("VLLM_HPU_EMULATION", os.environ.get("VLLM_HPU_EMULATION", "0"))
     except ValueError:
         return False
 
