@@ -92,7 +92,7 @@ def test_hybrid_drafts_keep_the_hybrid_manager_without_prefix_caching(vllm_log):
     assert not config.scheduler_config.disable_hybrid_kv_cache_manager
     assert any("Prefix caching off" in m for m in vllm_log.messages())
     config.speculative_config.method = "draft_model"
-    with pytest.raises(ValueError, match="other than n-gram drafts"):
+    with pytest.raises(ValueError, match="other than n-gram and MTP drafts"):
         configure_hybrid(config, HpuPlatform)
 
 

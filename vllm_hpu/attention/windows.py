@@ -55,9 +55,10 @@ def groups_unsupported(vllm_config: VllmConfig) -> str | None:
 
     model_config = vllm_config.model_config
     speculative = vllm_config.speculative_config
-    # A hybrid's state layers need their groups: its n-gram drafts run there.
+    # A hybrid's state layers need their groups: its n-gram and MTP drafts run
+    # there.
     if speculative is not None and not (
-        speculative.method == "ngram"
+        speculative.method in ("ngram", "mtp")
         and model_config is not None
         and model_config.is_hybrid
     ):

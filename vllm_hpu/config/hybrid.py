@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING
 from vllm_hpu.kv_transfer.connectors import has_kv_connector
 from vllm_hpu.patches import engine_args
 
+# Drafts a hybrid verifies (its states kept per draft): n-gram, and its own MTP
+# layer (attention only: drafting leaves the states alone).
+HYBRID_DRAFTS = ("ngram", "mtp")
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.platforms.interface import Platform
@@ -48,8 +52,8 @@ def _unsupported_features(vllm_config: "VllmConfig") -> dict[str, bool]:
     asked = engine_args.requested_options(vllm_config)
     speculative = vllm_config.speculative_config
     return {
-        "speculative decoding other than n-gram drafts": (
-            speculative is not None and speculative.method != "ngram"
+        "speculative decoding other than n-gram and MTP drafts": (
+            speculative is not None and speculative.method not in HYBRID_DRAFTS
         ),
         "KV connectors or KV offloading": has_kv_connector(vllm_config),
         "ReplaySSM (--use-replayssm)": cache_config.use_replayssm,
