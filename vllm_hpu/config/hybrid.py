@@ -15,10 +15,6 @@ from typing import TYPE_CHECKING
 from vllm_hpu.kv_transfer.connectors import has_kv_connector
 from vllm_hpu.patches import engine_args
 
-# Drafts a hybrid verifies (its states kept per draft): n-gram, and its own MTP
-# layer (attention only: drafting leaves the states alone).
-HYBRID_DRAFTS = ("ngram", "mtp")
-
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.platforms.interface import Platform
@@ -46,6 +42,8 @@ def configure_hybrid(vllm_config: "VllmConfig", platform: "type[Platform]") -> N
 
 def _unsupported_features(vllm_config: "VllmConfig") -> dict[str, bool]:
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    from vllm_hpu.attention.windows import HYBRID_DRAFTS
 
     parallel = vllm_config.parallel_config
     cache_config = vllm_config.cache_config
