@@ -118,7 +118,8 @@ def speculative_configs(args: argparse.Namespace) -> dict[str, dict | None]:
             "num_speculative_tokens": k,
         },
         # The target's own MTP layer: --model must ship one (DeepSeek-V3,
-        # Qwen3.5; tiny-deepseek-v3-mtp here).
+        # Qwen3.5; tiny-deepseek-v3-mtp, tiny-qwen3.5-mtp and
+        # tiny-qwen3.5-moe-mtp here).
         "mtp": {"method": "mtp", "num_speculative_tokens": k},
     }
     methods = args.methods.split(",")

@@ -111,7 +111,7 @@ def _append_mtp_layer(
     weights = load_file(str(weights_file))
     generator = torch.Generator().manual_seed(layer)
     hidden = model.config.hidden_size
-    extra = _layer_weights(deeper, layer, prefix)
+    extra = layer_weights(deeper.model.layers[layer], prefix)
     std = model.config.initializer_range
     extra[prefix + "eh_proj.weight"] = (
         torch.randn(hidden, 2 * hidden, generator=generator) * std
@@ -124,12 +124,9 @@ def _append_mtp_layer(
     save_file({**weights, **extra}, str(weights_file), metadata={"format": "pt"})
 
 
-def _layer_weights(
-    model: torch.nn.Module, layer: int, prefix: str
-) -> dict[str, torch.Tensor]:
-    """Layer ``layer`` of ``model`` with its experts one by one, as DeepSeek's
-    checkpoints (and transformers' saved ones) name them."""
-    source = model.model.layers[layer]
+def layer_weights(source: torch.nn.Module, prefix: str) -> dict[str, torch.Tensor]:
+    """A decoder layer's weights with its experts one by one, as DeepSeek's
+    and Qwen3.5's checkpoints (and transformers' saved ones) name them."""
     weights: dict[str, torch.Tensor] = {}
     for name, param in source.state_dict().items():
         if ".experts.gate_up_proj" in name:

@@ -12,6 +12,9 @@ interpolated to each grid) and Qwen3-VL's processor.
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file, save_file
+from tiny_deepseek import layer_weights
 from tiny_families import QWEN3_NEXT_LAYERS, Init, hybrid_shape, save_hybrid
 from tiny_qwen2_vl import CHAT_TEMPLATE
 from tiny_qwen_vl import (
@@ -37,6 +40,13 @@ from transformers import (
     Qwen3_5TextConfig,
     Qwen3VLProcessor,
     Qwen3VLVideoProcessor,
+)
+from transformers.models.qwen3_5.modeling_qwen3_5 import (
+    Qwen3_5DecoderLayer,
+    Qwen3_5RMSNorm,
+)
+from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
+    Qwen3_5MoeDecoderLayer,
 )
 
 # Heads of 64 with a quarter of each rotated, as in Qwen3.5: eight rotary
@@ -108,6 +118,69 @@ def build_qwen3_5_moe(
     save_hybrid(model, generation_config, init, out_dir)
 
 
+def build_qwen3_5_mtp(
+    shape: dict[str, Any],
+    generation_config: GenerationConfig,
+    init: Init,
+    out_dir: Path,
+    moe: bool = False,
+) -> None:
+    """Qwen3.5 (dense, or with ``moe`` its MoE) with one MTP layer, as vLLM's
+    Qwen3_5MTP / Qwen3_5MoeMTP load it for ``--speculative-config '{"method":
+    "mtp"}'``: ``mtp.*`` tensors beside the model's (transformers drops them
+    on load) and ``mtp_num_hidden_layers`` in the config."""
+    config = qwen3_5_text_config(shape, moe)
+    config.mtp_num_hidden_layers = 1
+    model_cls = Qwen3_5MoeForCausalLM if moe else Qwen3_5ForCausalLM
+    save_hybrid(model_cls(config), generation_config, init, out_dir)
+    weights_file = out_dir / "model.safetensors"
+    weights = load_file(str(weights_file))
+    save_file(
+        {**weights, **mtp_weights(config, moe)},
+        str(weights_file),
+        metadata={"format": "pt"},
+    )
+
+
+def build_qwen3_5_moe_mtp(
+    shape: dict[str, Any],
+    generation_config: GenerationConfig,
+    init: Init,
+    out_dir: Path,
+) -> None:
+    build_qwen3_5_mtp(shape, generation_config, init, out_dir, moe=True)
+
+
+def mtp_weights(config: Any, moe: bool) -> dict[str, torch.Tensor]:
+    """One MTP layer in Qwen3.5's checkpoint names: ``fc`` over [normed
+    embedding of the next token, normed target state], a full-attention
+    decoder layer and a final norm (the target's embeddings and LM head are
+    shared), drawn from a generator of its own as the target's weights are
+    drawn (norms near 1, the rest with std 0.1)."""
+    hidden = config.hidden_size
+    layer_cls = Qwen3_5MoeDecoderLayer if moe else Qwen3_5DecoderLayer
+    mtp = torch.nn.ModuleDict(
+        {
+            "fc": torch.nn.Linear(2 * hidden, hidden, bias=False),
+            "pre_fc_norm_embedding": Qwen3_5RMSNorm(hidden),
+            "pre_fc_norm_hidden": Qwen3_5RMSNorm(hidden),
+            "layers": torch.nn.ModuleList(
+                [layer_cls(config, config.layer_types.index("full_attention"))]
+            ),
+            "norm": Qwen3_5RMSNorm(hidden),
+        }
+    )
+    generator = torch.Generator().manual_seed(len(config.layer_types) + 1)
+    for name, param in mtp.named_parameters():
+        noise = torch.randn(param.shape, generator=generator) * 0.1
+        param.data.copy_(noise + 1.0 if name.endswith("norm.weight") else noise)
+    weights = layer_weights(mtp["layers"][0], "mtp.layers.0.")
+    for name, param in mtp.named_parameters():
+        if not name.startswith("layers."):
+            weights[f"mtp.{name}"] = param.detach().clone()
+    return weights
+
+
 def build_qwen3_5_vl(
     text_shape: dict[str, Any],
     tokenizer: PreTrainedTokenizerFast,
@@ -155,4 +228,6 @@ def build_qwen3_5_moe_vl(
 QWEN3_5_BUILDERS = {
     "tiny-qwen3.5": build_qwen3_5,
     "tiny-qwen3.5-moe": build_qwen3_5_moe,
+    "tiny-qwen3.5-mtp": build_qwen3_5_mtp,
+    "tiny-qwen3.5-moe-mtp": build_qwen3_5_moe_mtp,
 }

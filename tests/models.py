@@ -37,6 +37,9 @@ HYBRID_MODELS = (
 # DeepSeek-V3.2's sparse attention and DeepSeek-V3's MTP layer
 # (scripts/tiny_deepseek.py): tests/e2e/test_sparse_attention.py, test_spec_decode.py.
 DEEPSEEK_FAMILY_MODELS = ("tiny-deepseek-v32", "tiny-deepseek-v3-mtp")
+# Qwen3.5 dense and MoE with an MTP layer (scripts/tiny_qwen3_5.py):
+# tests/e2e/test_hybrid_features.py.
+QWEN3_5_MTP_MODELS = ("tiny-qwen3.5-mtp", "tiny-qwen3.5-moe-mtp")
 TINY_MODELS = (
     "tiny-llama",
     "tiny-qwen2",

@@ -6,6 +6,7 @@ own multi-token-prediction layer (tiny-deepseek-v3-mtp), as transformers loads
 it for ``generate(use_mtp=True)``."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -212,14 +213,20 @@ def record_drafts(monkeypatch) -> list[tuple[list[int], list[int]]]:
 
     def recording(self, scheduler_output, sampled):
         propose(self, scheduler_output, sampled)
-        batch = self.input_batch
-        for row, drafts in enumerate(self._drafts.draft_token_ids):
-            if drafts:
-                end = batch.num_tokens_no_spec[row]
-                records.append((batch.token_ids_cpu[row, :end].tolist(), drafts))
+        records.extend(proposed(self))
 
     monkeypatch.setattr(SpecDecoder, "propose", recording)
     return records
+
+
+def proposed(decoder: Any) -> list[tuple[list[int], list[int]]]:
+    """(tokens so far, drafts) of each row the decoder's last proposal drafted for."""
+    batch = decoder.input_batch
+    return [
+        (batch.token_ids_cpu[row, : batch.num_tokens_no_spec[row]].tolist(), drafts)
+        for row, drafts in enumerate(decoder._drafts.draft_token_ids)
+        if drafts
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,15 @@
 """Hybrid models with the features their refusals used to name, each equal to
 transformers token for token (float32):
 
-- speculative decoding, n-gram drafts, on Granite-4.0-H (Mamba2) and Qwen3.5-MoE
-  (gated delta-net): a verification pass runs each row's tokens as decode
-  steps, keeping the state after each in a snapshot, and the next pass resumes
-  from the last accepted token's. vLLM's n-gram proposer drafts first (random
-  tiny models reject nearly every draft), then drafts read from transformers'
-  own tokens with one wrong draft in most steps, so rows accept 0 to 3;
-  preemptions and chunked prompts on the way.
+- speculative decoding, n-gram drafts on Granite-4.0-H (Mamba2) and MTP drafts
+  (Qwen3.5's own MTP layer) on Qwen3.5-MoE (gated delta-net): a verification
+  pass runs each row's tokens as decode steps, keeping the state after each in
+  a snapshot, and the next pass resumes from the last accepted token's. The
+  method's own proposer drafts first (random tiny models reject nearly every
+  draft; the MTP layer's drafts equal a naive MTP layer's, recomputed from
+  scratch, at every step), then drafts read from transformers' own tokens with
+  one wrong draft in most steps, so rows accept 0 to 3; preemptions and
+  chunked prompts on the way (prefix caching is off with drafts on hybrids).
 - tensor parallelism (TP=2, two worker processes) with sleep mode on
   Qwen3.5-MoE: the states are sharded with their heads; sleeping at level 1,
   then at level 2 with the weights reloaded, frees the state slots and
@@ -30,12 +32,15 @@ from vllm.lora.request import LoRARequest
 from e2e.harness import (
     counted,
     counters,
+    default_engine,
     hf_greedy,
     random_prompts,
     vllm_engine,
     vllm_greedy,
 )
 from e2e.lora_adapters import AdapterSpec, build_adapter, merge_adapter
+from e2e.qwen3_5_mtp import NaiveQwen3_5MTP
+from e2e.test_eagle import proposed, record_drafts
 from e2e.test_generate import vocab_size
 
 pytestmark = pytest.mark.slow
@@ -53,6 +58,12 @@ NGRAM = {
     "prompt_lookup_min": 1,
     "prompt_lookup_max": 3,
 }
+# Qwen3.5's own MTP layer (tiny-qwen3.5-moe-mtp). The MTP layer joins the
+# attention group: vLLM pairs the layers in groups of two, and the states take
+# two groups (8 blocks a request) where they took three, so fewer blocks keep
+# the preemptions.
+MTP = {"method": "mtp", "num_speculative_tokens": NUM_DRAFTS}
+MTP_NUM_BLOCKS = 26
 
 
 def prompts(name: str) -> list[list[int]]:
@@ -93,23 +104,37 @@ def draft_from(expected: list[list[int]]) -> Any:
     return patch
 
 
-@pytest.mark.parametrize("name", ["tiny-granite-4.0-h", "tiny-qwen3.5-moe"])
-def test_hybrid_drafts_verified_as_transformers(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "speculative_config", "num_blocks"),
+    [
+        ("tiny-granite-4.0-h", NGRAM, NUM_BLOCKS),
+        ("tiny-qwen3.5-moe-mtp", MTP, MTP_NUM_BLOCKS),
+    ],
+    ids=["granite-ngram", "qwen3.5-moe-mtp"],
+)
+def test_hybrid_drafts_verified_as_transformers(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    speculative_config: dict,
+    num_blocks: int,
+) -> None:
     expected = reference(name)
+    records = record_drafts(monkeypatch)
     with vllm_engine(
         model_path(name),
         block_size=16,
         max_model_len=256,
         max_num_batched_tokens=48,
         enable_chunked_prefill=True,
-        num_gpu_blocks_override=NUM_BLOCKS,
+        num_gpu_blocks_override=num_blocks,
         kv_cache_memory_bytes=None,
-        speculative_config=NGRAM,
+        speculative_config=speculative_config,
     ) as llm:
         assert not llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
         before = counters(llm)
         assert vllm_greedy(llm, prompts(name), MAX_TOKENS) == expected
         assert counted(before, counters(llm), "vllm:spec_decode_num_draft_tokens")
+        proposed = list(records)
         full = [p + e for p, e in zip(prompts(name), expected, strict=True)]
         llm.collective_rpc(draft_from(full))
         before = counters(llm)
@@ -119,6 +144,54 @@ def test_hybrid_drafts_verified_as_transformers(name: str) -> None:
     drafted = counted(before, after, "vllm:spec_decode_num_draft_tokens")
     accepted = counted(before, after, "vllm:spec_decode_num_accepted_tokens")
     assert 0 < accepted < drafted
+    if speculative_config is MTP:
+        # The MTP layer's own drafts, every step, recomputed naively.
+        naive = NaiveQwen3_5MTP(name)
+        naive.know(full)
+        assert len(proposed) >= 40
+        for tokens, drafts in proposed:
+            assert drafts == naive.drafts(tokens, len(drafts)), len(tokens)
+
+
+def record_worker_drafts(worker: Any) -> None:
+    """A worker patch: its decoder keeps each proposal's drafts, with the
+    tokens they follow, in ``worker.recorded_drafts``."""
+    decoder = worker.model_runner.caps.spec
+    records: list[tuple[list[int], list[int]]] = []
+    propose = decoder.propose
+
+    def recording(scheduler_output: Any, sampled: list[list[int]]) -> None:
+        propose(scheduler_output, sampled)
+        records.extend(proposed(decoder))
+
+    decoder.propose = recording
+    worker.recorded_drafts = records
+
+
+def recorded_drafts(worker: Any) -> list[tuple[list[int], list[int]]]:
+    return worker.recorded_drafts
+
+
+def test_mtp_drafts_through_the_default_engine() -> None:
+    """Qwen3.5's dense MTP layer (vLLM's Qwen3_5MTP) as a user runs it: vLLM's
+    default engine, its core in a process of its own; chunked prompts."""
+    name = "tiny-qwen3.5-mtp"
+    with default_engine(
+        model_path(name),
+        block_size=16,
+        max_model_len=256,
+        max_num_batched_tokens=48,
+        enable_chunked_prefill=True,
+        speculative_config=MTP,
+    ) as llm:
+        llm.collective_rpc(record_worker_drafts)
+        assert vllm_greedy(llm, prompts(name), MAX_TOKENS) == reference(name)
+        (records,) = llm.collective_rpc(recorded_drafts)
+    naive = NaiveQwen3_5MTP(name)
+    naive.know([p + e for p, e in zip(prompts(name), reference(name), strict=True)])
+    assert len(records) >= 40
+    for tokens, drafts in records:
+        assert drafts == naive.drafts(tokens, len(drafts)), len(tokens)
 
 
 def state_slots_bytes(worker: Any) -> int:

@@ -92,8 +92,26 @@ def test_hybrid_drafts_keep_the_hybrid_manager_without_prefix_caching(vllm_log):
     assert not config.scheduler_config.disable_hybrid_kv_cache_manager
     assert any("Prefix caching off" in m for m in vllm_log.messages())
     config.speculative_config.method = "draft_model"
-    with pytest.raises(ValueError, match="other than n-gram drafts"):
+    with pytest.raises(ValueError, match="other than n-gram and MTP drafts"):
         configure_hybrid(config, HpuPlatform)
+
+
+@pytest.mark.parametrize(
+    ("name", "draft"),
+    [("tiny-qwen3.5-mtp", "Qwen3_5MTP"), ("tiny-qwen3.5-moe-mtp", "Qwen3_5MoeMTP")],
+)
+def test_qwen3_5_takes_its_own_mtp_layer(name: str, draft: str):
+    """Qwen3.5's MTP layer drafts on its hybrid target as n-gram drafts do:
+    prefix caching off, the hybrid KV cache manager kept (the MTP layer joins
+    the attention group)."""
+    config = _engine_config(
+        model_path(name),
+        block_size=16,
+        speculative_config={"method": "mtp", "num_speculative_tokens": 2},
+    )
+    assert config.speculative_config.draft_model_config.architectures == [draft]
+    assert not config.cache_config.enable_prefix_caching
+    assert not config.scheduler_config.disable_hybrid_kv_cache_manager
 
 
 def test_hybrid_takes_sleep_mode_lora_and_tensor_parallelism():

@@ -16,6 +16,7 @@ from models import (
     MULTIMODAL_MODELS,
     MXFP4_MODELS,
     POOLING_MODELS,
+    QWEN3_5_MTP_MODELS,
     SMOLLM2,
     TINY_MODELS,
     model_path,
@@ -51,6 +52,7 @@ def test_tiny_models_build_deterministically(tmp_path: Path) -> None:
     assert built == {
         *TINY_MODELS,
         *DEEPSEEK_FAMILY_MODELS,
+        *QWEN3_5_MTP_MODELS,
         *POOLING_MODELS,
         *MULTIMODAL_MODELS,
         *DRAFT_MODELS,

@@ -23,6 +23,11 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
+# Drafts a hybrid model verifies (config/hybrid.py refuses the others): its
+# states kept per draft; n-gram drafts, and its own MTP layer, attention only
+# (drafting runs no state layer).
+HYBRID_DRAFTS = ("ngram", "mtp")
+
 
 def full_attention_spec(spec: AttentionSpec, block_size: int) -> AttentionSpec:
     """A windowed or chunked layer's spec as full attention with the runner's
@@ -55,9 +60,9 @@ def groups_unsupported(vllm_config: VllmConfig) -> str | None:
 
     model_config = vllm_config.model_config
     speculative = vllm_config.speculative_config
-    # A hybrid's state layers need their groups: its n-gram drafts run there.
+    # A hybrid's state layers need their groups: its drafts run there.
     if speculative is not None and not (
-        speculative.method == "ngram"
+        speculative.method in HYBRID_DRAFTS
         and model_config is not None
         and model_config.is_hybrid
     ):

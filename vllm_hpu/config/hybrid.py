@@ -43,13 +43,15 @@ def configure_hybrid(vllm_config: "VllmConfig", platform: "type[Platform]") -> N
 def _unsupported_features(vllm_config: "VllmConfig") -> dict[str, bool]:
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
+    from vllm_hpu.attention.windows import HYBRID_DRAFTS
+
     parallel = vllm_config.parallel_config
     cache_config = vllm_config.cache_config
     asked = engine_args.requested_options(vllm_config)
     speculative = vllm_config.speculative_config
     return {
-        "speculative decoding other than n-gram drafts": (
-            speculative is not None and speculative.method != "ngram"
+        "speculative decoding other than n-gram and MTP drafts": (
+            speculative is not None and speculative.method not in HYBRID_DRAFTS
         ),
         "KV connectors or KV offloading": has_kv_connector(vllm_config),
         "ReplaySSM (--use-replayssm)": cache_config.use_replayssm,

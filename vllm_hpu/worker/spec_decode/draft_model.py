@@ -116,7 +116,7 @@ class HpuDraftModelProposer(Proposer):
         }
         if hidden_states is not None:
             inputs["hidden_states"] = hidden_states
-        metadata = dict.fromkeys(self.layer_names, forward_pass.attn_metadata)
+        metadata = forward_pass.metadata_by_layer(self._layer_groups())
         output = self.graphed_model.run(forward_pass, inputs, metadata)
         return output if isinstance(output, tuple) else (output, output)
 
@@ -169,9 +169,13 @@ class HpuDraftModelProposer(Proposer):
         # Row i's decode j runs at position first[i] + j, reading its last
         # sampled token, then its drafts; each needs a slot within the model.
         first = batch.num_tokens_no_spec[rows] - self.first_decode_offset
-        tables = [self._block_table(row) for row in rows]
+        group = self._group()
+        tables = [self._block_tables(row) for row in rows]
         limits = np.array(
-            [min(self.max_model_len, len(t) * self.runner.block_size) for t in tables]
+            [
+                min(self.max_model_len, len(t[group]) * self.runner.block_size)
+                for t in tables
+            ]
         )
         counts = np.clip(limits - first, 0, num_drafts)
         starts = self._pass_starts(rows, first)
@@ -193,7 +197,11 @@ class HpuDraftModelProposer(Proposer):
             begin = starts if step == 0 else first + step
             lengths = first[active] + step - begin[active] + 1
             seqs = [
-                ScheduledSeq(rows[i], SeqLayout(tables[i], int(begin[i]), int(n)))
+                ScheduledSeq(
+                    rows[i],
+                    SeqLayout(tables[i][group], int(begin[i]), int(n)),
+                    tables[i] if len(tables[i]) > 1 else (),
+                )
                 for i, n in zip(active, lengths, strict=True)
             ]
             self._decode(seqs, torch.from_numpy(active), tokens, carry)
@@ -235,9 +243,22 @@ class HpuDraftModelProposer(Proposer):
         queries = buckets.config.verify_queries if catching_up else 1
         return build_decode_pass(seqs, buckets, token_ids, self._cache(), queries)
 
-    def _block_table(self, row: int) -> list[int]:
+    def _layer_groups(self) -> dict[str, int]:
+        """Each draft layer's KV cache group (a hybrid target's attention group
+        is not the first: its state layers' come first)."""
+        groups = self.runner.layer_groups
+        return {name: groups.get(name, 0) for name in self.layer_names}
+
+    def _group(self) -> int:
+        """The KV cache group whose block tables the draft's layers read."""
+        groups = set(self._layer_groups().values())
+        assert len(groups) == 1, f"draft layers in KV cache groups {groups}"
+        return groups.pop()
+
+    def _block_tables(self, row: int) -> tuple[list[int], ...]:
+        """The row's block table in every KV cache group."""
         req_id = self.runner.input_batch.req_ids[row]
-        return self.runner.states.requests[req_id].block_ids[0]
+        return tuple(self.runner.states.requests[req_id].block_ids)
 
     def _cache(self) -> Any:
         assert self.runner.cache is not None, "initialize_kv_cache() first"

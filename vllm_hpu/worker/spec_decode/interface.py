@@ -36,7 +36,10 @@ class TargetRunner(Protocol):
     def input_batch(self) -> InputBatch: ...  # vLLM's rows: tokens, drafts
 
     @property
-    def states(self) -> RequestStates: ...  # per request: its block table
+    def states(self) -> RequestStates: ...  # per request: its block tables
+
+    @property
+    def layer_groups(self) -> dict[str, int]: ...  # attention layer: KV cache group
 
     @property
     def buckets(self) -> HpuBucketManager: ...  # the draft's passes pad as the target's

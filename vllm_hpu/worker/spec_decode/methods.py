@@ -12,7 +12,7 @@ SUPPORTED_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 # The methods whose draft reads the target's hidden states (eagle.py).
 HIDDEN_STATE_METHODS = ("eagle", "eagle3", "mtp")
 # The MTP layers validated against transformers' (tests/e2e/test_eagle.py).
-VALIDATED_MTP_ARCHS = ("DeepSeekMTPModel",)
+VALIDATED_MTP_ARCHS = ("DeepSeekMTPModel", "Qwen3_5MTP", "Qwen3_5MoeMTP")
 # What a refused method needs on the HPU runner, where it is known.
 MISSING = {
     "dflash": (
