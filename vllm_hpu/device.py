@@ -443,13 +443,18 @@ def fused_sdpa_stats() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | Non
     return _hpu_sdpa_stats if hpu_available() else cpu_sdpa_stats
 
 
-def fused_moe() -> Callable[..., Any] | None:
-    """``torch.ops.hpu.mixture_of_experts``; None without Gaudi (see ops/moe.py)."""
-    key = "torch.ops.hpu.mixture_of_experts"
+def _hpu_op(name: str) -> Callable[..., Any] | None:
+    """``torch.ops.hpu.<name>``, looked up once; None without Gaudi."""
+    key = f"torch.ops.hpu.{name}"
     if key not in _KERNELS:
         kernels = torch.ops.hpu if hpu_available() else None
-        _KERNELS[key] = getattr(kernels, "mixture_of_experts", None)
+        _KERNELS[key] = getattr(kernels, name, None)
     return _KERNELS[key]
+
+
+def fused_moe() -> Callable[..., Any] | None:
+    """``torch.ops.hpu.mixture_of_experts`` (see ops/moe.py)."""
+    return _hpu_op("mixture_of_experts")
 
 
 def fused_moe_fp8(dynamic: bool) -> Callable[..., Any] | None:
@@ -464,11 +469,7 @@ def fused_moe_fp8(dynamic: bool) -> Callable[..., Any] | None:
 
 def fp8_gemm() -> Callable[..., Any] | None:
     """``torch.ops.hpu.fp8_gemm_v2`` (per-tensor or per-row/column scales)."""
-    key = "torch.ops.hpu.fp8_gemm_v2"
-    if key not in _KERNELS:
-        kernels = torch.ops.hpu if hpu_available() else None
-        _KERNELS[key] = getattr(kernels, "fp8_gemm_v2", None)
-    return _KERNELS[key]
+    return _hpu_op("fp8_gemm_v2")
 
 
 def load_kernels() -> None:

@@ -221,15 +221,7 @@ class HpuPlatform(Platform):
     ) -> None:
         blocks.copy_blocks(src_cache, dst_cache, src_block_indices, dst_block_indices)
 
-    @classmethod
-    def swap_out_blocks_to_host(
-        cls,
-        src_cache: torch.Tensor,
-        dst_cache: torch.Tensor,
-        src_block_indices: torch.Tensor,
-        dst_block_indices: torch.Tensor,
-    ) -> None:
-        blocks.copy_blocks(src_cache, dst_cache, src_block_indices, dst_block_indices)
+    swap_out_blocks_to_host = insert_blocks_to_device  # the same copy, host-bound
 
     @classmethod
     def validate_environ(cls, hard_fail: bool) -> None:
