@@ -2,9 +2,11 @@
 double: greedy tokens equal transformers' (float32) for Mixtral (the bridge's
 MoE kernel), DeepSeek-V2 (MLA on its latent cache), a block-fp8 dense
 checkpoint and block-fp8 experts (compressed-tensors, llm-compressor's
-layout). One engine per model, in this process and eager (vLLM's default
-multiprocess start, HPU graphs and TP=2 are test_engines.py's); the card is
-the double's default, a Gaudi2.
+layout), and per-tensor fp8 experts with static input scales (DeepSeek-V3's
+``fp8`` layout), which run the bridge's fp8 MoE kernel. One engine per
+model, in this process and eager (vLLM's default multiprocess start, HPU
+graphs and TP=2 are test_engines.py's); the card is the double's default, a
+Gaudi2.
 
 On a Gaudi2, vLLM's activation quantizer is bounded by the card's e4m3 range,
 240 (review item D7), where transformers' reference rounds at e4m3's 448: the
@@ -19,7 +21,9 @@ from typing import Any
 import pytest
 import torch
 from e2e.harness import hf_greedy, random_prompts, vllm_engine, vllm_greedy
+from e2e.test_quantized_moe import INPUT_SCALE, rounded_experts
 from models import model_path
+from moe_checkpoints import Fp8Experts, write_moe_checkpoints
 from quant_checkpoints import fp8_groups, quantize_inputs
 
 from vllm_hpu import device
@@ -113,4 +117,39 @@ def test_block_fp8_checkpoint_generates_what_transformers_does(name):
     actual, (kinds, methods) = generate(quant_dir, prompts)
     assert ("hpu", FP8) in kinds and {kind for kind, _ in kinds} == {"hpu"}
     assert methods == ({FP8_CHECKPOINTS[name]} if FP8_CHECKPOINTS[name] else set())
+    assert actual == expected
+
+
+FP8_MOE_KERNEL = "torch.ops.hpu.mixture_of_experts.fp8_fused_weights"
+
+
+def test_static_fp8_experts_run_gaudis_fp8_moe_kernel(tmp_path, monkeypatch):
+    """Qwen3-MoE's experts in fp8 with one scale per tensor and a static input
+    scale: every MoE layer's step runs the bridge's fp8 MoE kernel (the double
+    refuses it without its intermediate scale, review item D6). The reference
+    rounds the experts' input and intermediate through fp8 with the
+    checkpoint's scale; on the Gaudi2 the plugin halves the fp8 weights and
+    doubles the scales (values to 224, within 240), which rounds alike."""
+    quant_dir, deq_dir = write_moe_checkpoints(
+        Path(model_path("tiny-qwen3-moe")), tmp_path, Fp8Experts(None, INPUT_SCALE)
+    )
+    prompts = prompts_for(quant_dir)
+    expected = hf_greedy(
+        str(deq_dir),
+        prompts,
+        MAX_TOKENS,
+        torch.float32,
+        prepare=rounded_experts(INPUT_SCALE),
+    )
+    kernel = torch.ops.hpu.mixture_of_experts.fp8_fused_weights
+    calls = []
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(kwargs["hidden_states"].shape[0])
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setitem(device._KERNELS, FP8_MOE_KERNEL, counted)
+    actual, (kinds, methods) = generate(quant_dir, prompts)
+    assert ("hpu", FP8) in kinds and methods == {"HpuFp8MoEMethod"}
+    assert sum(calls) >= sum(LENGTHS), calls  # every prompt token, at least
     assert actual == expected
