@@ -11,8 +11,8 @@ Gaudi2.
 On a Gaudi2, vLLM's activation quantizer is bounded by the card's e4m3 range,
 240 (review item D7), where transformers' reference rounds at e4m3's 448: the
 reference here rounds each quantized layer's input per token and 128-wide
-group at the card's range, and the tokens must be equal, not close (at 448
-they differ from the second token on)."""
+group at the card's range, and the tokens must be equal, not close (a
+reference at 448 differs by the third token)."""
 
 import json
 from pathlib import Path
