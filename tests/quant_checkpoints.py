@@ -309,13 +309,15 @@ def fp8_static(x: torch.Tensor, input_scale: torch.Tensor | None) -> torch.Tenso
     return _fp8_round_trip(x, input_scale.float())
 
 
-def fp8_groups(group_size: int) -> Quantizer:
+def fp8_groups(group_size: int, fp8_max: float = FP8_MAX) -> Quantizer:
+    """Per token and group of ``group_size``, scaled to ``fp8_max`` (e4m3's 448;
+    a card with a smaller range quantizes to its own, vLLM's floor with it)."""
+    min_scale = 1.0 / (fp8_max * 512.0)
+
     def quantize(x: torch.Tensor, input_scale: torch.Tensor | None) -> torch.Tensor:
         groups = x.float().unflatten(-1, (-1, group_size))
-        scale = (groups.abs().amax(-1, keepdim=True) / FP8_MAX).clamp(
-            min=_FP8_MIN_SCALE
-        )
-        q = (groups / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        scale = (groups.abs().amax(-1, keepdim=True) / fp8_max).clamp(min=min_scale)
+        q = (groups / scale).clamp(-fp8_max, fp8_max).to(FP8_DTYPE)
         return (q.float() * scale).flatten(-2).to(x.dtype)
 
     return quantize

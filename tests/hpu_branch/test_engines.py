@@ -54,28 +54,39 @@ def assert_only_engines_took_cards(
     assert sorted(e["module_id"] for e in takers.values()) == list(range(cards))
 
 
-# Mixed lengths (one longer than the 64-token step budget: chunked), a prompt
-# that repeats another's first 48 tokens, and a KV cache of 8 blocks of 16
-# tokens (7 for requests). vLLM's counters showed neither a preemption nor a
-# prefix hit in this run: both are not covered on the Gaudi branch yet.
-PROMPTS = random_prompts([60, 60, 5], 1024, seed=3)
-PROMPTS.append([*PROMPTS[0][:48], 7, 8, 9])
+# Mixed lengths (70: more than the 64-token step budget, chunked) in a KV cache
+# of 8 blocks of 16 tokens (7 for requests): the longest outgrows the cache as
+# it decodes and a request is preempted. Then prompts repeating the first 48
+# and the third's first 16 tokens: cached blocks, prefix hits. vLLM's counters
+# (the caller's, which vLLM keeps from the engine's stats) show both.
+PROMPTS = random_prompts([70, 5, 20, 12], 1024, seed=3)
+LATER = [[*PROMPTS[0][:48], 7, 8, 9], [*PROMPTS[2][:16], 7, 8, 9]]
 OFFLINE_TOKENS = 16
 
 OFFLINE = """
 import json, os
 from vllm import LLM, SamplingParams
 
-prompts = json.loads(os.environ["PROMPTS"])
 llm = LLM(os.environ["MODEL"], tensor_parallel_size=2, dtype="float32", seed=0,
           enforce_eager=True, block_size=16, num_gpu_blocks_override=8,
           max_model_len=112, max_num_batched_tokens=64, max_num_seqs=4,
           disable_log_stats=False)
 params = SamplingParams(temperature=0.0, max_tokens=int(os.environ["MAX_TOKENS"]),
                         ignore_eos=True)
-outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-print("RESULT", json.dumps({"pid": os.getpid(),
-                  "tokens": [list(o.outputs[0].token_ids) for o in outputs]}),
+counted = ("vllm:num_preemptions", "vllm:prefix_cache_hits")
+
+def counters():
+    return {m.name: m.value for m in llm.get_metrics() if m.name in counted}
+
+tokens, grew = [], []
+for batch in ("PROMPTS", "LATER"):
+    before = counters()
+    prompts = json.loads(os.environ[batch])
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    tokens += [list(o.outputs[0].token_ids) for o in outputs]
+    after = counters()
+    grew.append({name: after[name] - before.get(name, 0) for name in after})
+print("RESULT", json.dumps({"pid": os.getpid(), "tokens": tokens, "grew": grew}),
       flush=True)
 """
 
@@ -84,19 +95,26 @@ print("RESULT", json.dumps({"pid": os.getpid(),
 def test_llm_tensor_parallel_generates_what_transformers_does(tmp_path):
     """``LLM(..., tensor_parallel_size=2)`` as users run it (engine core and
     two workers in processes of their own) on a two-card host: mixed lengths,
-    a chunked prompt; the caller takes no card."""
-    expected = hf_greedy(model_path(MODEL), PROMPTS, OFFLINE_TOKENS, torch.float32)
+    a chunked prompt, a preemption, then prefix hits; the caller takes no
+    card."""
+    expected = hf_greedy(
+        model_path(MODEL), PROMPTS + LATER, OFFLINE_TOKENS, torch.float32
+    )
     out = run_python(
         OFFLINE,
         timeout=800,
         MODEL=model_path(MODEL),
         PROMPTS=json.dumps(PROMPTS),
+        LATER=json.dumps(LATER),
         MAX_TOKENS=str(OFFLINE_TOKENS),
         **double_host(tmp_path, cards=2),
     )
     (line,) = [line for line in out.splitlines() if line.startswith("RESULT ")]
     result = json.loads(line.removeprefix("RESULT "))
     assert result["tokens"] == expected
+    first, later = result["grew"]
+    assert first["vllm:num_preemptions"] > 0, result["grew"]
+    assert later["vllm:prefix_cache_hits"] > 0, result["grew"]
     assert_only_engines_took_cards(acquisitions(tmp_path), result["pid"], cards=2)
 
 
