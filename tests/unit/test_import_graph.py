@@ -144,6 +144,7 @@ def test_import_graph_attention_metadata_builders_never_call_back():
 # in the package imports them.
 ROOMS = (
     "compat",  # which vLLM runs: imports nothing of the plugin's
+    "env_values",  # the parsers of envs.py's table
     "envs",
     "emulation",
     "device",
