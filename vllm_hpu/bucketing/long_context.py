@@ -1,7 +1,7 @@
 """Compact buckets for long contexts (``max_model_len`` >= 32k): context and
-decode block counts on a square-root ladder. The compact set padded 67-72 % of
-a long trace's context blocks (docs/long-context.md); ``low + (high - low) *
-(k / n) ** 2`` keeps top gaps near 2 / n, so graphs do not grow with context."""
+decode block counts on a square-root ladder (``low + (high - low) * (k / n) ** 2``,
+top gaps near 2 / n whatever the context); context also doubles from one block
+below where that ladder's steps outgrow its values. See docs/long-context.md."""
 
 import dataclasses
 import math
@@ -28,12 +28,17 @@ LONG_CONTEXT_LEN = 32768
 class LongContextShape:
     """The knobs, chosen on the long-context traces of benchmarks/long_context.py."""
 
-    # Context values besides 0 (in blocks, up to the most one request holds).
+    # Square-root context values (in blocks, up to the most one request holds).
     num_context_values: int = 8
     # Context buckets pair with this many token values, every other one from
     # the largest down: long prompts' chunks fill the step, and context costs
     # attention only.
     num_context_token_values: int = 5
+    # The doubling foot's values (1, 2, 4, ... blocks: short prefix hits, a
+    # prompt's chunk after a short first one) pair with this many: a padded
+    # context block costs attention for every token of the pass, so fine
+    # steps pay off in full passes; short passes take a square-root value.
+    num_foot_token_values: int = 2
     # Decode block values of all batch sizes together, at least this many each.
     num_decode_values: int = 64
     min_decode_values: int = 8
@@ -55,25 +60,37 @@ def square_root_ladder(low: int, high: int, count: int) -> list[int]:
     return sorted(values)
 
 
-def long_context_values(config: BucketingConfig, shape: LongContextShape) -> list[int]:
-    """Context block values: 0, then the ladder up to the most one request holds."""
-    if not config.use_context_buckets:
-        return [0]
-    most = max(1, math.ceil((config.max_model_len - 1) / config.block_size))
-    return [0, *square_root_ladder(0, most, shape.num_context_values)]
+def context_ladder(most: int, count: int) -> tuple[list[int], list[int]]:
+    """Context block values up to ``most``: the doubling foot ``1, 2, 4, ...``
+    below ``4 most / count**2``, then the square-root ladder's values from
+    there on. The ladder steps by about ``2 sqrt(v most) / count`` at ``v``,
+    more than ``v`` itself below that point, where doubling pads less; the
+    foot grows with the context (4 values at 256 blocks, 9 at 8192)."""
+    crossover = 4 * most / count**2
+    foot = [2**i for i in range(math.ceil(math.log2(max(crossover, 1))))]
+    upper = [v for v in square_root_ladder(0, most, count) if v >= crossover]
+    return foot, upper
 
 
 def long_context_prompt_buckets(
     config: BucketingConfig, shape: LongContextShape = LONG_CONTEXT
 ) -> list[Bucket]:
     """Merged prefill's ``(1, tokens, context)``: every token value without
-    context, ``num_context_token_values`` of them with each context value."""
+    context; ``num_context_token_values`` of them with each square-root
+    context value, ``num_foot_token_values`` with each value of the foot."""
     tokens = merged_token_ladder(config)
-    with_context = context_token_values(tokens, shape.num_context_token_values)
-    contexts = long_context_values(config, shape)[1:]
-    return [Bucket(1, t, 0) for t in tokens] + [
-        Bucket(1, t, c) for t in with_context for c in contexts
-    ]
+    buckets = [Bucket(1, t, 0) for t in tokens]
+    if not config.use_context_buckets:
+        return buckets
+    most = max(1, math.ceil((config.max_model_len - 1) / config.block_size))
+    foot, upper = context_ladder(most, shape.num_context_values)
+    for contexts, count in (
+        (foot, shape.num_foot_token_values),
+        (upper, shape.num_context_token_values),
+    ):
+        with_context = context_token_values(tokens, count)
+        buckets += [Bucket(1, t, c) for t in with_context for c in contexts]
+    return buckets
 
 
 def long_context_decode_buckets(
