@@ -436,14 +436,6 @@ def variable_names() -> list[str]:
     return [field.metadata["env"] for field in dataclasses.fields(HpuEnvs)]
 
 
-def variable_docs() -> list[tuple[str, Any, str]]:
-    """(name, default, doc) of every variable, for documentation and --help."""
-    return [
-        (f.metadata["env"], f.default, f.metadata["doc"])
-        for f in dataclasses.fields(HpuEnvs)
-    ]
-
-
 def unknown_vllm_variables(environ: Mapping[str, str], known: set[str]) -> list[str]:
     """``VLLM_*`` names in ``environ`` that neither vLLM nor the plugin owns."""
     ours = set(variable_names())
