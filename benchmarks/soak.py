@@ -152,6 +152,15 @@ def _in_engine(values: dict[str, float]) -> float:
     )
 
 
+async def _streamed(client: httpx.AsyncClient, path: str, body: dict, kind: str) -> str:
+    """A streamed request read to its end: answered when it ends with [DONE]."""
+    async with client.stream("POST", path, json=body) as reply:
+        if reply.status_code != 200:
+            return f"lost: {kind} {reply.status_code}"
+        lines = [line async for line in reply.aiter_lines() if line]
+    return "answered" if lines[-1] == "data: [DONE]" else f"lost: {kind} cut"
+
+
 class Traffic:
     """One client's requests of every kind, and what became of them."""
 
@@ -215,20 +224,12 @@ class Traffic:
 
     async def _stream(self, client: httpx.AsyncClient) -> str:
         body = self._body(prompt=self._prompt(), stream=True)
-        async with client.stream("POST", "/v1/completions", json=body) as reply:
-            if reply.status_code != 200:
-                return f"lost: stream {reply.status_code}"
-            lines = [line async for line in reply.aiter_lines() if line]
-        return "answered" if lines[-1] == "data: [DONE]" else "lost: stream cut"
+        return await _streamed(client, "/v1/completions", body, "stream")
 
     async def _chat(self, client: httpx.AsyncClient) -> str:
         messages = [{"role": "user", "content": self._prompt()}]
         body = self._body(messages=messages, stream=True)
-        async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
-            if reply.status_code != 200:
-                return f"lost: chat {reply.status_code}"
-            lines = [line async for line in reply.aiter_lines() if line]
-        return "answered" if lines[-1] == "data: [DONE]" else "lost: chat cut"
+        return await _streamed(client, "/v1/chat/completions", body, "chat")
 
     async def _cancel(self, client: httpx.AsyncClient) -> str:
         """A stream the client closes after a few chunks (the server aborts it)."""
