@@ -1,7 +1,7 @@
 """Routed experts as INC measures and quantizes them: Gaudi reference class names,
 one ``MoeMatmul`` per expert projection, so each expert has its own scale and
-files name ``<layer>.moe_op.w13_list.<expert>`` as on Gaudi. The stacked
-weights stay the storage until INC has made its fp8 copies."""
+files name ``<layer>.moe_op.w13_list.<expert>`` as on Gaudi. The experts are
+views of the layer's stacked weights, which QUANTIZE drops before INC converts."""
 
 import re
 from collections import Counter
@@ -13,7 +13,6 @@ from vllm.model_executor.layers.linear import LinearBase
 
 from vllm_hpu.ops.moe import fused_experts
 
-FP8 = torch.float8_e4m3fn
 LAYER_NUMBER = re.compile(r"\.\d+\.")
 
 
@@ -68,18 +67,24 @@ def attach_moe_ops(model: torch.nn.Module) -> None:
             module.moe_op = VllmMixtureOfExpertsOp(w13, w2)
 
 
-def release_bf16_experts(model: torch.nn.Module) -> None:
-    """After INC's convert, layers whose experts all became fp8 drop their stacked bf16
-    weights (as INC's own MoE patch does): only the fp8 copies stay."""
+def detach_experts(model: torch.nn.Module) -> None:
+    """Before INC's convert: the layers drop their stacked bf16 weights, which their
+    experts' views keep where they were loaded, so INC moves and converts one expert
+    at a time and its closing ``model.to`` never moves the whole stack."""
     for module in model.modules():
-        moe_op = getattr(module, "moe_op", None)
-        if not isinstance(module, RoutedExperts) or moe_op is None:
-            continue
-        experts = [*moe_op.w13_list, *moe_op.w2_list]
-        if all(expert.weight.dtype == FP8 for expert in experts):
+        if isinstance(module, RoutedExperts) and hasattr(module, "moe_op"):
             for name in ("w13_weight", "w2_weight"):
                 empty = getattr(module, name).new_empty(0)
                 setattr(module, name, torch.nn.Parameter(empty, requires_grad=False))
+
+
+def to_device(model: torch.nn.Module, to: torch.device) -> torch.nn.Module:
+    """After convert, what INC left where it was loaded moves to the device: the
+    experts of the layers it did not convert (held by their views) included."""
+    for module in model.to(to).modules():
+        if isinstance(module, MoeMatmul):
+            module.weight = module.weight.to(to)
+    return model
 
 
 def layers_inc_cannot_take(model: torch.nn.Module, table: dict) -> str:
