@@ -24,7 +24,7 @@ allow_torchvision_import()
 from tiny_deepseek import DEEPSEEK_BUILDERS  # noqa: E402  (beside this script)
 from tiny_families import FAMILY_BUILDERS  # noqa: E402
 from tiny_gemma3 import build_gemma3  # noqa: E402
-from tiny_gemma4 import GEMMA4_BUILDERS  # noqa: E402
+from tiny_gemma4 import GEMMA4_BUILDERS, build_gemma4_vl  # noqa: E402
 from tiny_llama4_vision import build_llama4_vision  # noqa: E402
 from tiny_multimodal import build_llava, build_mistral3  # noqa: E402
 from tiny_mxfp4 import write_gpt_oss_mxfp4  # noqa: E402
@@ -408,8 +408,8 @@ MODEL_SPECS.update(SEQUENCE_CLASSIFIERS)
 # (scripts/tiny_qwen_vl.py), Qwen3.5 and its MoE (scripts/tiny_qwen3_5.py),
 # Mistral 3 (scripts/tiny_multimodal.py) and Gemma 3
 # (scripts/tiny_gemma3.py), Llama 4 with its tiled vision tower
-# (scripts/tiny_llama4_vision.py); each written with its processor and chat
-# template.
+# (scripts/tiny_llama4_vision.py) and Gemma 4 (scripts/tiny_gemma4.py); each
+# written with its processor and chat template.
 MULTIMODAL_MODELS = {
     "tiny-llava": ("llava", GQA_SHAPE),
     "tiny-qwen2-vl": ("qwen2_vl", GQA_SHAPE),
@@ -420,6 +420,7 @@ MULTIMODAL_MODELS = {
     "tiny-llama4-vision": ("llama4", GQA_SHAPE),
     "tiny-qwen3.5-vl": ("qwen3_5", GQA_SHAPE),
     "tiny-qwen3.5-moe-vl": ("qwen3_5_moe", GQA_SHAPE),
+    "tiny-gemma4-vl": ("gemma4", GQA_SHAPE),
 }
 MULTIMODAL_BUILDERS = {
     "llava": build_llava,
@@ -431,6 +432,7 @@ MULTIMODAL_BUILDERS = {
     "llama4": build_llama4_vision,
     "qwen3_5": build_qwen3_5_vl,
     "qwen3_5_moe": build_qwen3_5_moe_vl,
+    "gemma4": build_gemma4_vl,
 }
 MODEL_SPECS.update(MULTIMODAL_MODELS)
 

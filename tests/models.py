@@ -72,6 +72,7 @@ MULTIMODAL_MODELS = (
     "tiny-llama4-vision",
     "tiny-qwen3.5-vl",
     "tiny-qwen3.5-moe-vl",
+    "tiny-gemma4-vl",
 )
 # Built by the set-up too: a target's first layer, its speculative draft.
 DRAFT_MODELS = {"tiny-llama-draft": "tiny-llama"}

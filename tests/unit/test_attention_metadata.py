@@ -1,5 +1,8 @@
 """The metadata builders: token layout, dummy-block padding, flat block layout."""
 
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 import torch
 
@@ -11,10 +14,12 @@ from vllm_hpu.attention.metadata import (
     build_prompt_metadata,
 )
 from vllm_hpu.ops.prompt_mask import PromptBias
+from vllm_hpu.worker.passes.seqs import ImageSpans, image_spans
 
 BLOCK_SIZE = 4
 DUMMY = 9  # num_blocks
 CACHE = CacheGeometry(BLOCK_SIZE, DUMMY, torch.float32, torch.device("cpu"))
+CLAMPS = "mm_prefix_clamp_sliding_window"  # vLLM's attention layers' flag
 
 
 def _in_dummy(slots: torch.Tensor) -> bool:
@@ -207,3 +212,36 @@ def test_metadata_span_ends_in_every_pass_when_the_cache_asks() -> None:
     assert _visible(meta) == _visible(
         build_prompt_metadata([SeqLayout([3, 5], 2, 2)], 1, 4, 1, CACHE)
     )
+
+
+def test_image_spans_in_the_windowed_layers_only_when_they_clamp() -> None:
+    """Gemma 4 (its windowed layers marked mm_prefix_clamp_sliding_window, as
+    vLLM builds them): every span is kept, longer than the window too, and the
+    unmarked layers attend causally; Gemma 3 (none marked): spans longer than
+    the window stay causal, in every layer."""
+    config: Any = SimpleNamespace(hf_text_config=SimpleNamespace(sliding_window=3))
+    layers = [
+        SimpleNamespace(impl=SimpleNamespace(image_spans=True), **{CLAMPS: marked})
+        for marked in (True, False)
+    ]
+    assert image_spans(config, layers) == ImageSpans(None)
+    assert [layer.impl.image_spans for layer in layers] == [True, False]
+    unmarked = [SimpleNamespace(impl=SimpleNamespace(image_spans=True))]
+    assert image_spans(config, unmarked) == ImageSpans(3)
+    assert unmarked[0].impl.image_spans
+
+
+def test_metadata_span_longer_than_the_window_ends_at_the_window() -> None:
+    # Positions 0..4 one span, a window of 3 (transformers' Gemma 4: causal or
+    # the same image, and at most 2 positions back): span queries see to
+    # position 4, none further back than the window.
+    seqs = [SeqLayout([0, 1], 0, 6, bidirectional_spans=((0, 4),))]
+    meta = build_prompt_metadata(seqs, 1, 8, 0, CACHE)
+    assert _visible(meta, 3)[0][:6] == [
+        [1, 1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0],
+        [0, 1, 1, 1, 1, 0, 0, 0],
+        [0, 0, 1, 1, 1, 0, 0, 0],
+        [0, 0, 0, 1, 1, 1, 0, 0],
+    ]

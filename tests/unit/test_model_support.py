@@ -54,8 +54,6 @@ REFUSED = {
     "Phi3VForCausalLM": "image, audio or video inputs",
     "Qwen2AudioForConditionalGeneration": "image, audio or video inputs",
     "WhisperForConditionalGeneration": "speech-to-text",
-    # Image spans in the windowed layers only; towers without buckets.
-    "Gemma4ForConditionalGeneration": "in the windowed layers only",
     "DeepseekV4ForCausalLM": "compressed entries of 4 tokens",
 }
 ALLOWED = (
@@ -82,6 +80,7 @@ ALLOWED = (
     "Llama4ForConditionalGeneration",  # tiled tower, buckets of tiles
     "Qwen3_5ForConditionalGeneration",  # Qwen3-VL's tower, hybrid decoder
     "Qwen3_5MoeForConditionalGeneration",
+    "Gemma4ForConditionalGeneration",  # image spans in windowed layers only
     "DeepseekV32ForCausalLM",  # sparse MLA (attention/sparse_mla.py)
 )
 
@@ -211,12 +210,20 @@ def test_start_up_refuses_a_mamba_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "model", ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-qwen3.5-vl"]
+    ("model", "modality"),
+    [
+        ("tiny-qwen2-vl", "video"),
+        ("tiny-qwen2.5-vl", "video"),
+        ("tiny-qwen3-vl", "video"),
+        ("tiny-qwen3.5-vl", "video"),
+        ("tiny-gemma4-vl", "video"),
+        ("tiny-gemma4-vl", "audio"),
+    ],
 )
-def test_qwen_vl_takes_images_and_no_video(model):
+def test_image_models_take_images_only(model, modality):
     config = _engine_config(model_path(model))
     mm_config = config.model_config.multimodal_config
-    assert mm_config.get_limit_per_prompt("video") == 0
+    assert mm_config.get_limit_per_prompt(modality) == 0
     assert mm_config.get_limit_per_prompt("image") > 0
-    with pytest.raises(ValueError, match="video inputs, which the HPU plugin"):
-        _engine_config(model_path(model), limit_mm_per_prompt={"video": 1})
+    with pytest.raises(ValueError, match=f"{modality} inputs, which the HPU plugin"):
+        _engine_config(model_path(model), limit_mm_per_prompt={modality: 1})

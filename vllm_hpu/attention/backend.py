@@ -3,6 +3,7 @@
 Registered as AttentionBackendEnum.CUSTOM at import (idempotent: a dict entry).
 """
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -237,6 +238,8 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         )
         self.slicing = prompt_slicing()
         self.decode_block_slice = decode_block_slice()
+        # Whether image tokens' spans apply here (worker/passes/seqs.py).
+        self.image_spans = True
 
     def _kernels(self) -> AttentionKernels:
         """The submodules as the ops call them, read at each call: INC replaces
@@ -347,6 +350,8 @@ class HpuAttentionImpl(AttentionImpl[HpuAttentionMetadata], torch.nn.Module):
         ``chunk``: the layer's attention chunk size (Llama 4) or None."""
         mask = attn_metadata.prompt_mask
         assert mask is not None
+        if not self.image_spans:
+            mask = replace(mask, query_span_end=None)
         batch_size, query_len = mask.batch_size, mask.query_len
         past_kv = None
         if attn_metadata.block_list is not None:

@@ -105,18 +105,11 @@ FED_MULTIMODAL_ARCHS = frozenset(
         # Qwen3-VL's tower (no deepstack) before a hybrid decoder.
         "Qwen3_5ForConditionalGeneration",
         "Qwen3_5MoeForConditionalGeneration",
+        # Image tokens both ways in the windowed layers only, within the
+        # window (worker/passes/seqs.py image_spans).
+        "Gemma4ForConditionalGeneration",
     }
 )
-# Multimodal classes the runner does not feed yet: the piece they lack and
-# what to use instead (other unfed classes get the general reason).
-MISSING_MEDIA_PIECES = {
-    "Gemma4ForConditionalGeneration": (
-        "its image tokens attend both ways in the windowed layers only, within "
-        "the window, where the runner's image spans apply to every layer, and "
-        "its vision and audio towers (transformers' own) have no encoder "
-        "buckets: use Gemma4ForCausalLM"
-    ),
-}
 # Inputs a fed class takes that have not been validated: none per prompt.
 UNVALIDATED_MODALITIES = {
     "Qwen2VLForConditionalGeneration": ("video",),
@@ -124,6 +117,8 @@ UNVALIDATED_MODALITIES = {
     "Qwen3VLForConditionalGeneration": ("video",),
     "Qwen3_5ForConditionalGeneration": ("video",),
     "Qwen3_5MoeForConditionalGeneration": ("video",),
+    # Its audio tower (checkpoints with an audio_config) never ran here.
+    "Gemma4ForConditionalGeneration": ("video", "audio"),
 }
 
 
@@ -142,13 +137,6 @@ def unsupported_reason(info: "_ModelInfo") -> str | None:
         if getattr(info, flag):
             return f"{info.architecture} {missing}."
     if info.supports_multimodal and info.architecture not in FED_MULTIMODAL_ARCHS:
-        piece = MISSING_MEDIA_PIECES.get(info.architecture)
-        if piece is not None:
-            return (
-                f"{info.architecture} takes image, audio or video inputs the HPU "
-                f"plugin does not feed yet: {piece}, or this one as text only "
-                "(every modality of --limit-mm-per-prompt at 0)."
-            )
         return (
             f"{info.architecture} takes image, audio or video inputs, which the HPU "
             "plugin feeds only to the image models it validated "
@@ -301,8 +289,12 @@ def limit_unvalidated_modalities(model_config: "ModelConfig") -> None:
     """Allow no item per prompt of a modality :data:`UNVALIDATED_MODALITIES`
     names (vLLM then rejects such a prompt, naming the limit); a limit the user
     set above zero stops start-up."""
-    from vllm.config.multimodal import VideoDummyOptions
+    from vllm.config.multimodal import AudioDummyOptions, VideoDummyOptions
 
+    none_of = {
+        "video": VideoDummyOptions(count=0, num_frames=None, width=None, height=None),
+        "audio": AudioDummyOptions(count=0, length=None),
+    }
     mm_config = model_config.multimodal_config
     if mm_config is None:
         return
@@ -314,10 +306,7 @@ def limit_unvalidated_modalities(model_config: "ModelConfig") -> None:
                 "HPU plugin has not validated (only images): leave "
                 f"--limit-mm-per-prompt's {modality!r} out or at 0."
             )
-        assert modality == "video", "only video options are built here"
-        mm_config.limit_per_prompt[modality] = VideoDummyOptions(
-            count=0, num_frames=None, width=None, height=None
-        )
+        mm_config.limit_per_prompt[modality] = none_of[modality]
 
 
 def keep_bidirectional_items_whole(vllm_config: "VllmConfig") -> None:

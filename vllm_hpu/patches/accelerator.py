@@ -6,7 +6,8 @@ CPU-only torch raises "Cannot access accelerator device when none is
 available"; Habana's "Allocator for hpu is not a DeviceAllocator", with no
 ``empty_host_cache`` hook (vllm-gaudi 091bbad patches.py:5-24).
 How: in emulation ``empty_cache``, ``synchronize`` and ``empty_host_cache``
-are no-ops; on Gaudi the cache calls are (the bridge frees blocks itself).
+are no-ops; on Gaudi the cache calls are (the bridge frees blocks itself);
+``get_memory_info`` (free, total) reads the device's meter on both.
 Upstream change that removes it: vLLM guarding them with the platform's
 ``empty_cache``, or Habana's torch registering a ``DeviceAllocator``."""
 
@@ -57,6 +58,8 @@ def _noop(*args: object, **kwargs: object) -> None:
 @functools.cache
 def apply_accelerator_patches() -> None:
     """Idempotent: on Gaudi, and in emulation where torch has no accelerator."""
+    # Gemma 4's image encoder sizes its batches by free memory.
+    torch.accelerator.get_memory_info = lambda index=None: device.mem_get_info()  # type: ignore[assignment]
     if device.hpu_available():
         _make_noops("empty_cache", "empty_host_cache")
     elif device.is_emulation() and not torch.accelerator.is_available():

@@ -61,6 +61,7 @@ from vllm_hpu.worker.kv_caches import (
 from vllm_hpu.worker.passes.build import build_prompt_forward
 from vllm_hpu.worker.passes.forward_pass import ForwardPass, sampled_token_indices
 from vllm_hpu.worker.passes.planner import PassPlanner
+from vllm_hpu.worker.passes.seqs import image_spans
 from vllm_hpu.worker.passes.synthetic import largest_prompt_bucket, profile_seqs
 from vllm_hpu.worker.state.async_output import HpuAsyncOutput, StepLogits
 from vllm_hpu.worker.state.prompt_logprobs import PromptLogprobs
@@ -186,8 +187,10 @@ class HpuModelRunner:
         self.cache = group_cache_geometry(
             layers, kv_cache_config, self.dtype, self.device
         )
-        if self.model_config.is_mm_prefix_lm:  # Gemma 3's image tokens
+        if self.model_config.is_mm_prefix_lm:  # Gemma 3's and 4's image tokens
             self.cache = self.cache.with_span_ends()
+            spans = image_spans(self.model_config, list(layers.values()))
+            self.planner.image_spans = spans
         block_size = self.cache.block_size
         assert block_size == self.block_size, (
             f"KV block size changed from {self.block_size} to {block_size} after "

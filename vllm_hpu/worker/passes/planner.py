@@ -66,7 +66,7 @@ class PassPlanner:
         records = trace and vllm_config.parallel_config.rank == 0
         self.step_trace = TraceRecorder(Path(trace) if records else None)
         self.verify_queries = buckets.config.verify_queries
-        self.image_spans = ImageSpans.of_model(vllm_config.model_config)
+        self.image_spans: ImageSpans | None = None  # set with the KV caches
 
     def start_trace(self, num_kv_blocks: int) -> None:
         """Record step shapes from now on, if VLLM_HPU_BUCKET_TRACE asks to."""

@@ -2,8 +2,9 @@
 row (its block table, cached context and scheduled tokens), split into prompt
 chunks and decodes."""
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from vllm.config import ModelConfig
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -42,17 +43,10 @@ class ScheduledSeq:
 
 @dataclass(frozen=True)
 class ImageSpans:
-    """vLLM's PrefixLM ranges (Gemma 3): an item's tokens see each other both ways;
-    as vLLM's GPU runner, spans longer than ``max_length`` stay causal."""
+    """vLLM's PrefixLM ranges (Gemma 3, 4): an item's tokens see each other both
+    ways; as vLLM's GPU runner, spans longer than ``max_length`` stay causal."""
 
     max_length: int | None
-
-    @classmethod
-    def of_model(cls, model_config: ModelConfig) -> "ImageSpans | None":
-        if not model_config.is_mm_prefix_lm:
-            return None
-        text_config = model_config.hf_text_config
-        return cls(getattr(text_config, "sliding_window", None))
 
     def spans(self, state: CachedRequestState) -> tuple[tuple[int, int], ...]:
         """(first, last) positions of the request's bidirectional spans."""
@@ -64,6 +58,20 @@ class ImageSpans:
                 if self.max_length is None or last - first < self.max_length:
                     spans.append((first, last))
         return tuple(spans)
+
+
+def image_spans(model_config: ModelConfig, layers: Sequence[Any]) -> ImageSpans:
+    """The spans of a model whose image tokens attend both ways. Where windowed
+    layers bound them by their window (vLLM's mm_prefix_clamp_sliding_window:
+    Gemma 4), every span is kept and the other layers attend causally: vLLM's
+    Gemma 4 clears their spans itself, in metadata only vLLM's backends build."""
+    clamps = [getattr(x, "mm_prefix_clamp_sliding_window", False) for x in layers]
+    if not any(clamps):
+        text_config = model_config.hf_text_config
+        return ImageSpans(getattr(text_config, "sliding_window", None))
+    for layer, clamped in zip(layers, clamps, strict=True):
+        layer.impl.image_spans = clamped
+    return ImageSpans(None)
 
 
 def scheduled_seqs(
