@@ -56,7 +56,7 @@ def where_tensors_are(model: torch.nn.Module) -> set[tuple[str, torch.dtype]]:
     return {(t.device.type, t.dtype) for t in tensors if t.numel()}
 
 
-def experts(model: torch.nn.Module) -> list[tuple[str, str, str]]:
+def experts(model: torch.nn.Module) -> list[tuple[str, ...]]:
     """Each MoE layer's op class and its experts' weights' devices and dtypes."""
     ops = [m.moe_op for m in model.modules() if hasattr(m, "moe_op")]
     return [

@@ -51,9 +51,8 @@ class IncFlow(QuantizationFlow):
 
     @contextlib.contextmanager
     def loading(self, load_config: "LoadConfig") -> Iterator[None]:
-        """QUANTIZE: vLLM loads the weights on the host (unless told where); INC's
-        convert moves each layer to the device as it quantizes it, so the card never
-        holds the bf16 model (MEASURE needs it there: INC's prepare moves it)."""
+        """QUANTIZE loads on the host unless told where: INC's convert moves each layer
+        to the card as it quantizes it (MEASURE: INC's prepare moves the bf16 model)."""
         chosen = load_config.device
         load_config.device = chosen or (None if self.settings.measures else "cpu")
         yield
@@ -66,13 +65,12 @@ class IncFlow(QuantizationFlow):
         started = time.perf_counter()
         enable_inc()
         config = FP8Config.from_json_file(self.settings.path)
-        inc_moe.attach_moe_ops(model)
+        inc_moe.attach_moe_ops(model, detach=not self.settings.measures)
         if self.settings.measures:
             model = prepare(model, config)
             self.measured = model
         else:
-            inc_moe.detach_experts(model)
-            model = inc_moe.to_device(convert(model, config), to)
+            model = convert(model, config).to(to)
         device.mark_scales_const(model)
         _warn_left_in_bf16(model)
         logger.info(

@@ -17,14 +17,15 @@ LAYER_NUMBER = re.compile(r"\.\d+\.")
 
 
 class MoeMatmul(torch.nn.Module):
-    """One expert's projection; ``weight``: [out, in], a view of the layer's."""
+    """One expert's projection; ``weight``: [out, in], a view of the layer's (a
+    buffer: an expert INC leaves in bf16 moves with the model)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        self.weight = weight
+        self.register_buffer("weight", weight, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight.t()
+        return x @ cast(torch.Tensor, self.weight).t()
 
 
 class VllmMixtureOfExpertsOp(torch.nn.Module):
@@ -58,33 +59,19 @@ def _stacked(experts: torch.nn.ModuleList) -> torch.Tensor:
     return torch.stack([cast(torch.Tensor, expert.weight) for expert in experts])
 
 
-def attach_moe_ops(model: torch.nn.Module) -> None:
-    """Give every MoE layer the ``moe_op`` its method runs while INC is on."""
+def attach_moe_ops(model: torch.nn.Module, detach: bool) -> None:
+    """Give every MoE layer the ``moe_op`` its method runs while INC is on. With
+    ``detach`` (before INC's convert) the layer drops its stacked weights, which the
+    experts' views keep where they were loaded: INC moves and converts one expert at
+    a time, and its closing ``model.to`` moves no whole bf16 stack to the card."""
     for module in model.modules():
         if isinstance(module, RoutedExperts):
             w13 = cast(torch.Tensor, module.w13_weight).data
             w2 = cast(torch.Tensor, module.w2_weight).data
             module.moe_op = VllmMixtureOfExpertsOp(w13, w2)
-
-
-def detach_experts(model: torch.nn.Module) -> None:
-    """Before INC's convert: the layers drop their stacked bf16 weights, which their
-    experts' views keep where they were loaded, so INC moves and converts one expert
-    at a time and its closing ``model.to`` never moves the whole stack."""
-    for module in model.modules():
-        if isinstance(module, RoutedExperts) and hasattr(module, "moe_op"):
-            for name in ("w13_weight", "w2_weight"):
-                empty = getattr(module, name).new_empty(0)
-                setattr(module, name, torch.nn.Parameter(empty, requires_grad=False))
-
-
-def to_device(model: torch.nn.Module, to: torch.device) -> torch.nn.Module:
-    """After convert, what INC left where it was loaded moves to the device: the
-    experts of the layers it did not convert (held by their views) included."""
-    for module in model.to(to).modules():
-        if isinstance(module, MoeMatmul):
-            module.weight = module.weight.to(to)
-    return model
+            for name in ("w13_weight", "w2_weight") if detach else ():
+                empty = torch.nn.Parameter(w13.new_empty(0), requires_grad=False)
+                setattr(module, name, empty)
 
 
 def layers_inc_cannot_take(model: torch.nn.Module, table: dict) -> str:
