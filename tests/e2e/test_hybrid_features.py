@@ -2,7 +2,8 @@
 transformers token for token (float32):
 
 - speculative decoding, n-gram drafts on Granite-4.0-H (Mamba2) and MTP drafts
-  (Qwen3.5's own MTP layer) on Qwen3.5-MoE (gated delta-net): a verification
+  (Qwen3.5's own MTP layer) on Qwen3.5-MoE (gated delta-net) over two
+  tensor-parallel workers, which draft alike: a verification
   pass runs each row's tokens as decode steps, keeping the state after each in
   a snapshot, and the next pass resumes from the last accepted token's. The
   method's own proposer drafts first (random tiny models reject nearly every
@@ -30,6 +31,7 @@ from vllm import SamplingParams
 from vllm.lora.request import LoRARequest
 
 from e2e.harness import (
+    SENDS_CALLABLES,
     counted,
     counters,
     default_engine,
@@ -40,7 +42,7 @@ from e2e.harness import (
 )
 from e2e.lora_adapters import AdapterSpec, build_adapter, merge_adapter
 from e2e.qwen3_5_mtp import NaiveQwen3_5MTP
-from e2e.test_eagle import proposed, record_drafts
+from e2e.test_eagle import proposed
 from e2e.test_generate import vocab_size
 
 pytestmark = pytest.mark.slow
@@ -105,21 +107,26 @@ def draft_from(expected: list[list[int]]) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("name", "speculative_config", "num_blocks"),
+    ("name", "speculative_config", "num_blocks", "tensor_parallel_size"),
     [
-        ("tiny-granite-4.0-h", NGRAM, NUM_BLOCKS),
-        ("tiny-qwen3.5-moe-mtp", MTP, MTP_NUM_BLOCKS),
+        ("tiny-granite-4.0-h", NGRAM, NUM_BLOCKS, 1),
+        ("tiny-qwen3.5-moe-mtp", MTP, MTP_NUM_BLOCKS, 2),
     ],
-    ids=["granite-ngram", "qwen3.5-moe-mtp"],
+    ids=["granite-ngram", "qwen3.5-moe-mtp-tp2"],
 )
 def test_hybrid_drafts_verified_as_transformers(
     monkeypatch: pytest.MonkeyPatch,
     name: str,
     speculative_config: dict,
     num_blocks: int,
+    tensor_parallel_size: int,
 ) -> None:
     expected = reference(name)
-    records = record_drafts(monkeypatch)
+    for variable, value in SENDS_CALLABLES.items():  # to TP=2's workers
+        monkeypatch.setenv(variable, value)
+    parallel = (
+        {"distributed_executor_backend": "mp"} if tensor_parallel_size > 1 else {}
+    )
     with vllm_engine(
         model_path(name),
         block_size=16,
@@ -129,12 +136,15 @@ def test_hybrid_drafts_verified_as_transformers(
         num_gpu_blocks_override=num_blocks,
         kv_cache_memory_bytes=None,
         speculative_config=speculative_config,
+        tensor_parallel_size=tensor_parallel_size,
+        **parallel,
     ) as llm:
         assert not llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+        llm.collective_rpc(record_worker_drafts)
         before = counters(llm)
         assert vllm_greedy(llm, prompts(name), MAX_TOKENS) == expected
         assert counted(before, counters(llm), "vllm:spec_decode_num_draft_tokens")
-        proposed = list(records)
+        ranks_proposed = llm.collective_rpc(recorded_drafts)
         full = [p + e for p, e in zip(prompts(name), expected, strict=True)]
         llm.collective_rpc(draft_from(full))
         before = counters(llm)
@@ -145,7 +155,11 @@ def test_hybrid_drafts_verified_as_transformers(
     accepted = counted(before, after, "vllm:spec_decode_num_accepted_tokens")
     assert 0 < accepted < drafted
     if speculative_config is MTP:
-        # The MTP layer's own drafts, every step, recomputed naively.
+        # The MTP layer's own drafts, every step, recomputed naively; both
+        # ranks drafted the same (the layer's heads and experts split over
+        # them).
+        proposed = ranks_proposed[0]
+        assert ranks_proposed == [proposed] * tensor_parallel_size
         naive = NaiveQwen3_5MTP(name)
         naive.know(full)
         assert len(proposed) >= 40
