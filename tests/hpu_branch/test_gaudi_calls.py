@@ -4,6 +4,8 @@ branch is tested") that one call settles. The kernels themselves are checked
 by the self-check's table (test_selfcheck.py); whole engines by
 test_engines.py."""
 
+import json
+
 import pytest
 import torch
 from gaudi_process import run_python
@@ -142,13 +144,21 @@ def test_eager_mode_patches_inc_scales_at_run_time():
     assert "runtime scale patching 1" in out
 
 
-@pytest.mark.parametrize("mode", ["MEASURE", "QUANTIZE"])
+# QUANTIZE with unit scales: no measurement files to write first.
+INC_CONFIGS = {
+    "MEASURE": {"mode": "MEASURE", "observer": "maxabs"},
+    "QUANTIZE": {"mode": "QUANTIZE", "scale_method": "unit_scale"},
+}
+
+
+@pytest.mark.parametrize("mode", INC_CONFIGS)
 def test_inc_marks_scales_as_graph_constants(mode, monkeypatch, tmp_path):
     """D11: once INC prepared or converted the model, its scales become graph
-    constants through the bridge's hpu_initialize, as the reference calls it
-    (INC itself stubbed: the double models the bridge, not INC's own calls)."""
+    constants through the bridge's hpu_initialize, as the reference calls it.
+    INC runs its Gaudi path on the double: QUANTIZE first sets the bridge's
+    quantization state (INC 3.8.1 on, bridge_signatures.json)."""
     import habana_frameworks.torch.core as htcore
-    from neural_compressor.torch import quantization
+    from habana_frameworks.torch.utils import experimental
 
     from vllm_hpu.quantization.inc import IncSettings
     from vllm_hpu.quantization.inc_flow import IncFlow
@@ -160,14 +170,23 @@ def test_inc_marks_scales_as_graph_constants(mode, monkeypatch, tmp_path):
         "hpu_initialize",
         lambda *a, **kw: marked.append((a, kw, bridge_call(*a, **kw))),
     )
-    for step in ("prepare", "convert"):
-        monkeypatch.setattr(quantization, step, lambda model, config: model)
+    monkeypatch.setattr(experimental, "quantization_state", {})
     config = tmp_path / "quant_config.json"
-    config.write_text(f'{{"mode": "{mode}", "dump_stats_path": "{tmp_path}/x"}}')
-    settings = IncSettings(str(config), mode, f"{tmp_path}/x", "maxabs_hw", (), False)
-    model = torch.nn.Linear(4, 4, device="hpu")
-    assert IncFlow(settings).apply(model) is model
-    assert marked == [((model,), {"mark_only_scales_as_const": True}, None)]
+    dump = f"{tmp_path}/x"
+    config.write_text(json.dumps({**INC_CONFIGS[mode], "dump_stats_path": dump}))
+    scale_method = INC_CONFIGS[mode].get("scale_method", "maxabs_hw")
+    settings = IncSettings(str(config), mode, dump, scale_method, (), False)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).to(torch.bfloat16)
+    prepared = IncFlow(settings).apply(model.to("hpu"), torch.device("hpu"))
+    assert marked == [((prepared,), {"mark_only_scales_as_const": True}, None)]
+    assert type(prepared[0]).__name__ == "PatchedLinear"
+    if mode == "QUANTIZE":
+        assert prepared[0].weight.dtype == torch.float8_e4m3fn
+        # Eager mode: run-time scale patching (RUNTIME_SCALE_PATCHING=1, set by
+        # the plugin) makes INC give the bridge the scales' attributes too.
+        state = experimental.quantization_state
+        assert state["is_dynamic_quantization"] is False
+        assert state["is_hw_aligned"] is True and "scale_hash_id" in state
 
 
 def test_pinned_host_buffers():

@@ -12,6 +12,7 @@ from vllm.model_executor.layers.attention.mla_attention import split_kv_b_proj
 from vllm.v1.attention.backend import AttentionLayer, AttentionType, MLAAttentionImpl
 from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
+from vllm_hpu import device
 from vllm_hpu.attention.backend import (
     HpuAttentionBackend,
     cache_problems,
@@ -154,8 +155,9 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         """W_UK and W_UV for prompt passes, split from kv_b_proj as vLLM splits its own
-        (views of an unquantized weight, else a dequantized copy)."""
-        self.w_uk, self.w_uv = split_kv_b_proj(
+        (views of an unquantized weight, else a dequantized copy), on the device even
+        when the weights loaded on the host (INC's QUANTIZE)."""
+        split = split_kv_b_proj(
             self.kv_b_proj,
             act_dtype,
             self.kv_lora_rank,
@@ -163,6 +165,7 @@ class HpuMLAImpl(MLAAttentionImpl[HpuAttentionMetadata]):
             self.expand.qk_nope_head_dim,
             self.expand.v_head_dim,
         )
+        self.w_uk, self.w_uv = (w.to(device.device_type()) for w in split)
 
     def _kv_b_proj(self, kv_c: torch.Tensor) -> torch.Tensor:
         """kv_b_proj in latent space, through W_UK and W_UV, so a token's keys and

@@ -3,7 +3,9 @@ MEASURE prepares it with observers on every linear and attention step, QUANTIZE
 converts those to fp8 with the measured scales. The measurements are written
 once, when the worker shuts down or when asked (``shutdown_inc``)."""
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,7 +16,7 @@ from vllm_hpu.quantization import inc_emulation, inc_moe
 from vllm_hpu.quantization.inc import IncSettings, inc_settings
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import LoadConfig, VllmConfig
 
 logger = init_logger("vllm.hpu.quantization")
 
@@ -30,7 +32,10 @@ class QuantizationFlow:
 
     replaces_linears = False  # the runner may pack the linear weights
 
-    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+    def loading(self, load_config: "LoadConfig") -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def apply(self, model: torch.nn.Module, to: torch.device) -> torch.nn.Module:
         return model
 
     def finalize(self) -> None:
@@ -44,20 +49,28 @@ class IncFlow(QuantizationFlow):
         self.settings = settings
         self.measured: torch.nn.Module | None = None  # until its files are written
 
-    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+    @contextlib.contextmanager
+    def loading(self, load_config: "LoadConfig") -> Iterator[None]:
+        """QUANTIZE loads on the host unless told where: INC's convert moves each layer
+        to the card as it quantizes it (MEASURE: INC's prepare moves the bf16 model)."""
+        chosen = load_config.device
+        load_config.device = chosen or (None if self.settings.measures else "cpu")
+        yield
+        load_config.device = chosen  # a draft model loads where vLLM puts it
+
+    def apply(self, model: torch.nn.Module, to: torch.device) -> torch.nn.Module:
         """Prepare (MEASURE) or convert (QUANTIZE) the loaded model in place."""
         from neural_compressor.torch.quantization import FP8Config, convert, prepare
 
         started = time.perf_counter()
         enable_inc()
         config = FP8Config.from_json_file(self.settings.path)
-        inc_moe.attach_moe_ops(model)
+        inc_moe.attach_moe_ops(model, detach=not self.settings.measures)
         if self.settings.measures:
             model = prepare(model, config)
             self.measured = model
         else:
-            model = convert(model, config)
-            inc_moe.release_bf16_experts(model)
+            model = convert(model, config).to(to)
         device.mark_scales_const(model)
         _warn_left_in_bf16(model)
         logger.info(

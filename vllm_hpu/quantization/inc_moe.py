@@ -1,7 +1,7 @@
 """Routed experts as INC measures and quantizes them: Gaudi reference class names,
 one ``MoeMatmul`` per expert projection, so each expert has its own scale and
-files name ``<layer>.moe_op.w13_list.<expert>`` as on Gaudi. The stacked
-weights stay the storage until INC has made its fp8 copies."""
+files name ``<layer>.moe_op.w13_list.<expert>`` as on Gaudi. The experts are
+views of the layer's stacked weights, which QUANTIZE drops before INC converts."""
 
 import re
 from collections import Counter
@@ -13,19 +13,19 @@ from vllm.model_executor.layers.linear import LinearBase
 
 from vllm_hpu.ops.moe import fused_experts
 
-FP8 = torch.float8_e4m3fn
 LAYER_NUMBER = re.compile(r"\.\d+\.")
 
 
 class MoeMatmul(torch.nn.Module):
-    """One expert's projection; ``weight``: [out, in], a view of the layer's."""
+    """One expert's projection; ``weight``: [out, in], a view of the layer's (a
+    buffer: an expert INC leaves in bf16 moves with the model)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        self.weight = weight
+        self.register_buffer("weight", weight, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight.t()
+        return x @ cast(torch.Tensor, self.weight).t()
 
 
 class VllmMixtureOfExpertsOp(torch.nn.Module):
@@ -59,27 +59,19 @@ def _stacked(experts: torch.nn.ModuleList) -> torch.Tensor:
     return torch.stack([cast(torch.Tensor, expert.weight) for expert in experts])
 
 
-def attach_moe_ops(model: torch.nn.Module) -> None:
-    """Give every MoE layer the ``moe_op`` its method runs while INC is on."""
+def attach_moe_ops(model: torch.nn.Module, detach: bool) -> None:
+    """Give every MoE layer the ``moe_op`` its method runs while INC is on. With
+    ``detach`` (before INC's convert) the layer drops its stacked weights, which the
+    experts' views keep where they were loaded: INC moves and converts one expert at
+    a time, and its closing ``model.to`` moves no whole bf16 stack to the card."""
     for module in model.modules():
         if isinstance(module, RoutedExperts):
             w13 = cast(torch.Tensor, module.w13_weight).data
             w2 = cast(torch.Tensor, module.w2_weight).data
             module.moe_op = VllmMixtureOfExpertsOp(w13, w2)
-
-
-def release_bf16_experts(model: torch.nn.Module) -> None:
-    """After INC's convert, layers whose experts all became fp8 drop their stacked bf16
-    weights (as INC's own MoE patch does): only the fp8 copies stay."""
-    for module in model.modules():
-        moe_op = getattr(module, "moe_op", None)
-        if not isinstance(module, RoutedExperts) or moe_op is None:
-            continue
-        experts = [*moe_op.w13_list, *moe_op.w2_list]
-        if all(expert.weight.dtype == FP8 for expert in experts):
-            for name in ("w13_weight", "w2_weight"):
-                empty = getattr(module, name).new_empty(0)
-                setattr(module, name, torch.nn.Parameter(empty, requires_grad=False))
+            for name in ("w13_weight", "w2_weight") if detach else ():
+                empty = torch.nn.Parameter(w13.new_empty(0), requires_grad=False)
+                setattr(module, name, empty)
 
 
 def layers_inc_cannot_take(model: torch.nn.Module, table: dict) -> str:

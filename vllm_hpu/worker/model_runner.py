@@ -133,11 +133,12 @@ class HpuModelRunner:
                 from vllm_hpu.attention.state_layers import register_state_layers
 
                 register_state_layers()  # before vLLM builds the layers
-            self.model = get_model(vllm_config=self.vllm_config)
+            with self.caps.inc.loading(self.vllm_config.load_config):
+                self.model = get_model(vllm_config=self.vllm_config)
             self.model = self.caps.lora.wrap(self.model, self.device)
         check_moe_layers(self.model)
         self.caps.eplb.after_load(self.model)
-        self.model = self.caps.inc.apply(self.model)
+        self.model = self.caps.inc.apply(self.model, self.device)
         # INC replaces the linears: nothing to pack then.
         keep_layout = weights_change(self.vllm_config) or self.caps.inc.replaces_linears
         self.packed_weights = pack_linear_weights(

@@ -1,7 +1,13 @@
 """habana_frameworks.torch.utils.experimental: the device type (bridge v1.19.0
-utils/experimental/__init__.py:42-47 and csrc/bindings.cpp:78-124)."""
+utils/experimental/__init__.py:42-47 and csrc/bindings.cpp:78-124) and the
+quantization state Intel Neural Compressor sets before it converts a model on a
+Gaudi (INC 3.8.1 ``_core/utils.py:96-107``, its release for Gaudi 1.24): the
+scale attributes of a later bridge (ankurneog/gaudi-pytorch-bridge@ea38cef) and
+the dynamic-quantization flag, whose bridge source is not published (see
+bridge_signatures.json). The double keeps both for tests to read."""
 
 import enum
+from typing import Any
 
 from habana_frameworks.torch._double.config import config
 
@@ -31,3 +37,21 @@ def _get_device_type() -> int:
 
 def _is_fp16_supported() -> bool:
     return _get_device_type() != synDeviceType.synDeviceGaudi
+
+
+# What INC last set: "is_dynamic_quantization", "is_hw_aligned", "scale_hash_id".
+quantization_state: dict[str, Any] = {}
+
+
+def _set_is_dynamic_quantization(is_dynamic_quantization: bool) -> None:
+    """Whether INC quantizes activations per call (its ``dynamic_quantization``)."""
+    quantization_state["is_dynamic_quantization"] = bool(is_dynamic_quantization)
+
+
+def _set_scale_attributes(is_hw_aligned: bool, scale_hash_id: int) -> None:
+    """Whether every scale is aligned to the hardware's steps, and an id of the
+    scaling method, for run-time scale patching; initializes the device first."""
+    from habana_frameworks.torch import hpu
+
+    hpu.init()
+    quantization_state.update(is_hw_aligned=is_hw_aligned, scale_hash_id=scale_hash_id)
