@@ -207,26 +207,11 @@ class HpuQwenGatedDeltaNet(QwenGatedDeltaNetAttention):
         """The causal conv over ``[B, Q, C]`` prompt rows or ``[B, C]`` decode
         rows (vLLM keeps the conv weight ``[C, 1, K]``)."""
         weight = cast(torch.Tensor, self.conv1d.weight).flatten(1)
+        slots, initial = metadata.state_slots, metadata.has_initial_state
+        conv = (mixed_qkv, conv_state, weight, self.conv1d.bias, slots, initial)
         if metadata.is_prompt:
-            return causal_conv1d_prompt(
-                mixed_qkv,
-                conv_state,
-                weight,
-                self.conv1d.bias,
-                metadata.state_slots,
-                metadata.has_initial_state,
-                metadata.query_lens,
-                self.activation,
-            )
-        return causal_conv1d_decode(
-            mixed_qkv,
-            conv_state,
-            weight,
-            self.conv1d.bias,
-            metadata.state_slots,
-            metadata.has_initial_state,
-            self.activation,
-        )
+            return causal_conv1d_prompt(*conv, metadata.query_lens, self.activation)
+        return causal_conv1d_decode(*conv, self.activation)
 
 
 def verify_steps(
