@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tiny_multimodal import restore_vision_model_prefix
+from tiny_multimodal import restore_vision_model_prefix, with_added_tokens
 from tokenizers import AddedToken
 from transformers import (
     Gemma3Config,
@@ -60,14 +60,8 @@ def _gemma_tokenizer(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerF
     backend = tokenizer.backend_tokenizer
     backend.add_tokens([AddedToken(text, normalized=False) for text in NEWLINES])
     backend.add_special_tokens([BOI, IMAGE, EOI])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=tokenizer.bos_token,
-        eos_token=tokenizer.eos_token,
-        pad_token=tokenizer.pad_token,
-        model_max_length=tokenizer.model_max_length,
-        extra_special_tokens={"boi_token": BOI, "image_token": IMAGE, "eoi_token": EOI},
-    )
+    names = {"boi_token": BOI, "image_token": IMAGE, "eoi_token": EOI}
+    return with_added_tokens(tokenizer, extra_special_tokens=names)
 
 
 def build_gemma3(

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from tiny_families import Init
+from tiny_multimodal import with_added_tokens
 from transformers import (
     Gemma4AudioFeatureExtractor,
     Gemma4Config,
@@ -149,14 +150,7 @@ def _gemma4_tokenizer(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizer
         "audio_token": AUDIO,
         "eoa_token": EOA,
     }
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=tokenizer.bos_token,
-        eos_token=tokenizer.eos_token,
-        pad_token=tokenizer.pad_token,
-        model_max_length=tokenizer.model_max_length,
-        extra_special_tokens=names,
-    )
+    return with_added_tokens(tokenizer, extra_special_tokens=names)
 
 
 def build_gemma4_vl(

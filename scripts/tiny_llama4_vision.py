@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from tiny_families import llama4_text_config
+from tiny_multimodal import with_added_tokens
 from tokenizers import AddedToken
 from transformers import (
     GenerationConfig,
@@ -73,14 +74,7 @@ def _with_image_tokens(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenize
     """The tiny tokenizer with Llama 4's image tokens past the text vocabulary."""
     backend = tokenizer.backend_tokenizer
     backend.add_special_tokens([AddedToken(t, normalized=False) for t in IMAGE_TOKENS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=tokenizer.bos_token,
-        eos_token=tokenizer.eos_token,
-        pad_token=tokenizer.pad_token,
-        model_max_length=tokenizer.model_max_length,
-        chat_template=CHAT_TEMPLATE,
-    )
+    return with_added_tokens(tokenizer, chat_template=CHAT_TEMPLATE)
 
 
 def build_llama4_vision(

@@ -57,6 +57,22 @@ LLAVA_CHAT_TEMPLATE = (
 )
 
 
+def with_added_tokens(
+    tokenizer: PreTrainedTokenizerFast, **extras: Any
+) -> PreTrainedTokenizerFast:
+    """The tiny tokenizer again over its backend, after a model's tokens were added
+    to it past the text vocabulary; ``extras`` as PreTrainedTokenizerFast takes
+    them (named special tokens, a chat template)."""
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.backend_tokenizer,
+        bos_token=tokenizer.bos_token,
+        eos_token=tokenizer.eos_token,
+        pad_token=tokenizer.pad_token,
+        model_max_length=tokenizer.model_max_length,
+        **extras,
+    )
+
+
 def restore_vision_model_prefix(weights: Path) -> None:
     """transformers 5 saves the CLIP tower's weights without its ``vision_model.``
     level (and reads them either way); LLaVA-1.5 checkpoints, and vLLM, have it."""
